@@ -1,0 +1,46 @@
+# The README's two commands: `make bench` (the main job) and `make test` (every test).
+# Each sets up a fresh machine by itself: Debian packages, .venv, Python deps, the Rust build.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMPS := .stamps
+DEB_PACKAGES := openmpi-bin libopenmpi-dev iproute2
+BENCH_ARGS ?=
+
+.PHONY: bench test setup native clean
+
+bench: setup
+	$(VENV)/bin/wirespeed bench $(BENCH_ARGS)
+
+test: setup
+	cargo test --workspace --quiet
+	$(PY) -m pytest -q tests
+
+setup: $(STAMPS)/deps native
+
+# Debian packages: only what is missing, so a set-up machine is not touched (needs root or sudo).
+$(STAMPS)/debs: Makefile
+	@mkdir -p $(STAMPS)
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMPS)/deps: requirements.txt $(STAMPS)/debs | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+# maturin builds the Rust core into wirespeed._native and installs the package editable into .venv.
+native: $(STAMPS)/deps
+	@command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+
+clean:
+	rm -rf $(STAMPS) target runs

@@ -1,0 +1,64 @@
+"""The interface the harness drives. Buffers are 1-D torch tensors on the backend's device.
+
+Every collective takes (send, recv): in place, `send` is `recv` or a view into it (see each
+collective module for the layout). An adapter says per case whether it can run it (`unsupported`)
+rather than emulating a missing variant with extra copies, so a timed figure is always the library's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job, from the launcher's environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+
+class Backend:
+    name = ""
+
+    def init(self, info: RankInfo, device: str, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        pass
+
+    def device_for(self, info: RankInfo, device: str) -> str:
+        """The torch device string this rank's buffers live on."""
+        if device == "cuda":
+            return f"cuda:{info.local_rank % max(torch.cuda.device_count(), 1)}"
+        return "cpu"
+
+    def unsupported(self, collective: str, dtype: str, op: str | None, inplace: bool,
+                    device: str) -> str | None:
+        """None when the case can run, else a short reason shown in place of the figures."""
+        return None
+
+    def version(self) -> str:
+        return ""
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish queued work, so a host timer covers the whole collective."""
+
+    # The collectives.
+    def all_reduce(self, send, recv, op): raise NotImplementedError
+    def all_gather(self, send, recv): raise NotImplementedError
+    def reduce_scatter(self, send, recv, op): raise NotImplementedError
+    def broadcast(self, send, recv, root): raise NotImplementedError
+    def reduce(self, send, recv, op, root): raise NotImplementedError
+    def all_to_all(self, send, recv): raise NotImplementedError
+    def send_recv(self, send, recv, to, frm): raise NotImplementedError
+    def barrier(self): raise NotImplementedError
+
+    def allgather_floats(self, values: list[float]) -> list[list[float]]:
+        """Every rank's list of floats (same length on every rank), for timing and error totals."""
+        raise NotImplementedError

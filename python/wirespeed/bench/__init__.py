@@ -1,0 +1,1 @@
+"""The benchmark harness: sweep, warm-up, timing, checking, metrics; one small module per collective."""

@@ -1,0 +1,48 @@
+"""all_gather: every rank ends with all ranks' chunks, rank order. Size column = the full output;
+busbw factor (n-1)/n. In place, each rank's input is its own slice of the output."""
+from ..verifiable import count_wrong, fill, rank_values, to_dtype
+from .base import Buffers, Collective, poison
+
+
+class AllGather(Collective):
+    name = "all_gather"
+
+    def busbw_factor(self, world):
+        return (world - 1) / world
+
+    def counts(self, nbytes, itemsize, world):
+        per_rank = nbytes // itemsize // world
+        return per_rank, per_rank, per_rank * world
+
+    def alloc(self, case):
+        bufs = super().alloc(case)
+        if case.inplace:
+            c = case.send_count
+            return Buffers(bufs.recv[case.rank * c:(case.rank + 1) * c], bufs.recv)
+        return bufs
+
+    def fill_inputs(self, case, bufs):
+        poison(bufs.recv)
+        fill(bufs.send, case.rank, 0, case.dtype, None, case.world)
+
+    def run(self, backend, case, bufs):
+        backend.all_gather(bufs.send, bufs.recv)
+
+    def wrong(self, case, bufs):
+        c = case.send_count
+
+        def expected(off, n):
+            import torch
+            parts = []
+            pos = off
+            while pos < off + n:
+                src, within = divmod(pos, c)
+                take = min(c - within, off + n - pos)
+                parts.append(rank_values(src, within, take, case.dtype, None, case.world, bufs.recv.device))
+                pos += take
+            return to_dtype(torch.cat(parts), case.dtype)
+
+        return count_wrong(bufs.recv, expected, case.dtype, None)
+
+
+COLLECTIVE = AllGather()

@@ -1,0 +1,44 @@
+"""all_to_all: rank r's chunk j goes to rank j, landing at chunk r. Size column = one rank's send
+buffer (count x n); busbw factor (n-1)/n, since 1/n of the data stays local."""
+from ..verifiable import count_wrong, fill, rank_values, to_dtype
+from .base import Collective, poison
+
+
+class AllToAll(Collective):
+    name = "all_to_all"
+    variants = (False,)  # nccl-tests times in place too but cannot validate it; no backend here has it
+
+    def busbw_factor(self, world):
+        return (world - 1) / world
+
+    def counts(self, nbytes, itemsize, world):
+        per_peer = nbytes // itemsize // world
+        return per_peer * world, per_peer * world, per_peer * world
+
+    def fill_inputs(self, case, bufs):
+        poison(bufs.recv)
+        fill(bufs.send, case.rank, 0, case.dtype, None, case.world)
+
+    def run(self, backend, case, bufs):
+        backend.all_to_all(bufs.send, bufs.recv)
+
+    def wrong(self, case, bufs):
+        import torch
+        c = case.send_count // case.world  # elements per peer
+
+        def expected(off, n):
+            parts = []
+            pos = off
+            while pos < off + n:
+                src, within = divmod(pos, c)
+                take = min(c - within, off + n - pos)
+                # Chunk `src` of my output is chunk `rank` of src's input.
+                parts.append(rank_values(src, case.rank * c + within, take, case.dtype, None,
+                                         case.world, bufs.recv.device))
+                pos += take
+            return to_dtype(torch.cat(parts), case.dtype)
+
+        return count_wrong(bufs.recv, expected, case.dtype, None)
+
+
+COLLECTIVE = AllToAll()

@@ -1,0 +1,82 @@
+"""What every collective module provides to the harness: sizes, busbw factor, buffers, call, check.
+
+A module owns only what differs between collectives. Sizes follow nccl-tests: the size column is the
+largest buffer a rank touches (max of send and receive bytes) and the count column is the per-rank
+element count handed to the library.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..dtypes import DType
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration, as seen by one rank."""
+
+    collective: str
+    dtype: DType
+    op: str | None          # None for collectives that do not reduce
+    root: int               # -1 for collectives without a root
+    inplace: bool
+    count: int              # the count column (elements per rank, as nccl-tests prints it)
+    send_count: int
+    recv_count: int
+    rank: int
+    world: int
+    device: str
+
+    @property
+    def nbytes(self) -> int:
+        return max(self.send_count, self.recv_count) * self.dtype.itemsize
+
+
+@dataclass
+class Buffers:
+    send: torch.Tensor
+    recv: torch.Tensor
+
+
+class Collective:
+    name = ""
+    reduces = False    # takes a reduction op
+    rooted = False     # takes a root rank
+    # Whether the out-of-place / in-place variants mean anything for this collective at all.
+    variants = (False, True)
+
+    def busbw_factor(self, world: int) -> float:
+        raise NotImplementedError
+
+    def counts(self, nbytes: int, itemsize: int, world: int) -> tuple[int, int, int]:
+        """(count column, send elements, receive elements) for a requested size in bytes."""
+        n = nbytes // itemsize
+        return n, n, n
+
+    def alloc(self, case: Case) -> Buffers:
+        """Send and receive buffers; in place, the one that aliases the other is a view into it."""
+        recv = torch.empty(case.recv_count, dtype=case.dtype.torch, device=case.device)
+        if case.inplace and case.send_count == case.recv_count:
+            return Buffers(recv, recv)
+        send = torch.empty(case.send_count, dtype=case.dtype.torch, device=case.device)
+        return Buffers(send, recv)
+
+    def fill_inputs(self, case: Case, bufs: Buffers) -> None:
+        raise NotImplementedError
+
+    def run(self, backend, case: Case, bufs: Buffers) -> None:
+        raise NotImplementedError
+
+    def wrong(self, case: Case, bufs: Buffers) -> int:
+        """Wrong elements on this rank after one call on freshly filled inputs."""
+        raise NotImplementedError
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill an output buffer with a value verifiable data never holds, so stale output is caught."""
+    if t.dtype.is_floating_point:
+        t.fill_(float("nan"))
+    else:
+        t.fill_(torch.iinfo(t.dtype).min if t.dtype != torch.uint8 else 255)

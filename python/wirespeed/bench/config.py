@@ -1,0 +1,34 @@
+"""The typed configuration of a benchmark run: what the CLI flags (and WIRESPEED_* twins) become."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class BenchConfig:
+    collectives: list[str] = field(default_factory=lambda: ["all_reduce"])
+    dtypes: list[str] = field(default_factory=lambda: ["float32"])
+    ops: list[str] = field(default_factory=lambda: ["sum"])
+    sizes: list[int] = field(default_factory=list)
+    warmup_iters: int = 5
+    iters: int = 20
+    backend: str = "gloo"
+    device: str = "cpu"
+    nproc: int = 2
+    root: int = 0
+    check: bool = True
+    timeout_s: float = 300.0
+    # Outputs (used on rank 0 only).
+    format: str = "table"
+    json_path: str | None = None
+    csv_path: str | None = None
+    plot_path: str | None = None
+    save_dir: str | None = "runs"
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchConfig":
+        return cls(**d)

@@ -1,0 +1,59 @@
+"""Data types and reduction ops by the names the CLI takes, with what checking needs to know of each."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str          # CLI / record name
+    short: str         # nccl-tests' table name
+    itemsize: int
+    is_float: bool
+    signed: bool
+    # Largest magnitude every integer up to which is exactly representable: sums of verifiable data
+    # stay below it, so any reduction order gives the same exact result.
+    exact_limit: int
+
+    @property
+    def torch(self):
+        import torch
+        return getattr(torch, self.name)
+
+
+DTYPES: dict[str, DType] = {d.name: d for d in (
+    DType("float32", "float", 4, True, True, 1 << 24),
+    DType("float16", "half", 2, True, True, 1 << 11),
+    DType("bfloat16", "bfloat16", 2, True, True, 1 << 8),
+    DType("float64", "double", 8, True, True, 1 << 53),
+    DType("int8", "int8", 1, False, True, (1 << 7) - 1),
+    DType("uint8", "uint8", 1, False, False, (1 << 8) - 1),
+    DType("int32", "int32", 4, False, True, (1 << 31) - 1),
+    DType("int64", "int64", 8, False, True, (1 << 63) - 1),
+)}
+
+OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def parse_dtypes(text: str) -> list[DType]:
+    names = list(DTYPES) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    out = []
+    for name in names:
+        if name not in DTYPES:
+            raise UsageError(f"unknown dtype {name!r}: choose from {', '.join(DTYPES)} or all")
+        out.append(DTYPES[name])
+    if not out:
+        raise UsageError("no dtype given: use e.g. -d float32 or -d all")
+    return out
+
+
+def parse_ops(text: str) -> list[str]:
+    names = list(OPS) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    for name in names:
+        if name not in OPS:
+            raise UsageError(f"unknown op {name!r}: choose from {', '.join(OPS)} or all")
+    if not names:
+        raise UsageError("no op given: use e.g. -o sum or -o all")
+    return names

@@ -1,0 +1,128 @@
+"""Verifiable data: inputs whose reduced result is exact in any reduction order, as nccl-tests' are.
+
+Each rank's value at global element index i is a hash of (seed, i) mapped into a range chosen per op:
+- copies (gather, broadcast, all_to_all, send/recv) and min/max: any exactly representable integer;
+- sum: integers small enough that the sum over all ranks stays exactly representable;
+- avg: multiples of the world size, so sum/n is an exact integer as well;
+- prod: 1, 2 or -1, so products are powers of two (exact, or an overflow every order agrees on).
+So a correct collective reproduces the expected bytes exactly, and `#wrong` needs no tolerance
+(float avg alone gets 2 ulp, as nccl-tests allows, for backends that pre-multiply by 1/n).
+
+Everything is generated in chunks so checking a 1 GiB buffer never allocates gigabytes of temporaries.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .dtypes import DType
+
+CHUNK_ELEMS = 1 << 22  # elements generated/compared at a time
+
+
+def _hash(seed: int, start: int, count: int, device) -> torch.Tensor:
+    """32-bit mix of (seed, index) as int64; products stay below 2**63 so nothing overflows."""
+    idx = torch.arange(start, start + count, dtype=torch.int64, device=device)
+    h = (idx * 0x5BD1E995 + (seed + 1) * 0x27D4EB2F) & 0xFFFFFFFF
+    h = h ^ (h >> 15)
+    h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
+    h = h ^ (h >> 13)
+    return h
+
+
+def _range_limit(dt: DType, op: str | None, world: int) -> int:
+    limit = min(dt.exact_limit, 1 << 30)
+    if op == "sum":
+        return max(limit // world, 1)
+    if op == "avg":
+        return max(limit // (world * world), 1)
+    return limit
+
+
+def rank_values(seed: int, start: int, count: int, dt: DType, op: str | None, world: int,
+                device="cpu") -> torch.Tensor:
+    """Input of the rank with this seed, elements [start, start+count), as int64 (exact)."""
+    h = _hash(seed, start, count, device)
+    if op == "prod":
+        v = torch.ones_like(h)
+        v[h % 8 == 0] = 2
+        if dt.signed:
+            v[h % 8 == 1] = -1
+        return v
+    lim = _range_limit(dt, op, world)
+    # Unsigned values stay below lim so the all-ones poison pattern (255 for uint8) never occurs.
+    v = (h % (2 * lim + 1)) - lim if dt.signed else h % lim
+    if op == "avg":
+        v = v * world
+    return v
+
+
+def to_dtype(v: torch.Tensor, dt: DType) -> torch.Tensor:
+    """int64 -> dtype; integers wrap (two's complement) exactly as every backend's arithmetic does."""
+    if dt.is_float:
+        return v.to(torch.float64).to(dt.torch)
+    if dt.itemsize < 8:
+        bits = dt.itemsize * 8
+        v = v & ((1 << bits) - 1)
+        if dt.signed:
+            v = torch.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
+    return v.to(dt.torch)
+
+
+def reduce_values(seeds, start: int, count: int, dt: DType, op: str, world: int,
+                  device="cpu") -> torch.Tensor:
+    """The exact reduction over the given seeds' inputs, elements [start, start+count), in dtype."""
+    acc = None
+    for seed in seeds:
+        v = rank_values(seed, start, count, dt, op, world, device)
+        if acc is None:
+            acc = v.clone()
+        elif op in ("sum", "avg"):
+            acc += v
+        elif op == "prod":
+            acc *= v
+        elif op == "min":
+            acc = torch.minimum(acc, v)
+        elif op == "max":
+            acc = torch.maximum(acc, v)
+        else:
+            raise ValueError(op)
+    if acc is None:
+        acc = torch.zeros(count, dtype=torch.int64, device=device)
+    if op == "avg":
+        acc = torch.div(acc, len(seeds), rounding_mode="trunc")
+    if op == "prod" and dt.is_float:
+        # Powers of two past the format's range become inf, as they would in the backend.
+        return acc.to(torch.float64).to(dt.torch)
+    return to_dtype(acc, dt)
+
+
+def fill(out: torch.Tensor, seed: int, start: int, dt: DType, op: str | None, world: int) -> None:
+    """Write a rank's input for global elements [start, start+len(out)) into `out`, chunk by chunk."""
+    n = out.numel()
+    for off in range(0, n, CHUNK_ELEMS):
+        c = min(CHUNK_ELEMS, n - off)
+        out[off:off + c].copy_(to_dtype(rank_values(seed, start + off, c, dt, op, world, out.device), dt))
+
+
+def count_wrong(result: torch.Tensor, expected: Callable[[int, int], torch.Tensor], dt: DType,
+                op: str | None) -> int:
+    """Elements of `result` that differ from expected(offset, count), compared chunk by chunk."""
+    n = result.numel()
+    wrong = 0
+    for off in range(0, n, CHUNK_ELEMS):
+        c = min(CHUNK_ELEMS, n - off)
+        got = result[off:off + c]
+        exp = expected(off, c).to(got.device)
+        if op == "avg" and dt.is_float:
+            # 2 ulp, as nccl-tests allows, for backends that pre-multiply each input by 1/n.
+            tol = 2 * torch.finfo(dt.torch).eps * exp.abs().to(torch.float64)
+            bad = (got.to(torch.float64) - exp.to(torch.float64)).abs() > tol
+        else:
+            bad = got != exp
+            if dt.is_float:
+                # inf == inf counts as right; NaN never appears in verifiable data, so NaN is wrong.
+                bad = bad | torch.isnan(got)
+        wrong += int(bad.sum().item())
+    return wrong

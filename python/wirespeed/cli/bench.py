@@ -1,0 +1,239 @@
+"""`wirespeed bench`: the collective benchmark (nccl-tests' flags, any torch.distributed backend).
+
+Run by hand it spawns -N local ranks; under torchrun, srun or mpirun it is one rank of that job.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..bench.collectives import COLLECTIVES, parse_collectives
+from ..bench.config import BenchConfig
+from ..bench.dtypes import parse_dtypes, parse_ops
+from ..errors import UsageError, WirespeedError
+from ..sizes import parse_size, sweep
+from .common import add, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="time collectives over a size sweep, checked, as nccl-tests does",
+                       description="Time collectives over a sweep of sizes on local ranks (or as one "
+                       "rank under torchrun/srun/mpirun), check every result, print nccl-tests' table.")
+    add(p, "-c", "--collective", default="all_reduce",
+        help=f"comma list of {', '.join(COLLECTIVES)}, or all")
+    add(p, "-b", "--minbytes", default="8", help="smallest size (8, 32K, 128M, 1G; binary units)")
+    add(p, "-e", "--maxbytes", default="64M", help="largest size")
+    add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
+    add(p, "-i", "--stepbytes", default=None, help="add this many bytes each step instead of -f")
+    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    add(p, "-w", "--warmup-iters", default="5", help="untimed iterations per size")
+    add(p, "-n", "--iters", default="20", help="timed iterations per size")
+    add(p, "-d", "--dtype", default="float32",
+        help="comma list of float32, float16, bfloat16, float64, int8, uint8, int32, int64, or all")
+    add(p, "-o", "--op", default="sum", help="comma list of sum, prod, min, max, avg, or all")
+    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffers live")
+    add(p, "--backend", default=None, help="gloo, nccl, ... (default: nccl with GPUs, else gloo)")
+    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
+    add(p, "-r", "--root", default="0", help="root rank of broadcast and reduce")
+    add(p, "--no-check", action="store_true", help="skip checking results (the #wrong column shows N/A)")
+    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
+    add(p, "--format", default="table", choices=("table", "md"), help="nccl-tests table or markdown")
+    add(p, "--json", default=None, help="write JSON-lines records here")
+    add(p, "--csv", default=None, help="write CSV here")
+    add(p, "--plot", default=None, help="write a PNG plot of busbw and algbw here")
+    add(p, "--save-dir", default="runs", help="every run also lands in SAVE_DIR/<timestamp>/")
+    add(p, "--no-save", action="store_true", help="do not save the run under --save-dir")
+    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
+    add(p, "--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=main)
+
+
+def _num(text, name, conv=int):
+    try:
+        v = conv(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a number, got {text!r}") from None
+    if v < 0:
+        raise UsageError(f"{name} must not be negative, got {text!r}")
+    return v
+
+
+def config_from_args(args) -> BenchConfig:
+    from ..backends import default_backend
+    from ..backends.registry import BACKENDS
+    colls = [c.name for c in parse_collectives(args.collective)]
+    dtypes = [d.name for d in parse_dtypes(args.dtype)]
+    ops = parse_ops(args.op)
+    if args.sizes:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        if not sizes:
+            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M")
+    else:
+        step = parse_size(args.stepbytes) if args.stepbytes else None
+        sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes),
+                      _num(args.stepfactor, "--stepfactor", float), step)
+    backend, device = args.backend, args.device
+    if backend is None:
+        backend, default_device = ("nccl", "cuda") if device == "cuda" else default_backend()
+        device = device or default_device
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    device = device or BACKENDS[backend].devices[0]
+    iters = _num(args.iters, "--iters")
+    if iters < 1:
+        raise UsageError("--iters must be at least 1")
+    timeout = _num(args.timeout, "--timeout", float)
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return BenchConfig(collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
+                       warmup_iters=_num(args.warmup_iters, "--warmup-iters"), iters=iters,
+                       backend=backend, device=device, nproc=_default_nproc(args.nproc, device),
+                       root=_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
+                       format=args.format, json_path=args.json, csv_path=args.csv,
+                       plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
+                       progress=not args.no_progress)
+
+
+def _default_nproc(text, device) -> int:
+    if text is not None:
+        n = _num(text, "--nproc")
+        if n < 1:
+            raise UsageError("--nproc must be at least 1")
+        return n
+    if device == "cuda":
+        import torch
+        return max(torch.cuda.device_count(), 1)
+    return max(2, min(os.cpu_count() or 2, 4))
+
+
+def main(args, argv) -> int:
+    from ..launch.environment import rank_info
+    cfg = config_from_args(args)
+    info = rank_info()
+    if info is None:
+        return launch_local(cfg, argv, args.master_port)
+    return run_as_rank(cfg, info)
+
+
+def _validate_for_world(cfg: BenchConfig, world: int) -> None:
+    if cfg.root >= world:
+        raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
+
+
+def launch_local(cfg: BenchConfig, argv, master_port) -> int:
+    from ..backends import create
+    from ..launch.local import spawn
+    from ..launch.memory import check_fits
+    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    _validate_for_world(cfg, cfg.nproc)
+    if cfg.device == "cuda":
+        import torch
+        if cfg.nproc > torch.cuda.device_count():
+            raise UsageError(f"-N {cfg.nproc} needs {cfg.nproc} GPUs but {torch.cuda.device_count()} "
+                             "are visible (NCCL needs one GPU per rank)")
+    check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
+    port = _num(master_port, "--master-port") if master_port is not None else None
+    return spawn(argv, cfg.nproc, port)
+
+
+def _exchange_hosts(backend, world) -> list[str]:
+    import socket
+    name = socket.gethostname().encode()[:63]
+    rows = backend.allgather_floats([float(len(name))] + [float(b) for b in name.ljust(63, b"\0")])
+    return [bytes(int(x) for x in row[1:1 + int(row[0])]).decode(errors="replace") for row in rows]
+
+
+def run_as_rank(cfg: BenchConfig, info) -> int:
+    """One rank of the job: init the backend, run every case, and on rank 0 report."""
+    from ..backends import create
+    from ..bench.harness import run_rank, steps
+    from ..envinfo import record_env
+    from ..launch.memory import check_fits
+    from ..report.progress import Progress
+
+    _validate_for_world(cfg, info.world_size)
+    if os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+        # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
+        check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
+                   cfg.device)
+    backend = create(cfg.backend, cfg.device)
+    device = backend.device_for(info, cfg.device)
+    try:
+        backend.init(info, cfg.device, cfg.timeout_s)
+    except WirespeedError:
+        raise
+    except Exception as e:  # the library's own error: say where it failed, in one line
+        raise WirespeedError(f"rank {info.rank}: {cfg.backend} could not start the job at "
+                             f"{info.master_addr}:{info.master_port}: {_first_line(e)}") from None
+    lead = info.rank == 0
+    records = []
+    env = record_env() if lead else {}
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
+    try:
+        env["hosts"] = _exchange_hosts(backend, info.world_size)
+        if lead:
+            _print_header(cfg, info, env)
+
+        def keep(m):
+            if lead:
+                records.append({"schema": "wirespeed.bench/1", "run_id": run_id, "backend": cfg.backend,
+                                "device": cfg.device, "world_size": info.world_size, **m, "env": env})
+        total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance)
+    except WirespeedError:
+        raise
+    except Exception as e:
+        progress.close()
+        raise WirespeedError(f"rank {info.rank}: {_first_line(e)}") from None
+    finally:
+        progress.close()
+    if lead:
+        _report(cfg, records, run_id)
+    backend.shutdown()
+    if total_wrong:
+        if lead:
+            sys.stderr.write(f"wirespeed: error: {total_wrong} wrong elements: the backend returned "
+                             "wrong data (see the #wrong column)\n")
+        return 1
+    return 0
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def _print_header(cfg, info, env) -> None:
+    v = env.get("versions", {})
+    print(f"# wirespeed {v.get('wirespeed')} bench: backend {cfg.backend}, device {cfg.device}, "
+          f"{info.world_size} ranks, torch {v.get('torch')}")
+    print(f"# iters {cfg.iters}, warmup {cfg.warmup_iters}, check {'on' if cfg.check else 'off'}, "
+          f"timeout {cfg.timeout_s:g} s; time = median over iterations of the slowest rank; "
+          "GB/s = 1e9 B/s")
+    for r, h in enumerate(env.get("hosts", [])):
+        print(f"#  Rank {r:3d} on {h}")
+    print("#")
+    sys.stdout.flush()
+
+
+def _report(cfg: BenchConfig, records, run_id) -> None:
+    from ..report.plot import plot_records
+    from ..report.records import write_csv, write_jsonl
+    from ..report.table import footer, markdown_table, nccl_table
+    print(markdown_table(records) if cfg.format == "md" else nccl_table(records))
+    print(footer(records))
+    if cfg.json_path:
+        write_jsonl(cfg.json_path, records)
+    if cfg.csv_path:
+        write_csv(cfg.csv_path, records)
+    if cfg.plot_path:
+        plot_records(records, cfg.plot_path, title=f"wirespeed bench ({cfg.backend}, {cfg.device})")
+    if cfg.save_dir:
+        d = os.path.join(cfg.save_dir, run_id)
+        if os.path.exists(d):
+            d = f"{d}-{os.getpid()}"
+        write_jsonl(os.path.join(d, "records.jsonl"), records)
+        plot_records(records, os.path.join(d, "plot.png"), title=f"wirespeed bench ({cfg.backend}, {cfg.device})")
+        print(f"# saved records and plot in {d}/")
+    sys.stdout.flush()

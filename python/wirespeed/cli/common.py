@@ -1,0 +1,51 @@
+"""Helpers every subcommand shares: environment twins of flags, and one-line errors."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import UsageError
+
+
+def env_twin(flag: str) -> str:
+    """--max-bytes -> WIRESPEED_MAX_BYTES: every flag can be set from the environment too."""
+    return "WIRESPEED_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add(parser: argparse.ArgumentParser, *names, default=None, help="", **kw):
+    """add_argument whose default comes from the flag's WIRESPEED_* twin when that is set."""
+    long = next(n for n in names if n.startswith("--"))
+    twin = env_twin(long)
+    if twin in os.environ:
+        raw = os.environ[twin]
+        if kw.get("action") in ("store_true", "store_false"):
+            default = raw.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            default = raw
+    return parser.add_argument(*names, default=default, help=f"{help} [env {twin}]".strip(), **kw)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line and exit 2 (no usage dump)."""
+
+    def error(self, message):
+        fail(UsageError(f"{message} (see `{self.prog} --help`)"))
+
+
+def fail(err: Exception) -> "NoReturn":  # noqa: F821
+    code = getattr(err, "exit_code", 1)
+    sys.stderr.write(f"wirespeed: error: {err}\n")
+    sys.exit(code)
+
+
+def positive_int(name):
+    def conv(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise UsageError(f"{name} must be an integer, got {text!r}") from None
+        if v < 0:
+            raise UsageError(f"{name} must not be negative, got {v}")
+        return v
+    return conv

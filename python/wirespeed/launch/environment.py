@@ -1,0 +1,112 @@
+"""Rank, world size and rendezvous address from the launcher that started this process.
+
+One reader for every launcher, so the same command line serves one machine or many:
+- torchrun (and wirespeed's own local spawn): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT;
+- SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE,
+  master = first host of SLURM_JOB_NODELIST, port derived from the job id;
+- Open MPI mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE;
+- MPICH / Intel MPI (PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
+MASTER_ADDR / MASTER_PORT, when set, win over anything derived.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+from ..backends.base import RankInfo
+from ..errors import UsageError
+
+DEFAULT_PORT = 29500
+
+
+def _int(env, *names, default=None):
+    for n in names:
+        if env.get(n, "").strip():
+            try:
+                return int(env[n].split("(")[0].split(",")[0])
+            except ValueError:
+                raise UsageError(f"environment variable {n}={env[n]!r} is not an integer") from None
+    return default
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """'gpu[03-05,07],cpu1' -> 'gpu03': the first host of a SLURM node list, without scontrol."""
+    m = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise UsageError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}: set MASTER_ADDR")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def launcher_name(env=None) -> str | None:
+    """Which launcher started this process, or None when run by hand (then wirespeed spawns ranks)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "torchrun"
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return "mpirun"
+    if "PMI_RANK" in env and "PMI_SIZE" in env:
+        return "pmi"
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        return "srun"
+    return None
+
+
+def rank_info(env=None) -> RankInfo | None:
+    """This process's place in the job, or None when no launcher set one."""
+    env = os.environ if env is None else env
+    kind = launcher_name(env)
+    if kind is None:
+        return None
+    if kind == "torchrun":
+        rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+        local, local_world = _int(env, "LOCAL_RANK", default=rank), _int(env, "LOCAL_WORLD_SIZE", default=world)
+    elif kind == "mpirun":
+        rank, world = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=rank)
+        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
+    elif kind == "pmi":
+        rank, world = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
+        local = _int(env, "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", default=rank)
+        local_world = _int(env, "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE", default=world)
+    else:
+        rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+        local = _int(env, "SLURM_LOCALID", default=0)
+        local_world = _int(env, "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", default=world)
+    if world < 1 or not 0 <= rank < world:
+        raise UsageError(f"launcher environment ({kind}) gives rank {rank} of world {world}: "
+                         "check the launch command")
+    addr = env.get("MASTER_ADDR")
+    port = _int(env, "MASTER_PORT")
+    if addr is None:
+        if local_world == world:
+            addr = "127.0.0.1"  # every rank is on this host
+        elif kind == "srun" and env.get("SLURM_JOB_NODELIST"):
+            addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
+        else:
+            raise UsageError(f"ranks span several hosts under {kind} but MASTER_ADDR is not set: "
+                             "export MASTER_ADDR=<rank 0's host> (and MASTER_PORT) for every rank")
+    if port is None:
+        job = _int(env, "SLURM_JOB_ID", default=None)
+        port = DEFAULT_PORT + (job % 10000 if job is not None else 0)
+    return RankInfo(rank, world, local, local_world, addr, port)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise UsageError(f"--master-port {port} is already in use on {host}: choose another "
+                             "port or leave --master-port out to pick a free one") from None

@@ -1,0 +1,1 @@
+"""Result records (one JSON-lines schema) and their renderings: tables, CSV, plots. No torch here."""

@@ -1,0 +1,65 @@
+"""The one record schema every result is written in (JSON lines), documented in docs/records.md.
+
+A record is a flat dict of one measurement plus an `env` dict describing where it ran, so records
+from a cluster can be re-rendered anywhere. Readers accept any record with the required fields.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+
+SCHEMA = "wirespeed.bench/1"
+
+REQUIRED = ("collective", "backend", "dtype", "op", "device", "world_size", "bytes", "count",
+            "inplace", "time_us", "algbw_gbps", "busbw_gbps", "wrong")
+
+# Column order for CSV: required fields first, then the rest as they come.
+CSV_FIELDS = ("schema", "run_id", "collective", "backend", "dtype", "op", "device", "world_size",
+              "root", "bytes", "count", "inplace", "time_us", "time_min_us", "time_max_us",
+              "time_p99_us", "algbw_gbps", "busbw_gbps", "busbw_factor", "wrong", "checked",
+              "iters", "warmup_iters")
+
+
+def write_jsonl(path, records) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=False) + "\n")
+
+
+def write_csv(path, records) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in records:
+            w.writerow(r)
+
+
+def read_records(path) -> list[dict]:
+    """Records from a JSON-lines file, or from every records.jsonl under a run directory."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.rglob("*.jsonl"))
+        if not files:
+            raise UsageError(f"{path}: no .jsonl records in this directory")
+        return [r for f in files for r in read_records(f)]
+    if not p.exists():
+        raise UsageError(f"{path}: no such file")
+    out = []
+    with open(p) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                raise UsageError(f"{path}:{lineno}: not a JSON line (expected wirespeed records)") from None
+            missing = [k for k in REQUIRED if k not in r]
+            if missing:
+                raise UsageError(f"{path}:{lineno}: record lacks {', '.join(missing)}")
+            out.append(r)
+    return out
