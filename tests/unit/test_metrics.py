@@ -1,0 +1,45 @@
+"""busbw factors and the size/count columns, as nccl-tests defines them (docs/metrics.md)."""
+import pytest
+
+from wirespeed.bench.collectives import COLLECTIVES
+from wirespeed.bench.harness import percentile, summarize
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_busbw_factors(n):
+    f = {name: c.busbw_factor(n) for name, c in COLLECTIVES.items()}
+    assert f["all_reduce"] == pytest.approx(2 * (n - 1) / n)
+    for name in ("reduce_scatter", "all_gather", "all_to_all"):
+        assert f[name] == pytest.approx((n - 1) / n)
+    for name in ("broadcast", "reduce", "send_recv"):
+        assert f[name] == 1.0
+
+
+def test_size_column_is_the_largest_buffer():
+    # 1 MiB requested, 4 ranks, float32 (nccl-tests: all_gather/reduce_scatter size = the full buffer).
+    S, n, item = 1 << 20, 4, 4
+    assert COLLECTIVES["all_reduce"].counts(S, item, n) == (S // 4, S // 4, S // 4)
+    assert COLLECTIVES["all_gather"].counts(S, item, n) == (S // 16, S // 16, S // 4)
+    assert COLLECTIVES["reduce_scatter"].counts(S, item, n) == (S // 16, S // 4, S // 16)
+    assert COLLECTIVES["all_to_all"].counts(S, item, n) == (S // 4, S // 4, S // 4)
+
+
+def test_odd_sizes_round_down_to_whole_per_rank_chunks():
+    count, send, recv = COLLECTIVES["all_gather"].counts(1000, 4, 3)  # 250 elements over 3 ranks
+    assert (count, send, recv) == (83, 83, 249)
+
+
+def test_summary_takes_slowest_rank_per_iteration_then_median():
+    # rank 0 fast on iteration 0, rank 1 slow on it: the iteration costs the slow rank's time.
+    per_rank = [[1.0, 2.0, 3.0], [4.0, 1.0, 1.0]]
+    s = summarize(per_rank)
+    assert s["time_us"] == pytest.approx(3.0e6)  # slowest: [4, 2, 3] -> median 3
+    assert s["time_min_us"] == pytest.approx(2.0e6)
+    assert s["time_max_us"] == pytest.approx(4.0e6)
+
+
+def test_percentile_nearest_rank():
+    vals = sorted(range(1, 101))
+    assert percentile(vals, 99) == 99
+    assert percentile(vals, 50) == 50
+    assert percentile([5.0], 99) == 5.0
