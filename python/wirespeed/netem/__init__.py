@@ -1,0 +1,1 @@
+"""The emulated cluster: hosts as network namespaces, capped links (tc htb), per-flow caps, faults."""

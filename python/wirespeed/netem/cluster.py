@@ -1,0 +1,250 @@
+"""An emulated cluster: hosts as network namespaces, one capped link each to a switch namespace.
+
+    host h0 (netns wsnet-NAME-h0)      switch (netns wsnet-NAME-sw)
+      ws0 10.77.0.1/24  <== veth ==>  h0 --+
+      ws0 10.77.0.2/24  <== veth ==>  h1 --+-- br0 (bridge)
+      ...
+
+Every host's interface is called `ws0`, so one GLOO_SOCKET_IFNAME (etc.) fits every rank. The
+addresses exist only inside these namespaces: the root namespace gains no interface, route or
+address, and clusters of different names can use the same subnet without meeting.
+
+State lives in /run/wirespeed/cluster-NAME.json (tmpfs: it goes with the namespaces on reboot). Every
+namespace carries the `wsnet-NAME-` prefix, so a cluster left by a killed run is found by name alone,
+with or without its state file, and `up`/`down` remove it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..errors import UsageError
+from . import shaping
+from .measure import tcp_throughput
+from .ns import NETNS_DIR, NetemError, kill_netns_processes, list_netns, require_admin, run, tc_batch
+
+PREFIX = "wsnet-"
+STATE_DIR = "/run/wirespeed"
+IFNAME = "ws0"
+SUBNET = "10.77.0"
+DEFAULT_NAME = "ws"
+MAX_HOSTS = 64
+_NAME_RE = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+@dataclass
+class Host:
+    index: int
+    netns: str
+    ifname: str
+    addr: str
+
+
+@dataclass
+class Cluster:
+    name: str
+    hosts: list[Host]
+    rate_bps: int
+    flow_rate_bps: int | None = None
+    delay_s: float | None = None
+    shaper: str = "htb"
+    created: float = 0.0
+    measured: dict = field(default_factory=dict)
+
+    @property
+    def switch_ns(self) -> str:
+        return switch_ns(self.name)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Cluster":
+        d = json.loads(text)
+        d["hosts"] = [Host(**h) for h in d["hosts"]]
+        return cls(**d)
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name or ""):
+        raise UsageError(f"cluster name {name!r} is not valid: use 1-16 lowercase letters or digits")
+    return name
+
+
+def ns_prefix(name: str) -> str:
+    return f"{PREFIX}{name}-"
+
+
+def host_ns(name: str, i: int) -> str:
+    return f"{ns_prefix(name)}h{i}"
+
+
+def switch_ns(name: str) -> str:
+    return f"{ns_prefix(name)}sw"
+
+
+def state_path(name: str) -> str:
+    return os.path.join(STATE_DIR, f"cluster-{name}.json")
+
+
+def load(name: str = DEFAULT_NAME) -> Cluster | None:
+    """The cluster of this name if it is up (state file and every namespace present), else None."""
+    try:
+        with open(state_path(name)) as f:
+            c = Cluster.from_json(f.read())
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
+        return None
+    present = set(list_netns())
+    if c.switch_ns not in present or any(h.netns not in present for h in c.hosts):
+        return None
+    return c
+
+
+def require(name: str = DEFAULT_NAME) -> Cluster:
+    c = load(name)
+    if c is None:
+        flag = "" if name == DEFAULT_NAME else f" --name {name}"
+        raise UsageError(f"no emulated cluster {name!r} is up: start one with "
+                         f"`wirespeed cluster up{flag} --hosts 4 --rate 1gbit` (needs root)")
+    return c
+
+
+def leftovers(name: str | None = None) -> list[str]:
+    """Namespaces of this cluster (or of every wirespeed cluster when name is None)."""
+    pre = ns_prefix(name) if name else PREFIX
+    return [n for n in list_netns() if n.startswith(pre)]
+
+
+def down(name: str = DEFAULT_NAME, *, all_clusters: bool = False) -> list[str]:
+    """Remove the cluster: processes inside its namespaces, the namespaces (which takes the veths,
+    bridge and qdiscs with them) and its state file. Returns the namespaces removed."""
+    require_admin()
+    names = leftovers(None if all_clusters else name)
+    # Hosts first: a rank still running there would otherwise see its link vanish under it.
+    for ns in sorted(names, key=lambda n: n.endswith("-sw")):
+        kill_netns_processes(ns)
+        run(["ip", "netns", "delete", ns], check=False)
+        if os.path.exists(os.path.join(NETNS_DIR, ns)):
+            raise NetemError(f"could not delete network namespace {ns}: remove it with "
+                             f"`ip netns delete {ns}`")
+    for p in ([state_path(name)] if not all_clusters else
+              [os.path.join(STATE_DIR, f) for f in _state_files()]):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+    return names
+
+
+def _state_files() -> list[str]:
+    try:
+        return [f for f in os.listdir(STATE_DIR) if f.startswith("cluster-") and f.endswith(".json")]
+    except FileNotFoundError:
+        return []
+
+
+def netem_available(name: str) -> bool:
+    """Whether this kernel has the netem qdisc: try it on a scratch namespace's loopback."""
+    probe = f"{ns_prefix(name)}probe"
+    run(["ip", "netns", "add", probe])
+    try:
+        run(["ip", "-n", probe, "link", "set", "lo", "up"])
+        out = run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                  check=False)
+        shown = run(["tc", "-n", probe, "qdisc", "show", "dev", "lo"], check=False)
+        del out
+        return "netem" in shown
+    finally:
+        run(["ip", "netns", "delete", probe], check=False)
+
+
+def up(hosts: int, rate_bps: int, flow_rate_bps: int | None = None, delay_s: float | None = None,
+       name: str = DEFAULT_NAME, measure: bool = True) -> tuple[Cluster, list[str]]:
+    """Build the cluster (removing any of the same name first); returns it and what was removed."""
+    require_admin()
+    check_name(name)
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise UsageError(f"--hosts must be 1..{MAX_HOSTS}, got {hosts}")
+    if flow_rate_bps and flow_rate_bps > rate_bps:
+        raise UsageError("--flow-rate is above --rate: a flow cannot exceed its link; "
+                         "give a flow rate below the link rate, or leave --flow-rate out")
+    removed = down(name)
+    if delay_s and not netem_available(name):
+        raise UsageError("--delay needs the netem qdisc, which this kernel lacks (sch_netem): "
+                         "leave --delay out, or run on a kernel with netem")
+    c = Cluster(name=name, rate_bps=rate_bps, flow_rate_bps=flow_rate_bps or None,
+                delay_s=delay_s or None, created=time.time(),
+                hosts=[Host(i, host_ns(name, i), IFNAME, f"{SUBNET}.{i + 1}") for i in range(hosts)],
+                shaper="htb+u32 per-flow" if flow_rate_bps else "htb")
+    try:
+        _build(c)
+        os.makedirs(STATE_DIR, exist_ok=True)
+        _save(c)
+        if measure and hosts >= 2:
+            c.measured = measure_cluster(c)
+            _save(c)
+    except BaseException:
+        down(name)
+        raise
+    return c, removed
+
+
+def _save(c: Cluster) -> None:
+    tmp = state_path(c.name) + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(c.to_json())
+    os.replace(tmp, state_path(c.name))
+
+
+def _build(c: Cluster) -> None:
+    sw = c.switch_ns
+    run(["ip", "netns", "add", sw])
+    run(["ip", "-n", sw, "link", "set", "lo", "up"])
+    run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
+    run(["ip", "-n", sw, "link", "set", "br0", "up"])
+    for h in c.hosts:
+        port = f"h{h.index}"
+        run(["ip", "netns", "add", h.netns])
+        run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+        # Both ends are created directly inside their namespaces: the root namespace never sees them.
+        run(["ip", "link", "add", h.ifname, "netns", h.netns, "type", "veth",
+             "peer", "name", port, "netns", sw])
+        run(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+        run(["ip", "-n", sw, "link", "set", port, "up"])
+        run(["ip", "-n", h.netns, "addr", "add", f"{h.addr}/24", "dev", h.ifname])
+        run(["ip", "-n", h.netns, "link", "set", h.ifname, "up"])
+        tc_batch(h.netns, shaping.host_egress_program(h.ifname, c.rate_bps, c.flow_rate_bps))
+        # The switch port toward the host caps what the host receives (and carries the delay, so a
+        # packet is delayed once per one-way trip: it leaves the switch exactly once).
+        tc_batch(sw, shaping.link_program(port, c.rate_bps, c.delay_s))
+
+
+def measure_cluster(c: Cluster, seconds: float = 1.0) -> dict:
+    """What the caps really give, h0 -> h1: one TCP flow, and several in parallel."""
+    a, b = c.hosts[0], c.hosts[1]
+    streams = 4
+    out = {"from": a.netns, "to": b.netns, "seconds": seconds, "streams": streams,
+           "one_flow_bps": tcp_throughput(a.netns, b.netns, b.addr, 1, seconds),
+           "parallel_bps": tcp_throughput(a.netns, b.netns, b.addr, streams, seconds)}
+    out["when"] = time.time()
+    return out
+
+
+def remeasure(name: str = DEFAULT_NAME) -> Cluster:
+    require_admin()
+    c = require(name)
+    if len(c.hosts) < 2:
+        raise UsageError("a cluster of one host has no link to measure: use --hosts 2 or more")
+    c.measured = measure_cluster(c)
+    _save(c)
+    return c
+
+
+def set_link(name: str, host: int, up_: bool) -> None:
+    """Take a host's link down (or up), as a pulled cable: used by the fault tests."""
+    c = require(name)
+    h = c.hosts[host]
+    run(["ip", "-n", h.netns, "link", "set", h.ifname, "up" if up_ else "down"])
