@@ -46,6 +46,16 @@ def _nccl_missing() -> str | None:
     return None
 
 
+def _mpi_missing() -> str | None:
+    from .mpi import missing
+    return missing()
+
+
+def _mpi_factory():
+    from .mpi import MpiBackend
+    return MpiBackend()
+
+
 def _torch_factory(name):
     def make():
         from .torch_dist import TorchDistBackend
@@ -56,6 +66,7 @@ def _torch_factory(name):
 BACKENDS: dict[str, BackendEntry] = {e.name: e for e in (
     BackendEntry("gloo", ("cpu", "cuda"), _gloo_missing, _torch_factory("gloo")),
     BackendEntry("nccl", ("cuda",), _nccl_missing, _torch_factory("nccl")),
+    BackendEntry("mpi", ("cpu",), _mpi_missing, _mpi_factory),
 )}
 
 

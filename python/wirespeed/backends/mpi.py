@@ -1,0 +1,291 @@
+"""Adapter for MPI through mpi4py (PyPI's torch has no MPI backend), plus the mpirun launcher.
+
+Buffers: the harness's CPU tensors are handed to MPI as raw views of their memory (no copies). The
+view of a (address, bytes, type) triple is cached, because building one per call costs a few
+microseconds, which is as long as a small shared-memory allreduce; a cached view can never point at
+freed memory in use by someone else, since it is only looked up with a live tensor at that address.
+
+Variants are MPI's own: allreduce, allgather and reduce take MPI_IN_PLACE; broadcast is in place by
+nature; alltoall and sendrecv are out of place. MPI's in-place reduce_scatter_block leaves the
+result at the start of the buffer, not at the rank's slice as NCCL's layout has it, so that variant
+is reported n/a rather than timed with an extra copy.
+
+float16 and bfloat16, which MPI has no types or reductions for, travel as 16-bit words and are
+reduced by user-defined ops (see `reduce16`). avg, which MPI lacks, is a sum followed by a division
+on this rank, and the division is inside the timed call: that is what avg costs a user of MPI.
+
+MPI has no timeouts: a peer that hangs is caught by the harness watchdog, which ends the rank, and
+mpirun then ends the job. A rank that fails exits without MPI_Finalize (mpi4py.rc.finalize off), so
+mpirun ends the job at once instead of the survivors waiting in a collective for it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+from ..errors import UsageError
+from .base import Backend, RankInfo
+
+# The smallest edit to Open MPI's defaults that lets it run here: as root (containers, CI) it refuses
+# to start without these, and on a laptop or 2-core VM more ranks than cores is the normal case.
+ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+_HOW_TO_GET = ("install Open MPI and mpi4py: `make setup` does it (Debian packages openmpi-bin "
+               "libopenmpi-dev, then pip install mpi4py)")
+
+
+def missing() -> str | None:
+    """None when the mpi backend can run here, else why not and what to do. Never initializes MPI
+    (importing mpi4py.MPI would, and a launcher process must not become an MPI singleton)."""
+    import importlib.util
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed: " + _HOW_TO_GET
+    if shutil.which("mpirun") is None and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return "mpirun is not on PATH: " + _HOW_TO_GET
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# 16-bit float reductions
+
+
+_TORCH16 = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def reduce16(dtype: str, op: str):
+    """The body of an MPI user op for a 16-bit float: inout = op(in, inout), element by element.
+
+    Each pair is combined in float32 and rounded once to the 16-bit format (round to nearest even).
+    float32 has at least 2p+2 significand bits for both formats (24 >= 2*11+2, 2*8+2), so for +, *
+    this double rounding gives the same bits as rounding the exact result once: each step is
+    correctly rounded, which tests/mpi checks against an exact reference."""
+    tdt = _TORCH16[dtype]
+
+    def combine(inbuf, inoutbuf, _datatype):
+        if len(inbuf) == 0:  # MPI may call it on empty pieces; torch.frombuffer refuses those
+            return
+        a = torch.frombuffer(inbuf, dtype=tdt)
+        b = torch.frombuffer(inoutbuf, dtype=tdt)
+        if op == "sum":
+            b.copy_(a.float().add_(b.float()))
+        elif op == "prod":
+            b.copy_(a.float().mul_(b.float()))
+        elif op == "min":
+            torch.minimum(a, b, out=b)  # exact in any format: no arithmetic, no rounding
+        elif op == "max":
+            torch.maximum(a, b, out=b)
+        else:
+            raise ValueError(op)
+
+    return combine
+
+
+# ---------------------------------------------------------------------------------------------------
+# The adapter
+
+
+_MPI_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int8": "INT8_T", "uint8": "UINT8_T",
+              "int32": "INT32_T", "int64": "INT64_T", "float16": "UINT16_T", "bfloat16": "UINT16_T"}
+_MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM"}
+_DTYPE_NAME = {getattr(torch, n): n for n in _MPI_TYPES}
+
+
+class MpiBackend(Backend):
+    name = "mpi"
+
+    def __init__(self):
+        self._comm = None
+        self._MPI = None
+        self._views: dict = {}
+        self._user_ops: dict = {}
+
+    def init(self, info: RankInfo, device: str, timeout_s: float) -> None:
+        from ..launch.environment import launcher_name
+        kind = launcher_name()
+        if info.world_size > 1 and kind not in ("mpirun", "pmi", "srun"):
+            raise UsageError(f"the mpi backend needs its ranks started by an MPI launcher, but these "
+                             f"were started by {kind or 'hand'}: run `wirespeed bench --backend mpi "
+                             f"-N {info.world_size}` (it starts mpirun itself) or put mpirun in front")
+        import mpi4py
+        mpi4py.rc.finalize = False  # see the module docstring: failing ranks must not finalize
+        mpi4py.rc.thread_level = "funneled"  # only the main thread calls MPI (the watchdog never)
+        from mpi4py import MPI
+        self._MPI = MPI
+        self._comm = MPI.COMM_WORLD
+        if (self._comm.Get_size(), self._comm.Get_rank()) != (info.world_size, info.rank):
+            raise UsageError(f"MPI says this is rank {self._comm.Get_rank()} of {self._comm.Get_size()} "
+                             f"but the launcher environment says rank {info.rank} of "
+                             f"{info.world_size}: this mpi4py is built for another MPI than the "
+                             "mpirun that started it (reinstall mpi4py against Open MPI)")
+
+    def shutdown(self) -> None:
+        if self._comm is None:
+            return
+        for op in self._user_ops.values():
+            op.Free()
+        self._user_ops.clear()
+        self._views.clear()
+        self._comm.Barrier()
+        if not self._MPI.Is_finalized():
+            self._MPI.Finalize()
+        self._comm = None
+
+    def version(self) -> str:
+        from mpi4py import MPI
+        return MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+
+    def device_for(self, info, device):
+        return "cpu"
+
+    def unsupported(self, collective, dtype, op, inplace, device):
+        if device != "cpu":
+            return "mpi: cpu only"
+        if collective in ("all_to_all", "send_recv", "barrier") and inplace:
+            return "n/a"
+        if collective == "broadcast" and not inplace:
+            return "n/a"  # MPI_Bcast has one buffer
+        if collective == "reduce_scatter" and inplace:
+            return "n/a (MPI's in-place result lands at offset 0)"
+        return None
+
+    # -- buffers and ops -------------------------------------------------------------------------
+
+    def _spec(self, t: torch.Tensor):
+        """[memory view, MPI type] of a contiguous CPU tensor, without copying it."""
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        spec = self._views.get(key)
+        if spec is None:
+            if not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError("the mpi backend takes contiguous CPU tensors only")
+            MPI = self._MPI
+            mem = MPI.buffer.fromaddress(t.data_ptr(), t.numel() * t.element_size())
+            # No explicit count: mpi4py derives it from the length, and for gathers and scatters
+            # splits it into per-rank blocks (an explicit count would mean "per rank" there).
+            spec = [mem, getattr(MPI, _MPI_TYPES[_DTYPE_NAME[t.dtype]])]
+            if len(self._views) >= 16:  # a handful of live buffers per case; never grows unbounded
+                self._views.clear()
+            self._views[key] = spec
+        return spec
+
+    def _op(self, t: torch.Tensor, op: str):
+        dtype = _DTYPE_NAME[t.dtype]
+        if dtype not in _TORCH16:
+            return getattr(self._MPI, _MPI_OPS[op])
+        base = "sum" if op == "avg" else op
+        key = (dtype, base)
+        if key not in self._user_ops:
+            self._user_ops[key] = self._MPI.Op.Create(reduce16(dtype, base), commute=True)
+        return self._user_ops[key]
+
+    def _average(self, t: torch.Tensor, op: str) -> None:
+        """avg = sum / world size, divided here (MPI has no avg). Integer data divides truncating."""
+        if op != "avg":
+            return
+        n = self._comm.Get_size()
+        if t.dtype.is_floating_point:
+            t.div_(n)
+        else:
+            t.copy_(torch.div(t, n, rounding_mode="trunc"))
+
+    @staticmethod
+    def _aliases(send: torch.Tensor, recv: torch.Tensor) -> bool:
+        return send.untyped_storage().data_ptr() == recv.untyped_storage().data_ptr()
+
+    # -- the collectives -------------------------------------------------------------------------
+
+    def all_reduce(self, send, recv, op):
+        mop = self._op(recv, op)
+        if send is recv:
+            self._comm.Allreduce(self._MPI.IN_PLACE, self._spec(recv), mop)
+        else:
+            self._comm.Allreduce(self._spec(send), self._spec(recv), mop)
+        self._average(recv, op)
+
+    def all_gather(self, send, recv):
+        if self._aliases(send, recv):  # the harness's in-place layout: send is my slice of recv
+            self._comm.Allgather(self._MPI.IN_PLACE, self._spec(recv))
+        else:
+            self._comm.Allgather(self._spec(send), self._spec(recv))
+
+    def reduce_scatter(self, send, recv, op):
+        self._comm.Reduce_scatter_block(self._spec(send), self._spec(recv), self._op(recv, op))
+        self._average(recv, op)
+
+    def broadcast(self, send, recv, root):
+        self._comm.Bcast(self._spec(recv), root)
+
+    def reduce(self, send, recv, op, root):
+        mop = self._op(recv, op)
+        me = self._comm.Get_rank()
+        if send is recv:
+            self._comm.Reduce(self._MPI.IN_PLACE if me == root else self._spec(send),
+                              self._spec(recv) if me == root else None, mop, root)
+        else:
+            self._comm.Reduce(self._spec(send), self._spec(recv), mop, root)
+        if me == root:
+            self._average(recv, op)
+
+    def all_to_all(self, send, recv):
+        self._comm.Alltoall(self._spec(send), self._spec(recv))
+
+    def send_recv(self, send, recv, to, frm):
+        self._comm.Sendrecv(self._spec(send), to, 0, self._spec(recv), frm, 0)
+
+    def barrier(self):
+        self._comm.Barrier()
+
+    def allgather_floats(self, values):
+        import numpy as np
+        mine = np.asarray(values, dtype=np.float64)
+        out = np.empty((self._comm.Get_size(), len(values)), dtype=np.float64)
+        self._comm.Allgather(mine, out)
+        return out.tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launch: `wirespeed bench --backend mpi -N 4` run by hand starts its ranks with mpirun.
+
+
+def mpirun_command(argv: list[str], nproc: int, is_root: bool | None = None) -> list[str]:
+    """mpirun running `python -m wirespeed.cli.main *argv` as nproc local ranks."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise UsageError("mpirun is not on PATH: " + _HOW_TO_GET)
+    is_root = os.geteuid() == 0 if is_root is None else is_root
+    cmd = [mpirun, "-n", str(nproc),
+           "--oversubscribe",      # more ranks than cores is allowed, as with the local spawner
+           "--bind-to", "none",    # and no pinning, so MPI and gloo ranks are scheduled alike
+           "-q"]                   # no multi-line banners: each rank prints its own one-line error
+    if is_root:
+        cmd.append("--allow-run-as-root")
+    return cmd + [sys.executable, "-m", "wirespeed.cli.main", *argv]
+
+
+def launch_mpirun(argv: list[str], nproc: int) -> int:
+    """Run the ranks under mpirun; return the job's exit code (non-zero when any rank failed)."""
+    env = dict(os.environ)
+    env.update(WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    # Open MPI would otherwise print hints to stderr when it cannot use CUDA or fast NICs here.
+    env.setdefault("OMPI_MCA_opal_warn_on_missing_libcuda", "0")
+    if os.geteuid() == 0:
+        env.update(ROOT_ENV)
+    try:
+        proc = subprocess.Popen(mpirun_command(argv, nproc), env=env)
+    except OSError as e:
+        raise UsageError(f"could not start mpirun: {e}") from None
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()  # mpirun forwards it to every rank and cleans up
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if code > 128:
+        sys.stderr.write(f"wirespeed: error: a rank died (signal {code - 128}); mpirun ended the job\n")
+    return code
