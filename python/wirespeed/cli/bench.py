@@ -110,7 +110,7 @@ def _default_nproc(text, device) -> int:
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
     cfg = config_from_args(args)
-    info = rank_info()
+    info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
         return launch_local(cfg, argv, args.master_port)
     return run_as_rank(cfg, info)
@@ -133,6 +133,9 @@ def launch_local(cfg: BenchConfig, argv, master_port) -> int:
             raise UsageError(f"-N {cfg.nproc} needs {cfg.nproc} GPUs but {torch.cuda.device_count()} "
                              "are visible (NCCL needs one GPU per rank)")
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
+    if cfg.backend == "mpi":  # MPI ranks must be started by mpirun, which needs no port
+        from ..backends.mpi import launch_mpirun
+        return launch_mpirun(argv, cfg.nproc)
     port = _num(master_port, "--master-port") if master_port is not None else None
     return spawn(argv, cfg.nproc, port)
 

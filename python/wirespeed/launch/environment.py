@@ -56,8 +56,9 @@ def launcher_name(env=None) -> str | None:
     return None
 
 
-def rank_info(env=None) -> RankInfo | None:
-    """This process's place in the job, or None when no launcher set one."""
+def rank_info(env=None, need_master: bool = True) -> RankInfo | None:
+    """This process's place in the job, or None when no launcher set one. need_master=False for
+    backends that rendezvous through their launcher (MPI), which need no MASTER_ADDR."""
     env = os.environ if env is None else env
     kind = launcher_name(env)
     if kind is None:
@@ -87,6 +88,8 @@ def rank_info(env=None) -> RankInfo | None:
             addr = "127.0.0.1"  # every rank is on this host
         elif kind == "srun" and env.get("SLURM_JOB_NODELIST"):
             addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
+        elif not need_master:
+            addr = ""
         else:
             raise UsageError(f"ranks span several hosts under {kind} but MASTER_ADDR is not set: "
                              "export MASTER_ADDR=<rank 0's host> (and MASTER_PORT) for every rank")
