@@ -152,11 +152,9 @@ def netem_available(name: str) -> bool:
     run(["ip", "netns", "add", probe])
     try:
         run(["ip", "-n", probe, "link", "set", "lo", "up"])
-        out = run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                  check=False)
-        shown = run(["tc", "-n", probe, "qdisc", "show", "dev", "lo"], check=False)
-        del out
-        return "netem" in shown
+        run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            check=False)
+        return "netem" in run(["tc", "-n", probe, "qdisc", "show", "dev", "lo"], check=False)
     finally:
         run(["ip", "netns", "delete", probe], check=False)
 
@@ -171,10 +169,10 @@ def up(hosts: int, rate_bps: int, flow_rate_bps: int | None = None, delay_s: flo
     if flow_rate_bps and flow_rate_bps > rate_bps:
         raise UsageError("--flow-rate is above --rate: a flow cannot exceed its link; "
                          "give a flow rate below the link rate, or leave --flow-rate out")
-    removed = down(name)
-    if delay_s and not netem_available(name):
+    if delay_s and not netem_available(name):  # before touching a cluster that may be up
         raise UsageError("--delay needs the netem qdisc, which this kernel lacks (sch_netem): "
                          "leave --delay out, or run on a kernel with netem")
+    removed = down(name)
     c = Cluster(name=name, rate_bps=rate_bps, flow_rate_bps=flow_rate_bps or None,
                 delay_s=delay_s or None, created=time.time(),
                 hosts=[Host(i, host_ns(name, i), IFNAME, f"{SUBNET}.{i + 1}") for i in range(hosts)],

@@ -1,0 +1,132 @@
+"""`wirespeed cluster up|status|down|link`: an emulated cluster of hosts on this machine.
+
+The hosts are network namespaces with capped links to a switch namespace (see wirespeed.netem);
+`wirespeed bench --cluster` then places ranks on them. Needs root or CAP_NET_ADMIN.
+"""
+from __future__ import annotations
+
+from ..errors import UsageError
+from .common import Parser, add, positive_int
+
+# TCP goodput over a capped Ethernet link: 1448 payload bytes per 1514-byte frame (20 IP + 32 TCP
+# with timestamps + 14 Ethernet). tc counts whole frames, so this is the most a TCP flow can show.
+TCP_GOODPUT = 1448 / 1514
+
+
+def register(sub) -> None:
+    p = sub.add_parser("cluster", help="emulate a cluster on this machine: hosts as network "
+                       "namespaces with capped links (needs root)",
+                       description="Hosts as network namespaces joined by veth links to a switch "
+                       "namespace, each link capped with tc htb; `bench --cluster` runs ranks on them.")
+    cmds = p.add_subparsers(dest="cluster_cmd", metavar="ACTION", parser_class=Parser)
+
+    u = cmds.add_parser("up", help="build the cluster (replacing one of the same name)")
+    _name(u)
+    add(u, "--hosts", default="4", type=positive_int("--hosts"), help="number of hosts")
+    add(u, "--rate", default="1gbit", help="each host's link rate, each direction (tc units: 1gbit, 300mbit)")
+    add(u, "--flow-rate", default=None,
+        help="cap each TCP flow below the link rate, as cloud networks do (e.g. 300mbit)")
+    add(u, "--delay", default=None, help="one-way delay per link, e.g. 100us (needs the netem qdisc)")
+    add(u, "--no-measure", action="store_true", help="skip measuring what the caps really give")
+    u.set_defaults(func=cmd_up)
+
+    s = cmds.add_parser("status", help="hosts, addresses, caps and the measured rates")
+    _name(s)
+    add(s, "--measure", action="store_true", help="measure the link and flow rates again now")
+    add(s, "--json", dest="as_json", action="store_true", help="print the cluster's state as JSON")
+    s.set_defaults(func=cmd_status)
+
+    d = cmds.add_parser("down", help="remove the cluster, and anything a killed run left behind")
+    _name(d)
+    add(d, "--all", dest="all_clusters", action="store_true",
+        help="remove every wirespeed cluster on this machine")
+    d.set_defaults(func=cmd_down)
+
+    k = cmds.add_parser("link", help="take a host's link down or up (a pulled cable)")
+    _name(k)
+    k.add_argument("host", help="host index or name: 1 or h1")
+    k.add_argument("state", choices=("up", "down"))
+    k.set_defaults(func=cmd_link)
+
+    p.set_defaults(func=lambda args, argv: (p.print_help(), 2)[1])
+
+
+def _name(p) -> None:
+    from ..netem.cluster import DEFAULT_NAME
+    add(p, "--cluster-name", "--name", dest="cluster_name", default=DEFAULT_NAME,
+        help="which cluster (several can exist side by side)")
+
+
+def cmd_up(args, argv) -> int:
+    from ..netem import cluster as C
+    from ..netem.units import parse_delay, parse_rate
+    rate = parse_rate(args.rate, "--rate")
+    flow = parse_rate(args.flow_rate, "--flow-rate") if args.flow_rate else None
+    delay = parse_delay(args.delay) if args.delay else None
+    C.check_name(args.cluster_name)
+    c, removed = C.up(int(args.hosts), rate, flow, delay, name=args.cluster_name,
+                      measure=not args.no_measure)
+    if removed:
+        print(f"# removed an earlier cluster's namespaces: {' '.join(removed)}")
+    print(describe(c))
+    return 0
+
+
+def cmd_status(args, argv) -> int:
+    from ..netem import cluster as C
+    C.check_name(args.cluster_name)
+    c = C.remeasure(args.cluster_name) if args.measure else C.load(args.cluster_name)
+    if c is None:
+        left = C.leftovers(args.cluster_name)
+        print(f"no emulated cluster {args.cluster_name!r} is up"
+              + (f"; leftover namespaces {' '.join(left)}: `wirespeed cluster down` removes them"
+                 if left else ""))
+        return 1
+    print(c.to_json() if args.as_json else describe(c))
+    return 0
+
+
+def cmd_down(args, argv) -> int:
+    from ..netem import cluster as C
+    C.check_name(args.cluster_name)
+    removed = C.down(args.cluster_name, all_clusters=args.all_clusters)
+    print(f"removed {' '.join(removed)}" if removed else "nothing to remove")
+    return 0
+
+
+def cmd_link(args, argv) -> int:
+    from ..netem import cluster as C
+    c = C.require(args.cluster_name)
+    text = args.host[1:] if args.host.startswith("h") else args.host
+    if not text.isdigit() or int(text) >= len(c.hosts):
+        raise UsageError(f"host {args.host!r} is not in cluster {c.name!r} (h0..h{len(c.hosts) - 1})")
+    C.set_link(c.name, int(text), args.state == "up")
+    print(f"link of h{text} is {args.state}")
+    return 0
+
+
+def describe(c) -> str:
+    from ..netem.units import human_rate
+    delay = f"{c.delay_s * 1e6:g} us one-way delay (netem)" if c.delay_s else "no added delay"
+    flow = f", each TCP flow capped at {human_rate(c.flow_rate_bps)}" if c.flow_rate_bps else ""
+    lines = [f"# emulated cluster {c.name!r}: {len(c.hosts)} hosts, link {human_rate(c.rate_bps)} "
+             f"each way (tc {c.shaper}){flow}, {delay}",
+             f"# {'host':<5} {'namespace':<24} {'if':<4} address"]
+    for h in c.hosts:
+        lines.append(f"  h{h.index:<4} {h.netns:<24} {h.ifname:<4} {h.addr}")
+    m = c.measured
+    if m:
+        flow_cap = c.flow_rate_bps or c.rate_bps
+        lines.append(f"# measured {m['from']} -> {m['to']}, TCP goodput over {m['seconds']:g} s: "
+                     f"1 flow {human_rate(m['one_flow_bps'])} ({m['one_flow_bps'] / flow_cap:.1%} of "
+                     f"{'flow cap' if c.flow_rate_bps else 'link'}), {m['streams']} flows "
+                     f"{human_rate(m['parallel_bps'])} ({m['parallel_bps'] / c.rate_bps:.1%} of link)")
+        lines.append(f"# (TCP can show at most {TCP_GOODPUT:.1%} of a cap: tc counts Ethernet, IP and "
+                     "TCP headers)")
+    elif len(c.hosts) >= 2:
+        lines.append("# not measured yet: `wirespeed cluster status --measure`")
+    lines.append("# run on it: wirespeed bench --cluster"
+                 + ("" if c.name == "ws" else f" {c.name}") + " -N <ranks> ...; remove: "
+                 "wirespeed cluster down" + ("" if c.name == "ws" else f" --name {c.name}"))
+    return "\n".join(lines)
+
