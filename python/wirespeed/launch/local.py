@@ -59,18 +59,25 @@ def supervise(procs: list[subprocess.Popen]) -> int:
            for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         failed_at = None
+        killed: set[int] = set()
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > SURVIVOR_GRACE_S:
+            if failed_at is None:
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    failed_at = time.monotonic()
+                    r, c = failed[0]
+                    how = f"was killed by signal {-c}" if c < 0 else f"exited with status {c}"
+                    sys.stderr.write(f"wirespeed: error: rank {r} {how}; ending the job\n")
+            elif time.monotonic() - failed_at > SURVIVOR_GRACE_S:
                 for r, p in enumerate(procs):
-                    if p.poll() is None:
-                        sys.stderr.write(f"wirespeed: error: rank {r} still running after another rank "
-                                         "failed; killing it\n")
+                    if p.poll() is None and r not in killed:
+                        sys.stderr.write(f"wirespeed: error: rank {r} still running "
+                                         f"{SURVIVOR_GRACE_S:g} s after another rank failed; killing it\n")
                         p.kill()
+                        killed.add(r)
             time.sleep(0.05)
         codes = [p.wait() for p in procs]
     finally:

@@ -1,0 +1,46 @@
+"""The checker catches wrong data. A real gloo rank (world of 1, in this process) whose adapter
+corrupts one element after each call: fault injection, the library call itself is real."""
+import datetime
+
+import pytest
+import torch.distributed as dist
+
+from wirespeed.backends.base import RankInfo
+from wirespeed.backends.torch_dist import TorchDistBackend
+from wirespeed.bench.config import BenchConfig
+from wirespeed.bench.harness import run_rank
+
+
+class CorruptingGloo(TorchDistBackend):
+    def all_reduce(self, send, recv, op):
+        super().all_reduce(send, recv, op)
+        if recv.numel():
+            recv[recv.numel() // 2] += 1
+
+    def all_gather(self, send, recv):
+        super().all_gather(send, recv)
+        if recv.numel() > 1:
+            recv[:2] = recv[:2].flip(0)  # swapped elements: a placement error
+
+
+@pytest.mark.timeout(60)
+def test_wrong_elements_are_counted(tmp_path):
+    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
+    backend = CorruptingGloo("gloo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        results = []
+        cfg = BenchConfig(collectives=["all_reduce", "all_gather"], dtypes=["float32", "int8"],
+                          sizes=[0, 64, 4096], warmup_iters=0, iters=2, timeout_s=30)
+        total = run_rank(cfg, info, backend, "cpu", results.append)
+    finally:
+        dist.destroy_process_group()
+    by = {(r["collective"], r["dtype"], r["bytes"], r["inplace"]): r["wrong"] for r in results}
+    # One corrupted element per non-empty all_reduce; two swapped ones per all_gather (int8 values may
+    # coincide, so at least one), none for empty buffers.
+    assert by[("all_reduce", "float32", 64, True)] == 1
+    assert by[("all_reduce", "int8", 4096, True)] == 1
+    assert by[("all_reduce", "float32", 0, True)] == 0
+    assert by[("all_gather", "float32", 4096, False)] == 2
+    assert total == sum(by.values()) > 0
