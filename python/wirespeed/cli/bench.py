@@ -46,6 +46,10 @@ def register(sub) -> None:
     add(p, "--no-save", action="store_true", help="do not save the run under --save-dir")
     add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
     add(p, "--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
+        help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host round robin")
+    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
+        help="with --cluster: place ranks in blocks of this many per host (default -N = hosts x this)")
     p.set_defaults(func=main)
 
 
@@ -112,7 +116,10 @@ def main(args, argv) -> int:
     cfg = config_from_args(args)
     info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
-        return launch_local(cfg, argv, args.master_port)
+        if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
+            from ..launch.cluster import cluster_nproc
+            cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
+        return launch_local(cfg, argv, args.master_port, args.cluster, args.ranks_per_host)
     return run_as_rank(cfg, info)
 
 
@@ -121,7 +128,7 @@ def _validate_for_world(cfg: BenchConfig, world: int) -> None:
         raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
 
 
-def launch_local(cfg: BenchConfig, argv, master_port) -> int:
+def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_host=None) -> int:
     from ..backends import create
     from ..launch.local import spawn
     from ..launch.memory import check_fits
@@ -133,6 +140,10 @@ def launch_local(cfg: BenchConfig, argv, master_port) -> int:
             raise UsageError(f"-N {cfg.nproc} needs {cfg.nproc} GPUs but {torch.cuda.device_count()} "
                              "are visible (NCCL needs one GPU per rank)")
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
+    if cluster:
+        from ..launch.cluster import spawn_on_cluster
+        port = _num(master_port, "--master-port") if master_port is not None else None
+        return spawn_on_cluster(argv, cfg.nproc, ranks_per_host, cluster, port, backend=cfg.backend)
     if cfg.backend == "mpi":  # MPI ranks must be started by mpirun, which needs no port
         from ..backends.mpi import launch_mpirun
         return launch_mpirun(argv, cfg.nproc)
@@ -172,6 +183,8 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     lead = info.rank == 0
     records = []
     env = record_env() if lead else {}
+    from ..launch.cluster import link_fields
+    link = link_fields()  # link_rate_gbps etc. when the ranks run on the emulated cluster
     run_id = time.strftime("%Y%m%d-%H%M%S")
     progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
     try:
@@ -182,7 +195,7 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         def keep(m):
             if lead:
                 records.append({"schema": "wirespeed.bench/1", "run_id": run_id, "backend": cfg.backend,
-                                "device": cfg.device, "world_size": info.world_size, **m, "env": env})
+                                "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env})
         total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance)
     except WirespeedError:
         raise
@@ -226,6 +239,9 @@ def _report(cfg: BenchConfig, records, run_id) -> None:
     from ..report.table import footer, markdown_table, nccl_table
     print(markdown_table(records) if cfg.format == "md" else nccl_table(records))
     print(footer(records))
+    from ..launch.cluster import link_summary
+    if link_summary(records):
+        print(link_summary(records))
     if cfg.json_path:
         write_jsonl(cfg.json_path, records)
     if cfg.csv_path:
