@@ -9,6 +9,9 @@ Every host's interface is called `ws0`, so one GLOO_SOCKET_IFNAME (etc.) fits ev
 addresses exist only inside these namespaces: the root namespace gains no interface, route or
 address, and clusters of different names can use the same subnet without meeting.
 
+Each namespace also gets /etc/netns/NS/hosts (which `ip netns exec` mounts over /etc/hosts) naming
+every host, so peers resolve each other's addresses as on a real cluster.
+
 State lives in /run/wirespeed/cluster-NAME.json (tmpfs: it goes with the namespaces on reboot). Every
 namespace carries the `wsnet-NAME-` prefix, so a cluster left by a killed run is found by name alone,
 with or without its state file, and `up`/`down` remove it.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -28,6 +32,7 @@ from .ns import NETNS_DIR, NetemError, kill_netns_processes, list_netns, require
 
 PREFIX = "wsnet-"
 STATE_DIR = "/run/wirespeed"
+ETC_NETNS = "/etc/netns"
 IFNAME = "ws0"
 SUBNET = "10.77.0"
 DEFAULT_NAME = "ws"
@@ -130,6 +135,8 @@ def down(name: str = DEFAULT_NAME, *, all_clusters: bool = False) -> list[str]:
         if os.path.exists(os.path.join(NETNS_DIR, ns)):
             raise NetemError(f"could not delete network namespace {ns}: remove it with "
                              f"`ip netns delete {ns}`")
+    for ns in names:
+        shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
     for p in ([state_path(name)] if not all_clusters else
               [os.path.join(STATE_DIR, f) for f in _state_files()]):
         try:
@@ -203,10 +210,17 @@ def _build(c: Cluster) -> None:
     run(["ip", "-n", sw, "link", "set", "lo", "up"])
     run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
     run(["ip", "-n", sw, "link", "set", "br0", "up"])
+    # The v4-mapped lines answer reverse lookups from dual-stack listeners (torch's TCPStore),
+    # which would otherwise ask an unreachable DNS server and warn.
+    hosts_file = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
+        f"{h.addr} {h.netns} h{h.index}\n::ffff:{h.addr} {h.netns}\n" for h in c.hosts)
     for h in c.hosts:
         port = f"h{h.index}"
         run(["ip", "netns", "add", h.netns])
         run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+        os.makedirs(os.path.join(ETC_NETNS, h.netns), exist_ok=True)
+        with open(os.path.join(ETC_NETNS, h.netns, "hosts"), "w") as f:
+            f.write(hosts_file)
         # Both ends are created directly inside their namespaces: the root namespace never sees them.
         run(["ip", "link", "add", h.ifname, "netns", h.netns, "type", "veth",
              "peer", "name", port, "netns", sw])

@@ -1,0 +1,151 @@
+"""Start the ranks of a wirespeed command on the hosts of the emulated cluster (wirespeed.netem).
+
+Rank r runs inside its host's network namespace (`ip netns exec`), with torchrun's variables set and
+MASTER_ADDR = host 0's address, so it cannot tell the emulated cluster from a real one. Every
+library is pointed at the emulated interface, so gloo, NCCL, Open MPI and wirespeed's own transport
+all cross the capped links rather than loopback. Ranks on one host still talk over that host's
+loopback path, as on a real machine.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+
+from ..errors import UsageError
+from ..netem import cluster as C
+from ..netem.ns import run_in_netns
+from .local import _die_with_parent, supervise
+
+# Each library's knob for "use this interface", all pointed at the host's emulated link.
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include",
+               "OMPI_MCA_oob_tcp_if_include", "WIRESPEED_IFNAME")
+
+
+def placement(nproc: int, hosts: int, ranks_per_host: int | None) -> list[int]:
+    """Host index of each rank: round robin, or blocks of ranks_per_host (rank 0..K-1 on h0, ...)."""
+    if nproc < 1:
+        raise UsageError("-N must be at least 1")
+    if ranks_per_host is None:
+        return [r % hosts for r in range(nproc)]
+    if ranks_per_host < 1:
+        raise UsageError("--ranks-per-host must be at least 1")
+    if nproc > ranks_per_host * hosts:
+        raise UsageError(f"-N {nproc} ranks do not fit {hosts} hosts x --ranks-per-host {ranks_per_host}: "
+                         f"use -N {ranks_per_host * hosts} or less, or a cluster with more hosts")
+    return [r // ranks_per_host for r in range(nproc)]
+
+
+def cluster_nproc(name: str, ranks_per_host: int | None, nproc_flag, fallback: int) -> int:
+    """-N when given, else every slot of the cluster: hosts x ranks_per_host (1 per host)."""
+    if nproc_flag is not None:
+        return fallback
+    return len(C.require(C.check_name(name)).hosts) * (ranks_per_host or 1)
+
+
+def _free_port_in(host: C.Host) -> int:
+    """A port free on host 0's address, found from inside its namespace."""
+    def pick():
+        for _ in range(50):
+            port = random.randint(20000, 32000)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host.addr, port))
+                    return port
+                except OSError:
+                    continue
+        raise UsageError(f"no free port found on {host.addr} in {host.netns}")
+    t, box = run_in_netns(host.netns, pick)
+    t.join(10)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=None) -> list[dict]:
+    base = dict(os.environ if base is None else base)
+    world = len(hosts_of)
+    master = cluster.hosts[hosts_of[0]]
+    envs = []
+    for r, h in enumerate(hosts_of):
+        host = cluster.hosts[h]
+        peers = [q for q, hq in enumerate(hosts_of) if hq == h]
+        env = dict(base)
+        env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(peers.index(r)),
+                   LOCAL_WORLD_SIZE=str(len(peers)), MASTER_ADDR=master.addr,
+                   MASTER_PORT=str(master_port), WIRESPEED_LOCAL_SPAWN="1",
+                   WIRESPEED_CLUSTER=cluster.name, WIRESPEED_CLUSTER_HOST=f"h{h}",
+                   WIRESPEED_LINK_RATE_BPS=str(cluster.rate_bps),
+                   OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"))
+        if cluster.flow_rate_bps:
+            env["WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
+        for var in IFNAME_VARS:
+            env[var] = host.ifname
+        envs.append(env)
+    return envs
+
+
+def rank_commands(cluster: C.Cluster, hosts_of: list[int], argv: list[str]) -> list[list[str]]:
+    py = [sys.executable, "-m", "wirespeed.cli.main", *argv]
+    return [["ip", "netns", "exec", cluster.hosts[h].netns, *py] for h in hosts_of]
+
+
+def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = None,
+                     name: str = C.DEFAULT_NAME, master_port: int | None = None,
+                     backend: str = "gloo") -> int:
+    """Run `wirespeed *argv` as ranks on the emulated cluster; return the job's exit code."""
+    from ..netem.ns import require_admin
+    require_admin("running ranks on the emulated cluster")
+    cluster = C.require(C.check_name(name))
+    if backend == "mpi":
+        raise UsageError("--cluster with --backend mpi is not supported yet (mpirun would have to "
+                         "start inside the namespaces); use gloo, or `wirespeed launch` per host")
+    hosts_of = placement(nproc, len(cluster.hosts), ranks_per_host)
+    port = master_port or _free_port_in(cluster.hosts[hosts_of[0]])
+    envs = rank_envs(cluster, hosts_of, port)
+    print(f"# emulated cluster {cluster.name!r}: "
+          + ", ".join(f"rank {r} on h{h} {cluster.hosts[h].addr}" for r, h in enumerate(hosts_of)),
+          flush=True)
+    procs = [subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+             for cmd, env in zip(rank_commands(cluster, hosts_of, argv), envs)]
+    return supervise(procs)
+
+
+def link_fields() -> dict:
+    """What a rank started on the emulated cluster adds to each record (empty elsewhere)."""
+    raw = os.environ.get("WIRESPEED_LINK_RATE_BPS")
+    if not raw or not raw.isdigit():
+        return {}
+    out = {"link_rate_gbps": int(raw) / 1e9, "cluster": os.environ.get("WIRESPEED_CLUSTER")}
+    flow = os.environ.get("WIRESPEED_FLOW_RATE_BPS")
+    if flow and flow.isdigit():
+        out["flow_rate_gbps"] = int(flow) / 1e9
+    return out
+
+
+def link_summary(records) -> str:
+    """One line per series on the cluster: busbw next to the link rate, and their ratio.
+
+    busbw is in GB/s (1e9 bytes), link rates in Gbit/s; busbw/link = busbw * 8 / link. For a
+    bandwidth-bound collective on a ring it approaches (but cannot pass) the TCP goodput share of
+    the link, about 0.956 (tc counts the Ethernet, IP and TCP headers too).
+    """
+    rows = [r for r in records if r.get("link_rate_gbps") and r["collective"] != "barrier"]
+    if not rows:
+        return ""
+    link = rows[0]["link_rate_gbps"]
+    lines = [f"# emulated link {link:g} Gbit/s per host each way"
+             + (f", {rows[0]['flow_rate_gbps']:g} Gbit/s per TCP flow" if rows[0].get("flow_rate_gbps")
+                else "") + "; busbw/link = busbw (GB/s) x 8 / link (Gbit/s)"]
+    seen: dict = {}
+    for r in rows:
+        key = (r["collective"], r["dtype"], r.get("op"))
+        best = seen.get(key, {}).get(r["bytes"])
+        if best is None or r["busbw_gbps"] > best["busbw_gbps"]:
+            seen.setdefault(key, {})[r["bytes"]] = r
+    for (coll, dtype, op), by_size in seen.items():
+        cells = " ".join(f"{n}:{r['busbw_gbps'] * 8 / link:.3f}" for n, r in by_size.items())
+        lines.append(f"# busbw/link {coll} {dtype}{' ' + op if op else ''} (bytes:ratio) {cells}")
+    return "\n".join(lines)
