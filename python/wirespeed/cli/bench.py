@@ -134,7 +134,7 @@ def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_ho
     from ..launch.memory import check_fits
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
-    if cfg.device == "cuda":
+    if cfg.backend == "nccl":
         import torch
         if cfg.nproc > torch.cuda.device_count():
             raise UsageError(f"-N {cfg.nproc} needs {cfg.nproc} GPUs but {torch.cuda.device_count()} "
