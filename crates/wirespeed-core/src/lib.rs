@@ -1,5 +1,24 @@
 //! wirespeed-core: the transport and collective algorithms shared by the Python bindings
 //! (`wirespeed._native`) and the NCCL network plugin. No Python, CUDA or NCCL code here.
+//!
+//! Layers, bottom up: `sys` (Linux calls), `segment` (shared-memory layout), `comm` (connect,
+//! waits, sync points, failure detection), `collectives` and `p2p` (the operations), `algo`
+//! (which algorithm per size), `engine` (ordered background execution).
+pub mod algo;
+pub mod collectives;
+pub mod comm;
+pub mod dtype;
+pub mod engine;
+pub mod error;
+pub mod p2p;
+pub mod reduce;
+pub mod segment;
+pub mod sys;
+
+pub use comm::{Comm, RankInfo};
+pub use dtype::{DType, ReduceOp};
+pub use engine::{Engine, Op};
+pub use error::{Error, Result};
 
 /// Version of the core, reported by `wirespeed env` so a bug report names the native build.
 pub fn version() -> &'static str {

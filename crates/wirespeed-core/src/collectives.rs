@@ -1,0 +1,389 @@
+//! The collectives, built from two primitives over the op descriptor:
+//! - `exchange`: every rank publishes, per destination, where the bytes it contributes lie
+//!   (its staging slot for small data, its own memory otherwise); every rank then fetches what
+//!   each peer contributes to it. all_gather, all_to_all, broadcast, gather, scatter, barrier.
+//! - `reduce_to_me`: the same publication, but a rank reduces what every rank contributes to it,
+//!   block by block in cache. reduce_scatter, reduce, and the first half of all_reduce.
+//!
+//! A rank stages into its slot or exposes its memory on its own: readers handle each peer's
+//! choice, and since all ranks see all descriptors they agree on whether a final sync is needed
+//! (it is whenever a rank's memory is read directly, so it must not return and reuse it early).
+//! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
+//! has passed op s+1's first sync, i.e. finished reading it.
+use crate::algo::AllReduceAlgo;
+use crate::comm::Comm;
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::reduce::reduce_many;
+use crate::segment::{DescHeader, Piece, MODE_ADDR, MODE_NONE, MODE_SLOT};
+use crate::sys;
+
+pub const ALL_REDUCE: u32 = 1;
+pub const REDUCE: u32 = 2;
+pub const REDUCE_SCATTER: u32 = 3;
+pub const ALL_GATHER: u32 = 4;
+pub const ALL_TO_ALL: u32 = 5;
+pub const BROADCAST: u32 = 6;
+pub const BARRIER: u32 = 7;
+pub const GATHER: u32 = 8;
+pub const SCATTER: u32 = 9;
+
+pub fn kind_name(k: u32) -> &'static str {
+    match k {
+        ALL_REDUCE => "all_reduce",
+        REDUCE => "reduce",
+        REDUCE_SCATTER => "reduce_scatter",
+        ALL_GATHER => "all_gather",
+        ALL_TO_ALL => "all_to_all",
+        BROADCAST => "broadcast",
+        BARRIER => "barrier",
+        GATHER => "gather",
+        SCATTER => "scatter",
+        _ => "?",
+    }
+}
+
+/// A byte range in this process: (address, length).
+pub type Buf = (usize, usize);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Auto,
+    Stage,
+    Direct,
+}
+
+/// Count for the descriptor check when sizes may legitimately differ between ranks.
+const ANY_COUNT: u64 = u64::MAX;
+
+impl Comm {
+    fn header(&mut self, kind: u32, dtype: Option<DType>, op: Option<ReduceOp>, root: usize, count: u64, algo: u32) -> DescHeader {
+        self.seq += 1;
+        DescHeader {
+            seq: self.seq,
+            kind,
+            dtype: dtype.map(|d| d as u32).unwrap_or(u32::MAX),
+            op: op.map(|o| o as u32).unwrap_or(u32::MAX),
+            root: root as u32,
+            count,
+            algo,
+        }
+    }
+
+    /// Describe (and, when staging, copy) what this rank contributes to each destination.
+    fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
+        let parity = ((self.seq) % 2) as usize;
+        let mut uniq: Vec<Buf> = Vec::new();
+        for &(a, l) in send {
+            if l > 0 && !uniq.contains(&(a, l)) {
+                uniq.push((a, l));
+            }
+        }
+        let total: usize = uniq.iter().map(|&(_, l)| l.next_multiple_of(64)).sum();
+        let stage = match mode {
+            Mode::Stage => total <= self.lay.slot_bytes,
+            Mode::Direct => false,
+            Mode::Auto => total <= self.tuning.stage_max.min(self.lay.slot_bytes),
+        };
+        if !stage {
+            return send.iter().map(|&(a, l)| Piece { mode: if l > 0 { MODE_ADDR } else { MODE_NONE }, loc: a as u64, len: l as u64 }).collect();
+        }
+        let slot = self.own().slot(parity);
+        let mut offs = Vec::with_capacity(uniq.len());
+        let mut off = 0usize;
+        for &(a, l) in &uniq {
+            unsafe { sys::copy(slot.add(off), a as *const u8, l) };
+            offs.push(off);
+            off += l.next_multiple_of(64);
+        }
+        send.iter()
+            .map(|&(a, l)| {
+                if l == 0 {
+                    Piece::default()
+                } else {
+                    let i = uniq.iter().position(|&u| u == (a, l)).unwrap();
+                    Piece { mode: MODE_SLOT, loc: offs[i] as u64, len: l as u64 }
+                }
+            })
+            .collect()
+    }
+
+    /// Whether any rank exposed its own memory to a peer in this op (then a final sync is due).
+    fn any_direct(&self, parity: usize) -> bool {
+        (0..self.world).any(|r| (0..self.world).any(|to| to != r && {
+            let p = self.net.segs[r].piece(parity, to);
+            p.mode == MODE_ADDR && p.len > 0
+        }))
+    }
+
+    /// Check each peer contributes exactly what this rank expects; a disagreement is seen by the
+    /// receiver only, so it breaks the group to stop the others too.
+    fn check_lengths(&mut self, parity: usize, want: &dyn Fn(usize) -> usize, kind: u32) -> Result<()> {
+        for j in 0..self.world {
+            let p = self.net.segs[j].piece(parity, self.rank);
+            if p.len as usize != want(j) {
+                let e = Error::Mismatch(format!(
+                    "{}: rank {j} sends {} bytes to rank {}, which expects {}",
+                    kind_name(kind), p.len, self.rank, want(j)
+                ));
+                self.fail(&e);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if j == self.rank {
+            if own_src != dst {
+                unsafe { sys::copy(dst as *mut u8, own_src as *const u8, len) };
+            }
+            return Ok(());
+        }
+        let p = self.net.segs[j].piece(parity, self.rank);
+        match p.mode {
+            MODE_SLOT => {
+                unsafe { sys::copy(dst as *mut u8, self.net.segs[j].slot(parity).add(p.loc as usize), len) };
+                Ok(())
+            }
+            _ => self.net.read_from(j, p.loc, dst as *mut u8, len),
+        }
+    }
+
+    fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
+        let pieces = self.pieces(send, mode);
+        let parity = self.publish_and_sync(h, &pieces)?;
+        self.check_lengths(parity, &|j| recv[j].1, h.kind)?;
+        for k in 0..self.world {
+            let j = (self.rank + k) % self.world;
+            self.fetch(parity, j, send[self.rank].0, recv[j].0, recv[j].1)?;
+        }
+        if self.any_direct(parity) {
+            self.net.sync()?;
+        }
+        Ok(())
+    }
+
+    /// out[0..count] = op over ranks j of what j contributes to this rank. Returns the parity and
+    /// whether a final sync is due (left to the caller, which may have more to do first).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
+        let pieces = self.pieces(send, mode);
+        let parity = self.publish_and_sync(h, &pieces)?;
+        let esize = dtype.size();
+        self.check_lengths(parity, &|_| count * esize, h.kind)?;
+        let bytes = count * esize;
+        if bytes > 0 {
+            let block = self.tuning.block_bytes.min(bytes).next_multiple_of(64);
+            let scratch = self.scratch(block * self.world) as usize;
+            let mut srcs = vec![0usize; self.world];
+            let mut b = 0;
+            while b < bytes {
+                let nb = block.min(bytes - b);
+                for j in 0..self.world {
+                    srcs[j] = if j == self.rank {
+                        send[j].0 + b
+                    } else {
+                        let p = self.net.segs[j].piece(parity, self.rank);
+                        if p.mode == MODE_SLOT {
+                            self.net.segs[j].slot(parity) as usize + p.loc as usize + b
+                        } else {
+                            let dst = scratch + j * block;
+                            self.net.read_from(j, p.loc + b as u64, dst as *mut u8, nb)?;
+                            dst
+                        }
+                    };
+                }
+                let ptrs: Vec<*const u8> = srcs.iter().map(|&s| s as *const u8).collect();
+                unsafe { reduce_many((out + b) as *mut u8, &ptrs, nb / esize, dtype, op, self.world) };
+                b += nb;
+            }
+        }
+        let sync_due = self.any_direct(parity);
+        Ok((parity, sync_due))
+    }
+
+    /// Run an op; any error except a mismatch every rank saw breaks the group (peers learn why).
+    fn guarded(&mut self, f: impl FnOnce(&mut Comm) -> Result<()>) -> Result<()> {
+        if let Some(e) = &self.broken {
+            return Err(Error::Broken(e.to_string()));
+        }
+        let r = f(self);
+        if let Err(e) = &r {
+            if !matches!(e, Error::Mismatch(_)) {
+                self.fail(e);
+            }
+        }
+        r
+    }
+
+    fn chunks(&self, count: usize, esize: usize) -> Vec<(usize, usize)> {
+        // Chunks a multiple of 64 bytes so no two ranks write into one cache line.
+        let align = (64 / esize).max(1);
+        let per = count.div_ceil(self.world).next_multiple_of(align);
+        (0..self.world)
+            .map(|r| {
+                let s = (r * per).min(count);
+                let e = ((r + 1) * per).min(count);
+                (s, e - s)
+            })
+            .collect()
+    }
+
+    /// In-place all_reduce of `count` elements at `buf`.
+    pub fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        let bytes = count * dtype.size();
+        let algo = self.tuning.pick_all_reduce(bytes, self.world, sys::cpus_available());
+        self.guarded(|c| {
+            let h = c.header(ALL_REDUCE, Some(dtype), Some(op), 0, count as u64, algo as u32);
+            match algo {
+                AllReduceAlgo::OneShot | AllReduceAlgo::Auto => {
+                    let send = vec![(buf, bytes); c.world];
+                    let (_, sync_due) = c.reduce_to_me(h, &send, buf, count, dtype, op, Mode::Stage)?;
+                    if sync_due {
+                        c.net.sync()?;
+                    }
+                    Ok(())
+                }
+                AllReduceAlgo::Rsag => {
+                    let es = dtype.size();
+                    let ch = c.chunks(count, es);
+                    let send: Vec<Buf> = ch.iter().map(|&(s, n)| (buf + s * es, n * es)).collect();
+                    let me = c.rank;
+                    let (parity, _) = c.reduce_to_me(h, &send, send[me].0, ch[me].1, dtype, op, Mode::Direct)?;
+                    c.net.sync()?;
+                    // Every rank's own chunk is now reduced, in place in its buffer: gather them.
+                    for k in 1..c.world {
+                        let j = (me + k) % c.world;
+                        let p = c.net.segs[j].piece(parity, j);
+                        c.net.read_from(j, p.loc, send[j].0 as *mut u8, send[j].1)?;
+                    }
+                    c.net.sync()
+                }
+            }
+        })
+    }
+
+    /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
+    pub fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        self.check_list(send.len(), "reduce_scatter inputs")?;
+        self.guarded(|c| {
+            let h = c.header(REDUCE_SCATTER, Some(dtype), Some(op), 0, count as u64, 0);
+            let (_, sync_due) = c.reduce_to_me(h, send, out, count, dtype, op, Mode::Auto)?;
+            if sync_due {
+                c.net.sync()?;
+            }
+            Ok(())
+        })
+    }
+
+    /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
+    pub fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        let bytes = count * dtype.size();
+        self.guarded(|c| {
+            let h = c.header(REDUCE, Some(dtype), Some(op), root, count as u64, 0);
+            let mut send = vec![(0usize, 0usize); c.world];
+            send[root] = (buf, bytes);
+            let n = if c.rank == root { count } else { 0 };
+            let (_, sync_due) = c.reduce_to_me(h, &send, buf, n, dtype, op, Mode::Auto)?;
+            if sync_due {
+                c.net.sync()?;
+            }
+            Ok(())
+        })
+    }
+
+    /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
+    pub fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+        self.check_list(recv.len(), "all_gather outputs")?;
+        self.guarded(|c| {
+            let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
+            let sends = vec![send; c.world];
+            c.exchange(h, &sends, recv, Mode::Auto)
+        })
+    }
+
+    /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
+    pub fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+        self.check_list(send.len(), "all_to_all inputs")?;
+        self.check_list(recv.len(), "all_to_all outputs")?;
+        self.guarded(|c| {
+            let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
+            c.exchange(h, send, recv, Mode::Auto)
+        })
+    }
+
+    /// `buf` on every rank = `buf` on `root`.
+    pub fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        self.guarded(|c| {
+            let h = c.header(BROADCAST, None, None, root, buf.1 as u64, 0);
+            let none = (0usize, 0usize);
+            let (send, mut recv) = if c.rank == root {
+                (vec![buf; c.world], vec![none; c.world])
+            } else {
+                (vec![none; c.world], vec![none; c.world])
+            };
+            recv[root] = buf;
+            c.exchange(h, &send, &recv, Mode::Auto)
+        })
+    }
+
+    /// On `root`, recv[j] = rank j's `send`.
+    pub fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+        self.check_root(root)?;
+        self.guarded(|c| {
+            let h = c.header(GATHER, None, None, root, send.1 as u64, 0);
+            let none = (0usize, 0usize);
+            let mut sends = vec![none; c.world];
+            sends[root] = send;
+            let recvs = if c.rank == root { recv.to_vec() } else { vec![none; c.world] };
+            if recvs.len() != c.world {
+                return Err(Error::Unsupported(format!("gather needs {} outputs on the root, got {}", c.world, recvs.len())));
+            }
+            c.exchange(h, &sends, &recvs, Mode::Auto)
+        })
+    }
+
+    /// recv = `root`'s send[rank].
+    pub fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        self.guarded(|c| {
+            let h = c.header(SCATTER, None, None, root, recv.1 as u64, 0);
+            let none = (0usize, 0usize);
+            let sends = if c.rank == root { send.to_vec() } else { vec![none; c.world] };
+            if sends.len() != c.world {
+                return Err(Error::Unsupported(format!("scatter needs {} inputs on the root, got {}", c.world, sends.len())));
+            }
+            let mut recvs = vec![none; c.world];
+            recvs[root] = recv;
+            c.exchange(h, &sends, &recvs, Mode::Auto)
+        })
+    }
+
+    pub fn barrier(&mut self) -> Result<()> {
+        self.guarded(|c| {
+            let h = c.header(BARRIER, None, None, 0, 0, 0);
+            let none = vec![(0usize, 0usize); c.world];
+            c.exchange(h, &none, &none, Mode::Auto)
+        })
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(Error::Unsupported(format!("root {root} is not a rank of this group of {}", self.world)));
+        }
+        Ok(())
+    }
+
+    fn check_list(&self, n: usize, what: &str) -> Result<()> {
+        if n != self.world {
+            return Err(Error::Unsupported(format!("{what}: expected {} buffers (one per rank), got {n}", self.world)));
+        }
+        Ok(())
+    }
+}

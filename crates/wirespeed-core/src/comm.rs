@@ -1,0 +1,377 @@
+//! A group of ranks on one host joined through shared memory: setup, the wait that spins then
+//! sleeps, sync points, failure detection and op descriptors. The collectives built on these live
+//! in collectives.rs and p2p.rs.
+//!
+//! Setup is two steps so any store can carry the rendezvous: `Comm::new` creates this rank's
+//! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
+//! through its store and hands every rank's info to `connect`.
+use crate::error::{Error, Result};
+use crate::segment::{DescHeader, Layout, Piece, Seg, MAGIC};
+use crate::sys::{self, Mapping, PidFd};
+use std::sync::atomic::{fence, AtomicU32, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one rank publishes for its peers to connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    pub pid: i32,
+    pub fd: i32,
+    pub host: String,
+}
+
+/// How long a waiter spins before it sleeps, and whether it yields the CPU while spinning.
+#[derive(Clone, Copy, Debug)]
+pub struct SpinPolicy {
+    pub spin: Duration,
+    pub yield_while_spinning: bool,
+}
+
+impl SpinPolicy {
+    /// Spin ~50 us when every rank has a core (a futex wake-up costs ~30 us on this VM); when ranks
+    /// outnumber cores, spinning only steals the core the awaited peer needs, so yield instead.
+    pub fn for_ranks(local_ranks: usize) -> SpinPolicy {
+        let cpus = sys::cpus_available();
+        let spin_us = std::env::var("WIRESPEED_SPIN_US").ok().and_then(|v| v.parse().ok());
+        if local_ranks > cpus {
+            SpinPolicy { spin: Duration::from_micros(spin_us.unwrap_or(200)), yield_while_spinning: true }
+        } else {
+            SpinPolicy { spin: Duration::from_micros(spin_us.unwrap_or(50)), yield_while_spinning: false }
+        }
+    }
+}
+
+/// Longest single sleep: the latency of noticing a dead or aborted peer.
+const SLEEP_SLICE: Duration = Duration::from_millis(20);
+
+/// The connected group's shared, read-only state: what a waiter needs, so a send's completion can
+/// be awaited without holding the group's execution lock.
+pub struct Net {
+    pub rank: usize,
+    pub world: usize,
+    pub(crate) segs: Vec<Seg>,
+    pub(crate) pids: Vec<i32>,
+    pidfds: Vec<Option<PidFd>>,
+    pub timeout: Duration,
+    pub(crate) spin: SpinPolicy,
+}
+
+pub struct Comm {
+    pub rank: usize,
+    pub world: usize,
+    pub(crate) lay: Layout,
+    pub(crate) net: Arc<Net>,
+    own_fd: i32,
+    pub(crate) token: [u8; 16],
+    pub(crate) seq: u64,
+    pub(crate) broken: Option<Error>,
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) p2p_sent: Vec<u32>,
+    pub(crate) p2p_recvd: Vec<u32>,
+    pub(crate) tuning: crate::algo::Tuning,
+}
+
+impl Comm {
+    /// Create this rank's segment. `token` names the job; peers with another token are refused.
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration) -> Result<Comm> {
+        if world == 0 || rank >= world {
+            return Err(Error::Unsupported(format!("rank {rank} is outside a world of {world}")));
+        }
+        let tuning = crate::algo::Tuning::from_env()?;
+        let lay = Layout::new(world, tuning.slot_bytes);
+        let (fd, map) = sys::memfd_segment(lay.total)?;
+        let own = Seg { map: Arc::new(map), lay };
+        own.write_header(&token, rank, world, sys::getpid());
+        sys::allow_peers_to_attach();
+        Ok(Comm {
+            rank,
+            world,
+            lay,
+            net: Arc::new(Net {
+                rank,
+                world,
+                segs: vec![own],
+                pids: vec![],
+                pidfds: vec![],
+                timeout,
+                spin: SpinPolicy::for_ranks(world),
+            }),
+            own_fd: fd,
+            token,
+            seq: 0,
+            broken: None,
+            scratch: Vec::new(),
+            p2p_sent: vec![0; world],
+            p2p_recvd: vec![0; world],
+            tuning,
+        })
+    }
+
+    pub fn info(&self) -> RankInfo {
+        RankInfo { pid: sys::getpid(), fd: self.own_fd, host: sys::host_id() }
+    }
+
+    /// Map every peer's segment, check it belongs to this job, then wait for all ranks to do the
+    /// same before closing the memfd (after that, only the mappings keep the memory alive).
+    pub fn connect(&mut self, infos: &[RankInfo]) -> Result<()> {
+        if infos.len() != self.world {
+            return Err(Error::Mismatch(format!("{} rank infos for a world of {}", infos.len(), self.world)));
+        }
+        let me = &infos[self.rank];
+        if let Some((r, other)) = infos.iter().enumerate().find(|(_, i)| i.host != me.host) {
+            return Err(Error::Unsupported(format!(
+                "rank {r} runs on another host ({}): this build of wirespeed connects ranks on one host \
+                 only (shared memory); use gloo across hosts",
+                other.host.split('/').next().unwrap_or("?")
+            )));
+        }
+        let own = self.net.segs[0].clone();
+        let mut segs = Vec::with_capacity(self.world);
+        let mut pidfds = Vec::with_capacity(self.world);
+        for (r, info) in infos.iter().enumerate() {
+            if r == self.rank {
+                segs.push(own.clone());
+                pidfds.push(None);
+                continue;
+            }
+            let map: Mapping = sys::map_peer_segment(info.pid, info.fd).map_err(|e| match e {
+                Error::Os { errno, .. } if errno == libc::ENOENT || errno == libc::ESRCH => {
+                    Error::PeerDied { rank: r, pid: info.pid }
+                }
+                Error::Os { errno, .. } if errno == libc::EACCES || errno == libc::EPERM => Error::Unsupported(format!(
+                    "cannot open rank {r}'s shared memory (pid {}): wirespeed needs ranks of one host to run \
+                     as the same user with ptrace access (kernel.yama.ptrace_scope <= 1)",
+                    info.pid
+                )),
+                e => e,
+            })?;
+            if map.len() < self.lay.total {
+                return Err(Error::Stranger(format!("rank {r}'s segment is {} bytes, expected {}", map.len(), self.lay.total)));
+            }
+            let seg = Seg { map: Arc::new(map), lay: self.lay };
+            if seg.magic() != MAGIC || seg.token() != self.token || seg.rank() != r || seg.world() != self.world {
+                return Err(Error::Stranger(format!(
+                    "the process registered as rank {r} (pid {}) is not rank {r} of this job (token/rank/world differ)",
+                    info.pid
+                )));
+            }
+            pidfds.push(Some(PidFd::open(info.pid).map_err(|_| Error::PeerDied { rank: r, pid: info.pid })?));
+            segs.push(seg);
+        }
+        let net = Net {
+            rank: self.rank,
+            world: self.world,
+            segs,
+            pids: infos.iter().map(|i| i.pid).collect(),
+            pidfds,
+            timeout: self.net.timeout,
+            spin: self.net.spin,
+        };
+        self.net = Arc::new(net);
+        let net = self.net.clone();
+        // Cross-memory attach must work for the large-message paths: probe it now, once.
+        for r in 0..self.world {
+            if r != self.rank {
+                let mut probe = 0u64;
+                if let Err(errno) = sys::read_peer(net.pids[r], net.segs[r].owner_addr(), &mut probe as *mut u64 as *mut u8, 8) {
+                    return Err(if errno == libc::ESRCH {
+                        Error::PeerDied { rank: r, pid: net.pids[r] }
+                    } else {
+                        Error::Unsupported(format!(
+                            "process_vm_readv on rank {r} failed ({}): wirespeed needs ranks of one host to run as the \
+                             same user with ptrace access (kernel.yama.ptrace_scope <= 1)",
+                            std::io::Error::from_raw_os_error(errno)
+                        ))
+                    });
+                }
+                if probe != MAGIC {
+                    return Err(Error::Stranger(format!("rank {r}'s memory does not hold its segment")));
+                }
+            }
+        }
+        net.sync()?;
+        sys::close_fd(self.own_fd);
+        self.own_fd = -1;
+        Ok(())
+    }
+
+    pub(crate) fn own(&self) -> &Seg {
+        self.net.own()
+    }
+
+    /// Publish this op's descriptor (by op parity) and sync; then check every rank called the same
+    /// thing. Every rank compares every descriptor, so a mismatch is raised on all of them.
+    pub(crate) fn publish_and_sync(&mut self, h: DescHeader, pieces: &[Piece]) -> Result<usize> {
+        let parity = (self.seq % 2) as usize;
+        self.own().write_desc(parity, &h, pieces);
+        self.net.sync()?;
+        for r in 0..self.world {
+            let d = self.net.segs[r].desc(parity);
+            let mine = &h;
+            if d.seq != mine.seq {
+                return Err(Error::Mismatch(format!(
+                    "rank {r} is at collective #{} while rank {} is at #{} (a rank skipped or added a call)",
+                    d.seq, self.rank, mine.seq
+                )));
+            }
+            if d.kind != mine.kind {
+                return Err(Error::Mismatch(format!(
+                    "rank {r} called {} while rank {} called {}",
+                    crate::collectives::kind_name(d.kind), self.rank, crate::collectives::kind_name(mine.kind)
+                )));
+            }
+            if d.dtype != mine.dtype {
+                return Err(Error::Mismatch(format!(
+                    "rank {r} passed {} tensors while rank {} passed {}",
+                    dtype_name(d.dtype), self.rank, dtype_name(mine.dtype)
+                )));
+            }
+            if d.op != mine.op || d.root != mine.root {
+                return Err(Error::Mismatch(format!("rank {r} used op {}/root {} while rank {} used op {}/root {}",
+                    d.op, d.root, self.rank, mine.op, mine.root)));
+            }
+            if d.count != mine.count && d.count != u64::MAX && mine.count != u64::MAX {
+                return Err(Error::Mismatch(format!(
+                    "rank {r} passed {} elements while rank {} passed {} ({})",
+                    d.count, self.rank, mine.count, crate::collectives::kind_name(mine.kind)
+                )));
+            }
+        }
+        Ok(parity)
+    }
+
+    /// A scratch buffer of at least `n` bytes (kept between ops).
+    pub(crate) fn scratch(&mut self, n: usize) -> *mut u8 {
+        if self.scratch.len() < n {
+            self.scratch = vec![0u8; n.next_power_of_two()];
+        }
+        self.scratch.as_mut_ptr()
+    }
+
+
+    /// Mark the group broken and tell peers why, so they raise instead of waiting out the timeout.
+    pub(crate) fn fail(&mut self, e: &Error) {
+        if self.broken.is_none() {
+            self.broken = Some(e.clone());
+            let own = self.net.own();
+            own.set_reason(&e.to_string());
+            own.aborted().store(1, Release);
+            fence(SeqCst);
+            sys::futex_wake_all(own.phase());
+            for r in 0..self.world {
+                sys::futex_wake_all(own.posted(r));
+                sys::futex_wake_all(own.acked(r));
+            }
+        }
+    }
+
+}
+
+impl Net {
+    pub(crate) fn own(&self) -> &Seg {
+        &self.segs[self.rank]
+    }
+
+    /// Publish a store to one of this rank's words: wake peers only if one sleeps on this segment.
+    pub(crate) fn bump(&self, word: &AtomicU32) -> u32 {
+        let v = word.fetch_add(1, SeqCst).wrapping_add(1);
+        fence(SeqCst);
+        if self.own().sleepers().load(SeqCst) > 0 {
+            sys::futex_wake_all(word);
+        }
+        v
+    }
+
+    /// First failure among peers: one that aborted (with its message) or one whose process ended.
+    pub(crate) fn check_peers(&self) -> Result<()> {
+        for (r, s) in self.segs.iter().enumerate() {
+            if r != self.rank && s.aborted().load(Acquire) != 0 {
+                return Err(Error::PeerAborted { rank: r, reason: s.reason() });
+            }
+        }
+        if let Some(r) = sys::first_exited(&self.pidfds) {
+            return Err(Error::PeerDied { rank: r, pid: self.pids[r] });
+        }
+        Ok(())
+    }
+
+    /// Wait until `done(word)` for a word in rank `peer`'s segment: spin (or yield) for the
+    /// policy's time, then sleep on the futex in slices, checking peers' health between slices.
+    pub(crate) fn wait_word(&self, peer: usize, word: &AtomicU32, done: impl Fn(u32) -> bool, what: &dyn Fn() -> String) -> Result<()> {
+        if done(word.load(Acquire)) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut i = 0u32;
+        loop {
+            if self.spin.yield_while_spinning {
+                sys::sched_yield();
+            } else {
+                std::hint::spin_loop();
+            }
+            if done(word.load(Acquire)) {
+                return Ok(());
+            }
+            i += 1;
+            if i % 64 == 0 || self.spin.yield_while_spinning {
+                if start.elapsed() >= self.spin.spin {
+                    break;
+                }
+            }
+        }
+        let seg = &self.segs[peer];
+        loop {
+            seg.sleepers().fetch_add(1, SeqCst);
+            let v = word.load(SeqCst);
+            if !done(v) {
+                sys::futex_wait(word, v, SLEEP_SLICE);
+            }
+            seg.sleepers().fetch_sub(1, SeqCst);
+            if done(word.load(Acquire)) {
+                return Ok(());
+            }
+            self.check_peers()?;
+            if start.elapsed() >= self.timeout {
+                return Err(Error::Timeout { what: what(), secs: self.timeout.as_secs_f64() });
+            }
+        }
+    }
+
+    /// A full barrier: bump my phase, wait for every peer's phase to reach it.
+    pub(crate) fn sync(&self) -> Result<()> {
+        let v = self.bump(self.own().phase());
+        // Start with the next rank so waiters spread over peers rather than all polling rank 0.
+        for k in 1..self.world {
+            let r = (self.rank + k) % self.world;
+            self.wait_word(r, self.segs[r].phase(), |x| x.wrapping_sub(v) as i32 >= 0, &|| format!("rank {r} at a sync point"))?;
+        }
+        Ok(())
+    }
+
+    /// Copy `len` bytes at `addr` in rank `r` into `dst`.
+    pub(crate) fn read_from(&self, r: usize, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        sys::read_peer(self.pids[r], addr, dst, len).map_err(|errno| {
+            if errno == libc::ESRCH {
+                Error::PeerDied { rank: r, pid: self.pids[r] }
+            } else {
+                // A peer whose buffer vanished under us aborted or died; report that if so.
+                self.check_peers().err().unwrap_or(Error::Os { call: "process_vm_readv", errno })
+            }
+        })
+    }
+}
+
+fn dtype_name(code: u32) -> &'static str {
+    crate::dtype::DType::from_code(code).map(|d| d.name()).unwrap_or("?")
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if self.own_fd >= 0 {
+            sys::close_fd(self.own_fd);
+        }
+    }
+}

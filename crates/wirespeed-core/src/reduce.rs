@@ -1,0 +1,217 @@
+//! Reduction kernels: dst = op(srcs[0], srcs[1], ...), element-wise, sources combined in the order
+//! given (so every rank that reduces the same element gets the same bits).
+//!
+//! Work goes in blocks of BLOCK elements through an accumulator array on the stack: every source
+//! of a block is read before dst is written, so dst may alias one of the sources at the same
+//! offset (in-place collectives). float16 and bfloat16 accumulate in float32 per block and round
+//! once at the end, as the issue asks; integers wrap like two's-complement hardware.
+use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType, ReduceOp};
+
+const BLOCK: usize = 512;
+
+trait Elem: Copy {
+    type Acc: Copy + Default;
+    fn load(self) -> Self::Acc;
+    fn store(a: Self::Acc) -> Self;
+    fn sum(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn prod(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn div(a: Self::Acc, n: usize) -> Self::Acc;
+}
+
+macro_rules! float_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn load(self) -> $t { self }
+            #[inline(always)]
+            fn store(a: $t) -> $t { a }
+            #[inline(always)]
+            fn sum(a: $t, b: $t) -> $t { a + b }
+            #[inline(always)]
+            fn prod(a: $t, b: $t) -> $t { a * b }
+            // NaN propagates, as torch's min/max do.
+            #[inline(always)]
+            fn min(a: $t, b: $t) -> $t { if a < b || a != a { a } else { b } }
+            #[inline(always)]
+            fn max(a: $t, b: $t) -> $t { if a > b || a != a { a } else { b } }
+            #[inline(always)]
+            fn div(a: $t, n: usize) -> $t { a / (n as $t) }
+        }
+    };
+}
+float_elem!(f32);
+float_elem!(f64);
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn load(self) -> $t { self }
+            #[inline(always)]
+            fn store(a: $t) -> $t { a }
+            #[inline(always)]
+            fn sum(a: $t, b: $t) -> $t { a.wrapping_add(b) }
+            #[inline(always)]
+            fn prod(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+            #[inline(always)]
+            fn min(a: $t, b: $t) -> $t { if a < b { a } else { b } }
+            #[inline(always)]
+            fn max(a: $t, b: $t) -> $t { if a > b { a } else { b } }
+            // Truncating division of the (wrapped) sum, as integer averages are defined here.
+            #[inline(always)]
+            fn div(a: $t, n: usize) -> $t { a.wrapping_div(n as $t) }
+        }
+    };
+}
+int_elem!(i8);
+int_elem!(u8);
+int_elem!(i32);
+int_elem!(i64);
+
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Half(u16);
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct BHalf(u16);
+
+macro_rules! narrow_elem {
+    ($t:ident, $to:ident, $from:ident) => {
+        impl Elem for $t {
+            type Acc = f32;
+            #[inline(always)]
+            fn load(self) -> f32 { $to(self.0) }
+            #[inline(always)]
+            fn store(a: f32) -> $t { $t($from(a)) }
+            #[inline(always)]
+            fn sum(a: f32, b: f32) -> f32 { a + b }
+            #[inline(always)]
+            fn prod(a: f32, b: f32) -> f32 { a * b }
+            #[inline(always)]
+            fn min(a: f32, b: f32) -> f32 { <f32 as Elem>::min(a, b) }
+            #[inline(always)]
+            fn max(a: f32, b: f32) -> f32 { <f32 as Elem>::max(a, b) }
+            #[inline(always)]
+            fn div(a: f32, n: usize) -> f32 { a / n as f32 }
+        }
+    };
+}
+narrow_elem!(Half, f16_to_f32, f32_to_f16);
+narrow_elem!(BHalf, bf16_to_f32, f32_to_bf16);
+
+#[inline(always)]
+fn combine<T: Elem>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
+    for (a, s) in acc.iter_mut().zip(src) {
+        *a = f(*a, s.load());
+    }
+}
+
+unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, op: ReduceOp, avg_n: usize) {
+    let mut acc = [T::Acc::default(); BLOCK];
+    let mut start = 0;
+    while start < count {
+        let n = BLOCK.min(count - start);
+        let acc = &mut acc[..n];
+        let first = unsafe { std::slice::from_raw_parts((srcs[0] as *const T).add(start), n) };
+        for (a, s) in acc.iter_mut().zip(first) {
+            *a = s.load();
+        }
+        for &p in &srcs[1..] {
+            let src = unsafe { std::slice::from_raw_parts((p as *const T).add(start), n) };
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => combine::<T>(acc, src, T::sum),
+                ReduceOp::Prod => combine::<T>(acc, src, T::prod),
+                ReduceOp::Min => combine::<T>(acc, src, T::min),
+                ReduceOp::Max => combine::<T>(acc, src, T::max),
+            }
+        }
+        if op == ReduceOp::Avg {
+            for a in acc.iter_mut() {
+                *a = T::div(*a, avg_n);
+            }
+        }
+        let out = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), n) };
+        for (o, a) in out.iter_mut().zip(acc.iter()) {
+            *o = T::store(*a);
+        }
+        start += n;
+    }
+}
+
+/// dst[i] = op over s in srcs of s[i], for i < count; avg divides the sum by `avg_n` (the world
+/// size, which may exceed srcs.len() when a caller reduces in stages).
+///
+/// # Safety
+/// Every pointer must be valid for `count` elements of `dtype` and suitably aligned; dst may alias
+/// a source only at the same offset.
+pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
+    if count == 0 || srcs.is_empty() {
+        return;
+    }
+    unsafe {
+        match dtype {
+            DType::F32 => reduce_typed::<f32>(dst, srcs, count, op, avg_n),
+            DType::F64 => reduce_typed::<f64>(dst, srcs, count, op, avg_n),
+            DType::F16 => reduce_typed::<Half>(dst, srcs, count, op, avg_n),
+            DType::BF16 => reduce_typed::<BHalf>(dst, srcs, count, op, avg_n),
+            DType::I8 => reduce_typed::<i8>(dst, srcs, count, op, avg_n),
+            DType::U8 => reduce_typed::<u8>(dst, srcs, count, op, avg_n),
+            DType::I32 => reduce_typed::<i32>(dst, srcs, count, op, avg_n),
+            DType::I64 => reduce_typed::<i64>(dst, srcs, count, op, avg_n),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<T: Copy>(srcs: &[Vec<T>], dtype: DType, op: ReduceOp) -> Vec<T> {
+        let mut out = srcs[0].clone();
+        let ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr() as *const u8).collect();
+        unsafe { reduce_many(out.as_mut_ptr() as *mut u8, &ptrs, out.len(), dtype, op, srcs.len()) };
+        out
+    }
+
+    #[test]
+    fn every_op_on_ints_and_floats() {
+        let a: Vec<i32> = (0..1500).map(|i| i - 700).collect();
+        let b: Vec<i32> = (0..1500).map(|i| 3 * i % 11 - 5).collect();
+        let s = run(&[a.clone(), b.clone()], DType::I32, ReduceOp::Sum);
+        let p = run(&[a.clone(), b.clone()], DType::I32, ReduceOp::Prod);
+        let mn = run(&[a.clone(), b.clone()], DType::I32, ReduceOp::Min);
+        let mx = run(&[a.clone(), b.clone()], DType::I32, ReduceOp::Max);
+        let av = run(&[a.clone(), b.clone()], DType::I32, ReduceOp::Avg);
+        for i in 0..a.len() {
+            assert_eq!(s[i], a[i] + b[i]);
+            assert_eq!(p[i], a[i] * b[i]);
+            assert_eq!(mn[i], a[i].min(b[i]));
+            assert_eq!(mx[i], a[i].max(b[i]));
+            assert_eq!(av[i], (a[i] + b[i]) / 2);
+        }
+        let f: Vec<f64> = (0..700).map(|i| i as f64 * 0.5).collect();
+        let g: Vec<f64> = (0..700).map(|i| 1.0 - i as f64).collect();
+        let s = run(&[f.clone(), g.clone(), f.clone()], DType::F64, ReduceOp::Sum);
+        for i in 0..f.len() {
+            assert_eq!(s[i], f[i] + g[i] + f[i]);
+        }
+    }
+
+    #[test]
+    fn int8_wraps_and_half_accumulates_in_f32() {
+        let a = vec![100i8; 3];
+        assert_eq!(run(&[a.clone(), a.clone()], DType::I8, ReduceOp::Sum), vec![-56i8; 3]);
+        // 2048 + 1 + 1 in half: pairwise in half gives 2048 (each +1 rounds away); in f32, 2050.
+        let big = vec![f32_to_f16(2048.0); 4];
+        let one = vec![f32_to_f16(1.0); 4];
+        let out = run(&[big, one.clone(), one], DType::F16, ReduceOp::Sum);
+        assert_eq!(f16_to_f32(out[0]), 2050.0);
+        let bb = vec![f32_to_bf16(3.0); 2];
+        let out = run(&[bb.clone(), bb], DType::BF16, ReduceOp::Avg);
+        assert_eq!(bf16_to_f32(out[1]), 3.0);
+    }
+}

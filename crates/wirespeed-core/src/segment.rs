@@ -1,0 +1,198 @@
+//! The layout of a rank's shared segment. Every rank owns one (a memfd) and maps every peer's, so
+//! all flags a rank writes live in its own segment and peers only read them: no word has two
+//! writers, and a rank's control words fit in separate cache lines.
+//!
+//! ```text
+//! 0     header: magic, job token, rank, world, pid, address of this mapping in its owner
+//! 64    abort word + the owner's error message (peers raise it as PeerAborted)
+//! 320   phase counter (futex word): bumped once per sync point
+//! 384   sleepers: how many peers sleep on a word of this segment (wake only when > 0)
+//! 448   2 op descriptors (by op parity): header + one piece per destination rank
+//! ...   p2p: sends posted to each rank, receives completed from each rank, a ring of send
+//!       descriptors per destination
+//! 4K    2 staging slots (by op parity) for small messages
+//! ```
+use crate::sys::Mapping;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
+
+pub const MAGIC: u64 = 0x5753_5045_4544_0001; // "WSPEED" v1
+pub const P2P_RING: usize = 16;
+const DESC_OFF: usize = 448;
+const PIECE_BYTES: usize = 32;
+pub const REASON_MAX: usize = 240;
+
+/// Piece modes: where the bytes a rank contributes to a peer can be read.
+pub const MODE_NONE: u32 = 0;
+pub const MODE_SLOT: u32 = 1; // at an offset in the owner's staging slot of this op's parity
+pub const MODE_ADDR: u32 = 2; // at an address in the owner's memory (read with process_vm_readv)
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DescHeader {
+    pub seq: u64,
+    pub kind: u32,
+    pub dtype: u32,
+    pub op: u32,
+    pub root: u32,
+    pub count: u64,
+    pub algo: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Piece {
+    pub mode: u32,
+    pub loc: u64,
+    pub len: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SendEntry {
+    pub addr: u64,
+    pub len: u64,
+    pub tag: u64,
+}
+
+#[derive(Clone, Copy)]
+pub struct Layout {
+    pub world: usize,
+    pub slot_bytes: usize,
+    desc_bytes: usize,
+    posted_off: usize,
+    acked_off: usize,
+    ring_off: usize,
+    slots_off: usize,
+    pub total: usize,
+}
+
+fn round_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+impl Layout {
+    pub fn new(world: usize, slot_bytes: usize) -> Layout {
+        let desc_bytes = round_up(64 + PIECE_BYTES * world, 64);
+        let posted_off = DESC_OFF + 2 * desc_bytes;
+        let acked_off = posted_off + 64 * world;
+        let ring_off = acked_off + 64 * world;
+        let slots_off = round_up(ring_off + world * P2P_RING * 32, 4096);
+        let total = slots_off + 2 * slot_bytes;
+        Layout { world, slot_bytes, desc_bytes, posted_off, acked_off, ring_off, slots_off, total }
+    }
+}
+
+/// A view of one rank's segment (own or a peer's), with typed accessors.
+#[derive(Clone)]
+pub struct Seg {
+    pub map: Arc<Mapping>,
+    pub lay: Layout,
+}
+
+impl Seg {
+    fn at<T>(&self, off: usize) -> *mut T {
+        debug_assert!(off + std::mem::size_of::<T>() <= self.map.len());
+        unsafe { self.map.ptr().add(off) as *mut T }
+    }
+    fn atomic32(&self, off: usize) -> &AtomicU32 {
+        unsafe { &*(self.at::<AtomicU32>(off)) }
+    }
+    fn atomic64(&self, off: usize) -> &AtomicU64 {
+        unsafe { &*(self.at::<AtomicU64>(off)) }
+    }
+
+    // Header, written once by the owner before the segment is shared.
+    pub fn write_header(&self, token: &[u8; 16], rank: usize, world: usize, pid: i32) {
+        unsafe {
+            std::ptr::copy_nonoverlapping(token.as_ptr(), self.at::<u8>(8), 16);
+            *self.at::<u32>(24) = rank as u32;
+            *self.at::<u32>(28) = world as u32;
+            *self.at::<i32>(32) = pid;
+            *self.at::<u64>(40) = self.map.ptr() as u64;
+        }
+        self.atomic64(0).store(MAGIC, std::sync::atomic::Ordering::Release);
+    }
+    pub fn magic(&self) -> u64 {
+        self.atomic64(0).load(std::sync::atomic::Ordering::Acquire)
+    }
+    pub fn token(&self) -> [u8; 16] {
+        let mut t = [0u8; 16];
+        unsafe { std::ptr::copy_nonoverlapping(self.at::<u8>(8), t.as_mut_ptr(), 16) };
+        t
+    }
+    pub fn rank(&self) -> usize {
+        unsafe { *self.at::<u32>(24) as usize }
+    }
+    pub fn world(&self) -> usize {
+        unsafe { *self.at::<u32>(28) as usize }
+    }
+    pub fn pid(&self) -> i32 {
+        unsafe { *self.at::<i32>(32) }
+    }
+    /// Where this segment is mapped in its owner's address space (for a cross-memory-attach probe).
+    pub fn owner_addr(&self) -> u64 {
+        unsafe { *self.at::<u64>(40) }
+    }
+
+    pub fn aborted(&self) -> &AtomicU32 {
+        self.atomic32(64)
+    }
+    pub fn set_reason(&self, msg: &str) {
+        let b = msg.as_bytes();
+        let n = b.len().min(REASON_MAX);
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), self.at::<u8>(72), n);
+            *self.at::<u32>(68) = n as u32;
+        }
+    }
+    pub fn reason(&self) -> String {
+        let n = unsafe { *self.at::<u32>(68) as usize }.min(REASON_MAX);
+        let mut v = vec![0u8; n];
+        unsafe { std::ptr::copy_nonoverlapping(self.at::<u8>(72), v.as_mut_ptr(), n) };
+        String::from_utf8_lossy(&v).into_owned()
+    }
+    pub fn phase(&self) -> &AtomicU32 {
+        self.atomic32(320)
+    }
+    pub fn sleepers(&self) -> &AtomicU32 {
+        self.atomic32(384)
+    }
+
+    fn desc_off(&self, parity: usize) -> usize {
+        DESC_OFF + parity * self.lay.desc_bytes
+    }
+    pub fn write_desc(&self, parity: usize, h: &DescHeader, pieces: &[Piece]) {
+        let off = self.desc_off(parity);
+        unsafe {
+            std::ptr::write_volatile(self.at::<DescHeader>(off), *h);
+            for (j, p) in pieces.iter().enumerate() {
+                std::ptr::write_volatile(self.at::<Piece>(off + 64 + j * PIECE_BYTES), *p);
+            }
+        }
+    }
+    pub fn desc(&self, parity: usize) -> DescHeader {
+        unsafe { std::ptr::read_volatile(self.at::<DescHeader>(self.desc_off(parity))) }
+    }
+    pub fn piece(&self, parity: usize, to: usize) -> Piece {
+        unsafe { std::ptr::read_volatile(self.at::<Piece>(self.desc_off(parity) + 64 + to * PIECE_BYTES)) }
+    }
+
+    /// Sends this rank has posted to rank `to` (bumped by the sender).
+    pub fn posted(&self, to: usize) -> &AtomicU32 {
+        self.atomic32(self.lay.posted_off + 64 * to)
+    }
+    /// Receives this rank has completed from rank `from` (bumped by the receiver).
+    pub fn acked(&self, from: usize) -> &AtomicU32 {
+        self.atomic32(self.lay.acked_off + 64 * from)
+    }
+    pub fn write_send(&self, to: usize, n: u32, e: SendEntry) {
+        let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
+        unsafe { std::ptr::write_volatile(self.at::<SendEntry>(off), e) };
+    }
+    pub fn send_entry(&self, to: usize, n: u32) -> SendEntry {
+        let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
+        unsafe { std::ptr::read_volatile(self.at::<SendEntry>(off)) }
+    }
+
+    pub fn slot(&self, parity: usize) -> *mut u8 {
+        self.at::<u8>(self.lay.slots_off + parity * self.lay.slot_bytes)
+    }
+}

@@ -1,0 +1,135 @@
+//! Ranks as threads of one process: every rank's segment, sync and cross-memory read is real (a
+//! process may process_vm_readv itself), only the processes are one. Multi-process behaviour (a
+//! dead peer, torch integration) is tested from Python in tests/native.
+use std::sync::mpsc;
+use std::time::Duration;
+use wirespeed_core::{Comm, DType, Engine, Error, Op, ReduceOp};
+
+/// Run `f(comm)` on `world` connected ranks, one thread each; results in rank order.
+fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
+    let token = wirespeed_core::sys::random_token();
+    let f = std::sync::Arc::new(f);
+    let (tx, rx) = mpsc::channel();
+    let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(20)).unwrap()).collect();
+    let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
+    let handles: Vec<_> = comms
+        .drain(..)
+        .map(|mut c| {
+            let infos = infos.clone();
+            let f = f.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                c.connect(&infos).unwrap();
+                let out = f(&mut c);
+                tx.send((c.rank, out)).unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let mut v: Vec<(usize, T)> = rx.try_iter().collect();
+    v.sort_by_key(|(r, _)| *r);
+    v.into_iter().map(|(_, t)| t).collect()
+}
+
+fn input(rank: usize, n: usize) -> Vec<i64> {
+    (0..n).map(|i| ((i * 7 + rank * 13) % 101) as i64 - 50).collect()
+}
+
+#[test]
+fn all_reduce_sums_exactly_for_every_size_and_algorithm() {
+    for world in [1usize, 2, 3, 5] {
+        for &n in &[0usize, 1, 3, 17, 1000, 70_000, 300_001] {
+            let out = with_ranks(world, move |c| {
+                let mut v = input(c.rank, n);
+                c.all_reduce(v.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum).unwrap();
+                v
+            });
+            let inputs: Vec<Vec<i64>> = (0..world).map(|r| input(r, n)).collect();
+            let want: Vec<i64> = (0..n).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
+            for (r, got) in out.iter().enumerate() {
+                assert_eq!(got, &want, "world {world} n {n} rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gather_family_and_p2p_move_the_right_bytes() {
+    let world = 4;
+    let out = with_ranks(world, move |c| {
+        let me = c.rank;
+        let n = 1001usize;
+        // all_gather
+        let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
+        let mut all = vec![0i32; n * world];
+        let recv: Vec<(usize, usize)> = (0..world).map(|j| (all.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
+        c.all_gather((mine.as_ptr() as usize, n * 4), &recv).unwrap();
+        // all_to_all: chunk j of rank r holds r*100+j
+        let send: Vec<i32> = (0..world * 3).map(|k| (me * 100 + k / 3) as i32).collect();
+        let mut got = vec![0i32; world * 3];
+        let s: Vec<_> = (0..world).map(|j| (send.as_ptr() as usize + j * 12, 12)).collect();
+        let r: Vec<_> = (0..world).map(|j| (got.as_mut_ptr() as usize + j * 12, 12)).collect();
+        c.all_to_all(&s, &r).unwrap();
+        // broadcast from 2
+        let mut b = vec![me as u8; 5000];
+        c.broadcast((b.as_mut_ptr() as usize, 5000), 2).unwrap();
+        // send/recv ring: post the send first, then receive, then wait for the ack
+        let msg = vec![me as u64 + 7; 333];
+        let mut inbox = vec![0u64; 333];
+        let t = c.send_post((me + 1) % world, msg.as_ptr() as usize, 333 * 8, 0).unwrap();
+        c.recv((me + world - 1) % world, inbox.as_mut_ptr() as usize, 333 * 8, 0).unwrap();
+        t.wait().unwrap();
+        c.barrier().unwrap();
+        (all, got, b, inbox)
+    });
+    for (me, (all, got, b, inbox)) in out.into_iter().enumerate() {
+        for j in 0..world {
+            assert_eq!(all[j * 1001 + 5], (j * 10_000 + 5) as i32);
+            assert_eq!(got[j * 3..j * 3 + 3], [(j * 100 + me) as i32; 3]);
+        }
+        assert!(b.iter().all(|&x| x == 2));
+        assert!(inbox.iter().all(|&x| x == ((me + world - 1) % world) as u64 + 7));
+    }
+}
+
+#[test]
+fn mismatched_counts_raise_on_every_rank_and_the_group_survives() {
+    let out = with_ranks(3, |c| {
+        let n = if c.rank == 1 { 10 } else { 12 };
+        let mut v = vec![1.0f32; 12];
+        let e = c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum).unwrap_err();
+        let mut w = vec![1.0f32; 4];
+        c.all_reduce(w.as_mut_ptr() as usize, 4, DType::F32, ReduceOp::Sum).unwrap();
+        (e, w)
+    });
+    for (e, w) in out {
+        assert!(matches!(e, Error::Mismatch(_)), "{e}");
+        assert_eq!(w, vec![3.0; 4]);
+    }
+}
+
+#[test]
+fn engine_runs_async_ops_in_order_in_the_background() {
+    let out = with_ranks(2, |c| {
+        // Move the connected comm into an engine (replace with a placeholder that is never used).
+        let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1)).unwrap();
+        let comm = std::mem::replace(c, placeholder);
+        let e = Engine::new(comm);
+        let mut a = vec![e.rank() as f64 + 1.0; 100_000];
+        let mut b = vec![2.0f64; 10];
+        let ia = e.submit(Op::AllReduce { buf: a.as_mut_ptr() as usize, count: a.len(), dtype: DType::F64, op: ReduceOp::Sum });
+        let ib = e.submit(Op::AllReduce { buf: b.as_mut_ptr() as usize, count: b.len(), dtype: DType::F64, op: ReduceOp::Prod });
+        // Nobody waits: the worker must finish both.
+        let t0 = std::time::Instant::now();
+        while !(e.is_done(ia) && e.is_done(ib)) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "background progress stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        e.wait(ib).unwrap();
+        e.wait(ia).unwrap();
+        (a[99_999], b[0])
+    });
+    assert_eq!(out, vec![(3.0, 4.0), (3.0, 4.0)]);
+}
