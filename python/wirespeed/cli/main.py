@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import WirespeedError
-from . import bench, cluster, env, plot
+from . import bench, cluster, env, launch, plot
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, cluster, env, plot)
+SUBCOMMANDS = (bench, cluster, env, launch, plot)
 
 
 def build_parser() -> Parser:

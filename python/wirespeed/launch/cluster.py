@@ -45,19 +45,19 @@ def cluster_nproc(name: str, ranks_per_host: int | None, nproc_flag, fallback: i
     return len(C.require(C.check_name(name)).hosts) * (ranks_per_host or 1)
 
 
-def _free_port_in(host: C.Host) -> int:
-    """A port free on host 0's address, found from inside its namespace."""
+def free_port_in(netns: str, addr: str) -> int:
+    """A port free on `addr`, found from inside namespace `netns` (the rendezvous port)."""
     def pick():
         for _ in range(50):
             port = random.randint(20000, 32000)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
-                    s.bind((host.addr, port))
+                    s.bind((addr, port))
                     return port
                 except OSError:
                     continue
-        raise UsageError(f"no free port found on {host.addr} in {host.netns}")
-    t, box = run_in_netns(host.netns, pick)
+        raise UsageError(f"no free port found on {addr} in {netns}")
+    t, box = run_in_netns(netns, pick)
     t.join(10)
     if "error" in box:
         raise box["error"]
@@ -103,7 +103,7 @@ def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = N
         raise UsageError("--cluster with --backend mpi is not supported yet (mpirun would have to "
                          "start inside the namespaces); use gloo, or `wirespeed launch` per host")
     hosts_of = placement(nproc, len(cluster.hosts), ranks_per_host)
-    port = master_port or _free_port_in(cluster.hosts[hosts_of[0]])
+    port = master_port or free_port_in(cluster.hosts[hosts_of[0]].netns, cluster.hosts[hosts_of[0]].addr)
     envs = rank_envs(cluster, hosts_of, port)
     print(f"# emulated cluster {cluster.name!r}: "
           + ", ".join(f"rank {r} on h{h} {cluster.hosts[h].addr}" for r, h in enumerate(hosts_of)),

@@ -146,6 +146,11 @@ def down(name: str = DEFAULT_NAME, *, all_clusters: bool = False) -> list[str]:
     return names
 
 
+def cluster_names() -> list[str]:
+    """Names of the clusters with a state file (up or not: see load)."""
+    return [f[len("cluster-"):-len(".json")] for f in _state_files()]
+
+
 def _state_files() -> list[str]:
     try:
         return [f for f in os.listdir(STATE_DIR) if f.startswith("cluster-") and f.endswith(".json")]
