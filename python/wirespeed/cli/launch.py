@@ -65,8 +65,9 @@ def _command(args, argv) -> list[str]:
     return cmd
 
 
-def _netns_address(ns: str) -> tuple[str, str]:
-    """(address, interface) of a namespace host: from the emulated cluster's state, else `ip`."""
+def _netns_address(ns: str) -> tuple[str, str, list[str]]:
+    """(address, interface, argv prefix) of a namespace host: from the emulated cluster's state
+    (its ranks then look like processes of their own machine), else from `ip`."""
     from ..netem import cluster as C
     from ..netem.ns import list_netns, run
     if ns not in list_netns():
@@ -76,10 +77,10 @@ def _netns_address(ns: str) -> tuple[str, str]:
         c = C.load(name)
         for h in (c.hosts if c else []):
             if h.netns == ns:
-                return h.addr, h.ifname
+                return h.addr, h.ifname, C.exec_prefix(ns)
     for line in run(["ip", "-n", ns, "-o", "-4", "addr", "show", "scope", "global"]).splitlines():
         words = line.split()
-        return words[3].split("/")[0], words[1]
+        return words[3].split("/")[0], words[1], ["ip", "netns", "exec", ns]
     raise UsageError(f"network namespace {ns!r} has no IPv4 address to reach its ranks at")
 
 
@@ -123,7 +124,7 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
                 run = cmd
                 if run[0] == "wirespeed":  # the same install as this launcher, PATH or not
                     run = [sys.executable, "-m", "wirespeed.cli.main", *run[1:]]
-                argv = ["ip", "netns", "exec", h.name, "env", *pairs, *run]
+                argv = [*ns_info[h.name][2], "env", *pairs, *run]
             else:
                 pairs += [f"{k}={environ[k]}" for k in exports if k in environ]
                 remote = (f"cd {shlex.quote(workdir or os.getcwd())} && exec env "

@@ -1,6 +1,7 @@
 """Start the ranks of a wirespeed command on the hosts of the emulated cluster (wirespeed.netem).
 
-Rank r runs inside its host's network namespace (`ip netns exec`), with torchrun's variables set and
+Rank r runs as a process of its host (netem.cluster.exec_prefix: `ip netns exec` into the host's
+network namespace, the host's hostname, its own /dev/shm), with torchrun's variables set and
 MASTER_ADDR = host 0's address, so it cannot tell the emulated cluster from a real one. Every
 library is pointed at the emulated interface, so gloo, NCCL, Open MPI and wirespeed's own transport
 all cross the capped links rather than loopback. Ranks on one host still talk over that host's
@@ -89,7 +90,7 @@ def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=No
 
 def rank_commands(cluster: C.Cluster, hosts_of: list[int], argv: list[str]) -> list[list[str]]:
     py = [sys.executable, "-m", "wirespeed.cli.main", *argv]
-    return [["ip", "netns", "exec", cluster.hosts[h].netns, *py] for h in hosts_of]
+    return [[*C.exec_prefix(cluster.hosts[h].netns), *py] for h in hosts_of]
 
 
 def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = None,

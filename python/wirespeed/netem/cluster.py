@@ -12,6 +12,12 @@ address, and clusters of different names can use the same subnet without meeting
 Each namespace also gets /etc/netns/NS/hosts (which `ip netns exec` mounts over /etc/hosts) naming
 every host, so peers resolve each other's addresses as on a real cluster.
 
+A rank on an emulated host should look as if it were on its own machine, not only on its own
+network: `exec_prefix` starts it inside the host's network namespace (`ip netns exec`), in its own
+UTS namespace with the host's name as hostname (libraries that decide "same machine, use shared
+memory" by hostname then keep to the links), and with /dev/shm bound to a per-host directory, so
+hosts do not share memory files and `down` removes whatever ranks left there.
+
 State lives in /run/wirespeed/cluster-NAME.json (tmpfs: it goes with the namespaces on reboot). Every
 namespace carries the `wsnet-NAME-` prefix, so a cluster left by a killed run is found by name alone,
 with or without its state file, and `up`/`down` remove it.
@@ -46,6 +52,20 @@ class Host:
     netns: str
     ifname: str
     addr: str
+
+
+SHM_ROOT = "/dev/shm"
+
+
+def shm_dir(netns: str) -> str:
+    return os.path.join(SHM_ROOT, netns)
+
+
+def exec_prefix(netns: str) -> list[str]:
+    """argv prefix that runs a command as a process of the emulated host `netns` (see above)."""
+    script = 'hostname "$1" && mount --bind "$2" /dev/shm && shift 2 && exec "$@"'
+    return ["ip", "netns", "exec", netns, "unshare", "--uts", "--", "sh", "-c", script, "sh",
+            netns, shm_dir(netns)]
 
 
 @dataclass
@@ -137,6 +157,7 @@ def down(name: str = DEFAULT_NAME, *, all_clusters: bool = False) -> list[str]:
                              f"`ip netns delete {ns}`")
     for ns in names:
         shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
+        shutil.rmtree(shm_dir(ns), ignore_errors=True)
     for p in ([state_path(name)] if not all_clusters else
               [os.path.join(STATE_DIR, f) for f in _state_files()]):
         try:
@@ -226,6 +247,8 @@ def _build(c: Cluster) -> None:
         os.makedirs(os.path.join(ETC_NETNS, h.netns), exist_ok=True)
         with open(os.path.join(ETC_NETNS, h.netns, "hosts"), "w") as f:
             f.write(hosts_file)
+        os.makedirs(shm_dir(h.netns), exist_ok=True)
+        os.chmod(shm_dir(h.netns), 0o1777)  # like /dev/shm itself
         # Both ends are created directly inside their namespaces: the root namespace never sees them.
         run(["ip", "link", "add", h.ifname, "netns", h.netns, "type", "veth",
              "peer", "name", port, "netns", sw])
