@@ -1,6 +1,155 @@
+#![allow(unexpected_cfgs)] // pyo3 0.22 macros test a `gil-refs` feature this crate does not define
 //! `wirespeed._native`: thin pyo3 bindings over wirespeed-core. Logic lives in the core; this crate
-//! only converts types and releases the GIL around anything that waits.
+//! only converts types, maps each core error to its own Python exception, and releases the GIL
+//! around anything that waits.
+use pyo3::create_exception;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use std::sync::Mutex;
+use std::time::Duration;
+use wirespeed_core::{Comm, DType, Engine, Error, Op, RankInfo, ReduceOp};
+
+create_exception!(_native, WirespeedError, PyRuntimeError, "Base of every error the native transport raises.");
+create_exception!(_native, PeerDiedError, WirespeedError, "A peer process died while this rank depended on it.");
+create_exception!(_native, PeerAbortedError, WirespeedError, "A peer failed with an error of its own and aborted the group.");
+create_exception!(_native, CollectiveTimeout, WirespeedError, "No progress within the group's timeout.");
+create_exception!(_native, MismatchError, WirespeedError, "Ranks called a collective with different sizes, dtypes, ops, roots or kinds.");
+create_exception!(_native, UnsupportedError, WirespeedError, "A request this backend cannot serve (the message names what it supports).");
+create_exception!(_native, StrangerError, WirespeedError, "A peer that does not belong to this job was refused.");
+create_exception!(_native, BrokenGroupError, WirespeedError, "The group was broken by an earlier error and must be recreated.");
+
+fn to_py(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::PeerDied { .. } => PeerDiedError::new_err(msg),
+        Error::PeerAborted { .. } => PeerAbortedError::new_err(msg),
+        Error::Timeout { .. } => CollectiveTimeout::new_err(msg),
+        Error::Mismatch(_) => MismatchError::new_err(msg),
+        Error::Unsupported(_) => UnsupportedError::new_err(msg),
+        Error::Stranger(_) => StrangerError::new_err(msg),
+        Error::Broken(_) => BrokenGroupError::new_err(msg),
+        Error::Os { .. } => WirespeedError::new_err(msg),
+    }
+}
+
+fn dtype(code: u32) -> PyResult<DType> {
+    DType::from_code(code).map_err(to_py)
+}
+fn rop(code: u32) -> PyResult<ReduceOp> {
+    ReduceOp::from_code(code).map_err(to_py)
+}
+
+/// One rank's membership in a group: created unconnected (so its info can go through a store),
+/// then connected, after which ops are submitted and awaited by id.
+#[pyclass(module = "wirespeed._native")]
+struct Group {
+    pending: Mutex<Option<Comm>>,
+    engine: Option<Engine>,
+    rank: usize,
+    world: usize,
+}
+
+impl Group {
+    fn engine(&self) -> PyResult<&Engine> {
+        self.engine.as_ref().ok_or_else(|| UnsupportedError::new_err("the group is not connected yet"))
+    }
+    fn submit(&self, op: Op) -> PyResult<u64> {
+        Ok(self.engine()?.submit(op))
+    }
+}
+
+type Bufs = Vec<(usize, usize)>;
+
+#[pymethods]
+impl Group {
+    #[new]
+    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64) -> PyResult<Group> {
+        let tok: [u8; 16] = token.try_into().map_err(|_| UnsupportedError::new_err("the job token must be 16 bytes"))?;
+        if !(timeout_s > 0.0) {
+            return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
+        }
+        let comm = Comm::new(rank, world, tok, Duration::from_secs_f64(timeout_s)).map_err(to_py)?;
+        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world })
+    }
+
+    /// (pid, memfd number, host id): what peers need to connect to this rank.
+    fn info(&self) -> PyResult<(i32, i32, String)> {
+        let g = self.pending.lock().unwrap();
+        let c = g.as_ref().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
+        let i = c.info();
+        Ok((i.pid, i.fd, i.host))
+    }
+
+    /// Map every rank's segment and sync with all of them (GIL released while waiting).
+    fn connect(&mut self, py: Python<'_>, infos: Vec<(i32, i32, String)>) -> PyResult<()> {
+        let mut comm = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
+        let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host)| RankInfo { pid, fd, host }).collect();
+        let r = py.allow_threads(|| comm.connect(&infos));
+        r.map_err(to_py)?;
+        self.engine = Some(Engine::new(comm));
+        Ok(())
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    #[getter]
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(&self, buf: usize, count: usize, dtype_code: u32, op: u32) -> PyResult<u64> {
+        self.submit(Op::AllReduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)? })
+    }
+    fn reduce_scatter(&self, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32) -> PyResult<u64> {
+        self.submit(Op::ReduceScatter { send, out, count, dtype: dtype(dtype_code)?, op: rop(op)? })
+    }
+    fn reduce(&self, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize) -> PyResult<u64> {
+        self.submit(Op::Reduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)?, root })
+    }
+    fn all_gather(&self, send: (usize, usize), recv: Bufs) -> PyResult<u64> {
+        self.submit(Op::AllGather { send, recv })
+    }
+    fn all_to_all(&self, send: Bufs, recv: Bufs) -> PyResult<u64> {
+        self.submit(Op::AllToAll { send, recv })
+    }
+    fn broadcast(&self, buf: (usize, usize), root: usize) -> PyResult<u64> {
+        self.submit(Op::Broadcast { buf, root })
+    }
+    fn gather(&self, send: (usize, usize), recv: Bufs, root: usize) -> PyResult<u64> {
+        self.submit(Op::Gather { send, recv, root })
+    }
+    fn scatter(&self, send: Bufs, recv: (usize, usize), root: usize) -> PyResult<u64> {
+        self.submit(Op::Scatter { send, recv, root })
+    }
+    fn barrier(&self) -> PyResult<u64> {
+        self.submit(Op::Barrier)
+    }
+    fn send(&self, to: usize, buf: (usize, usize), tag: u64) -> PyResult<u64> {
+        self.submit(Op::Send { to, buf, tag })
+    }
+    fn recv(&self, from: usize, buf: (usize, usize), tag: u64) -> PyResult<u64> {
+        self.submit(Op::Recv { from, buf, tag })
+    }
+
+    /// Block until op `id` completes (GIL released); raises its error.
+    fn wait(&self, py: Python<'_>, id: u64) -> PyResult<()> {
+        let e = self.engine()?;
+        py.allow_threads(|| e.wait(id)).map_err(to_py)
+    }
+
+    fn is_done(&self, id: u64) -> PyResult<bool> {
+        Ok(self.engine()?.is_done(id))
+    }
+
+    /// Stop the worker and unmap everything (also happens when the object is collected).
+    fn close(&mut self, py: Python<'_>) {
+        if let Some(e) = self.engine.take() {
+            py.allow_threads(move || drop(e));
+        }
+    }
+}
 
 /// Version of the native core this module was built from.
 #[pyfunction]
@@ -8,8 +157,25 @@ fn core_version() -> &'static str {
     wirespeed_core::version()
 }
 
+/// 16 random bytes from the kernel, for a job token.
+#[pyfunction]
+fn random_token(py: Python<'_>) -> PyObject {
+    pyo3::types::PyBytes::new_bound(py, &wirespeed_core::sys::random_token()).into()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
     m.add_function(wrap_pyfunction!(core_version, m)?)?;
+    m.add_function(wrap_pyfunction!(random_token, m)?)?;
+    m.add_class::<Group>()?;
+    m.add("WirespeedError", py.get_type_bound::<WirespeedError>())?;
+    m.add("PeerDiedError", py.get_type_bound::<PeerDiedError>())?;
+    m.add("PeerAbortedError", py.get_type_bound::<PeerAbortedError>())?;
+    m.add("CollectiveTimeout", py.get_type_bound::<CollectiveTimeout>())?;
+    m.add("MismatchError", py.get_type_bound::<MismatchError>())?;
+    m.add("UnsupportedError", py.get_type_bound::<UnsupportedError>())?;
+    m.add("StrangerError", py.get_type_bound::<StrangerError>())?;
+    m.add("BrokenGroupError", py.get_type_bound::<BrokenGroupError>())?;
     Ok(())
 }

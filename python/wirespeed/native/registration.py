@@ -1,0 +1,43 @@
+"""Registration with torch.distributed and the store rendezvous.
+
+Rendezvous goes through whatever store torch hands the creator (TCPStore, FileStore, already
+prefixed per group), so torchrun, SLURM and `wirespeed bench -N` launches work unchanged: rank 0
+publishes a random job token; every rank publishes (pid, memfd, host) and reads everyone's.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch.distributed as dist
+
+from .. import _native
+
+BACKEND_NAME = "wirespeed"
+
+
+def _rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
+    from .process_group import WirespeedProcessGroup
+
+    if rank == 0:
+        store.set("wirespeed/token", _native.random_token().hex())
+    token = bytes.fromhex(store.get("wirespeed/token").decode())
+    group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001))
+    pid, fd, host = group.info()
+    store.set(f"wirespeed/rank/{rank}", f"{pid},{fd},{host}")
+    infos = []
+    for r in range(size):
+        p, f, h = store.get(f"wirespeed/rank/{r}").decode().split(",", 2)
+        infos.append((int(p), int(f), h))
+    group.connect(infos)
+    return WirespeedProcessGroup(group, rank, size)
+
+
+def _create(store, rank, size, timeout):
+    return _rendezvous(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Make "wirespeed" a torch.distributed backend for CPU tensors (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
