@@ -70,6 +70,20 @@ BACKENDS: dict[str, BackendEntry] = {e.name: e for e in (
 )}
 
 
+def _native_factory():
+    from .native import NativeBackend
+    return NativeBackend()
+
+
+def _native_missing() -> str | None:
+    from .native import missing
+    return _torch_dist_missing() or missing()
+
+
+# wirespeed's own CPU backend (shared memory between ranks of one host).
+BACKENDS["wirespeed"] = BackendEntry("wirespeed", ("cpu",), _native_missing, _native_factory)
+
+
 def register(entry: BackendEntry) -> None:
     """Add an adapter (the MPI and native wirespeed backends register themselves here)."""
     BACKENDS[entry.name] = entry
