@@ -1,0 +1,62 @@
+"""Start N real rank processes of a worker script on loopback and collect what each reports.
+
+Each worker prints one JSON line prefixed with RESULT; a rank that hangs past the deadline is
+killed (and the test fails), so no test can hang and nothing is left running.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, world: int, timeout: float, extra_env: dict | None = None,
+              args: tuple = ()) -> list[dict]:
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", **(extra_env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / script), *map(str, args)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for r, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise AssertionError(f"rank {r} of {script} still running after {timeout} s")
+            outs.append((p.returncode, out, err))
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
+                q.wait()
+    results = []
+    for r, (code, out, err) in enumerate(outs):
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if not lines:
+            raise AssertionError(f"rank {r} of {script} exited {code} without a result:\n{out[-3000:]}\n{err[-3000:]}")
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+    return results
+
+
+def report(obj) -> None:
+    """Called by a worker: hand its result to run_ranks."""
+    print("RESULT " + json.dumps(obj), flush=True)
