@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import WirespeedError
-from . import bench, cluster, env, launch, plot
+from . import bench, cluster, env, launch, model, plot
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, cluster, env, launch, plot)
+SUBCOMMANDS = (bench, cluster, env, launch, model, plot)
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,260 @@
+"""`wirespeed model`: the gradients of a real network's training step, bucketed as DDP does, synchronised
+by each aggregation strategy, timed and checked (what MXNet's tools/bandwidth measured, and more).
+
+Run by hand it spawns -N local ranks; under torchrun, srun or mpirun it is one rank of that job.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+from ..errors import UsageError, WirespeedError
+from ..launch.rankjob import check_local_gpus, default_nproc, first_line, parse_num, start_backend
+from .common import add
+
+
+def register(sub) -> None:
+    from ..workloads.models import CATALOGUE
+    from ..workloads.runner import STRATEGIES
+    p = sub.add_parser("model", help="time one training step's gradient sync of a real network",
+                       description="Synchronise the gradients of a real network (shapes only, nothing "
+                       "downloaded) with each strategy, bucketed as DDP does; time and check every step.")
+    add(p, "--model", default=None, help=f"one of {', '.join(CATALOGUE)}")
+    add(p, "--shapes", default=None, help="a file of shapes instead of --model (JSON, or one "
+        "`[name:] 64x3x7x7` per line, first layer first)")
+    add(p, "--list", action="store_true", help="list the models with their arrays and parameters")
+    add(p, "--strategy", default="allreduce", help=f"comma list of {', '.join(STRATEGIES)}, or all")
+    add(p, "--bucket-mb", default="25", help="DDP bucket size in MiB (first bucket 1 MiB); 0 = one "
+        "call per tensor; flat = everything in one buffer")
+    add(p, "--servers", default=None, help="server ranks of sharded-ps (default: every rank) and "
+        "async-ps (default: 1; the other ranks are workers)")
+    add(p, "--optimizer", default="none", choices=("none", "sgd"), help="sgd: the owner applies "
+        "w -= lr*g (lr = 2^-6) before the pull; the result checked is then the weights")
+    add(p, "--overlap", action="store_true", help="also time allreduce with each bucket launched "
+        "asynchronously while a matching amount of computation runs (torch.distributed backends)")
+    add(p, "-d", "--dtype", default="float32", help="float32, float16, bfloat16, float64, ...")
+    add(p, "--backend", default=None, help="gloo, nccl, ... (default: nccl with GPUs, else gloo)")
+    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the gradients live")
+    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
+    add(p, "-w", "--warmup-iters", default="2", help="untimed steps per strategy")
+    add(p, "-n", "--iters", default="10", help="timed steps per strategy")
+    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
+    add(p, "--json", default=None, help="write one JSON-lines record per strategy here")
+    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
+    # The launcher resolves the shapes once and hands them to its ranks (no model build per rank).
+    p.add_argument("--resolved-shapes", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=main)
+
+
+def config_from_args(args):
+    from ..backends import default_backend
+    from ..backends.registry import BACKENDS
+    from ..bench.dtypes import parse_dtypes
+    from ..workloads.bucketing import parse_bucket_mb
+    from ..workloads.runner import ModelConfig, parse_strategies
+    dtypes = parse_dtypes(args.dtype)
+    if len(dtypes) != 1 or not dtypes[0].is_float:
+        raise UsageError("--dtype takes one floating-point type for gradients: float32, float16, "
+                         "bfloat16 or float64")
+    mode, nbytes = parse_bucket_mb(args.bucket_mb)
+    backend, device = args.backend, args.device
+    if backend is None:
+        backend, default_device = ("nccl", "cuda") if device == "cuda" else default_backend()
+        device = device or default_device
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    device = device or BACKENDS[backend].devices[0]
+    iters = parse_num(args.iters, "--iters")
+    if iters < 1:
+        raise UsageError("--iters must be at least 1")
+    timeout = parse_num(args.timeout, "--timeout", float)
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    servers = parse_num(args.servers, "--servers") if args.servers is not None else None
+    if servers == 0:
+        raise UsageError("--servers must be at least 1")
+    return ModelConfig(strategies=parse_strategies(args.strategy), bucket_mode=mode,
+                       bucket_bytes=nbytes, bucket_label=str(args.bucket_mb).strip(),
+                       servers=servers, optimizer=args.optimizer == "sgd", overlap=args.overlap,
+                       dtype=dtypes[0].name, backend=backend, device=device,
+                       nproc=default_nproc(args.nproc, device),
+                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
+                       timeout_s=timeout, json_path=args.json)
+
+
+def resolve_shapes(args):
+    from ..workloads.models import ModelShapes, model_shapes, read_shapes
+    if args.resolved_shapes:
+        with open(args.resolved_shapes) as f:
+            return ModelShapes.from_json(json.load(f))
+    if args.model and args.shapes:
+        raise UsageError("give --model or --shapes, not both")
+    if args.shapes:
+        return read_shapes(args.shapes)
+    if not args.model:
+        raise UsageError("which network? give --model NAME (see `wirespeed model --list`) or --shapes FILE")
+    return model_shapes(args.model)
+
+
+def list_models() -> int:
+    from ..workloads.models import CATALOGUE, model_shapes
+    print(f"{'model':<16} {'library':<13} {'arrays':>7} {'parameters':>15} {'fp32 size':>10}")
+    for name, (source, _) in CATALOGUE.items():
+        try:
+            m = model_shapes(name)
+        except UsageError as e:
+            print(f"{name:<16} {source:<13} unavailable: {e}")
+            continue
+        print(f"{name:<16} {source:<13} {len(m.params):>7} {m.numel:>15,} "
+              f"{m.numel * 4 / (1 << 20):>8.1f}Mi")
+    return 0
+
+
+def main(args, argv) -> int:
+    from ..launch.environment import rank_info
+    if args.list:
+        return list_models()
+    cfg = config_from_args(args)
+    info = rank_info()
+    if info is None:
+        return launch_local(cfg, args, argv)
+    return run_as_rank(cfg, info, resolve_shapes(args))
+
+
+def _check_memory(shapes, cfg, ranks_here: int) -> None:
+    from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes
+    from ..workloads.runner import rank_bytes
+    avail = available_bytes(cfg.device)
+    sharers = 1 if cfg.device == "cuda" else ranks_here
+    need = rank_bytes(shapes, cfg) * sharers
+    budget = avail * 0.9 - (0 if cfg.device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here)
+    if need > budget:
+        raise UsageError(f"{shapes.name} in {cfg.dtype} needs {need / (1 << 30):.1f} GiB for "
+                         f"{sharers} rank(s) but {max(budget, 0) / (1 << 30):.1f} GiB is available: "
+                         "use fewer ranks (-N), a smaller --dtype, or a smaller model")
+
+
+def launch_local(cfg, args, argv) -> int:
+    from ..backends import create
+    from ..launch.local import spawn
+    from ..workloads.runner import validate
+    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    check_local_gpus(cfg.nproc, cfg.device)
+    validate(cfg, cfg.nproc)
+    shapes = resolve_shapes(args)
+    _check_memory(shapes, cfg, cfg.nproc)
+    port = parse_num(args.master_port, "--master-port") if args.master_port is not None else None
+    fd, path = tempfile.mkstemp(prefix="wirespeed-shapes-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(shapes.to_json(), f)
+        return spawn([*argv, "--resolved-shapes", path], cfg.nproc, port)
+    finally:
+        os.unlink(path)
+
+
+def run_as_rank(cfg, info, shapes) -> int:
+    from ..bench.watchdog import Watchdog
+    from ..envinfo import record_env
+    from ..workloads.runner import plan_for, run_rank, validate
+    validate(cfg, info.world_size)
+    if os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+        _check_memory(shapes, cfg, info.local_world_size)
+    backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
+    device = backend.device_for(info, cfg.device)
+    lead = info.rank == 0
+    plan = plan_for(shapes, cfg)
+    if lead:
+        _print_header(cfg, info, shapes, plan)
+    watchdog = Watchdog(cfg.timeout_s, info.rank)
+    try:
+        results = run_rank(cfg, info, backend, device, shapes, watchdog)
+    except WirespeedError:
+        raise
+    except Exception as e:
+        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
+    finally:
+        watchdog.close()
+    bad = [r for r in results if not within_rounding(r["error"], cfg.dtype)]
+    if lead:
+        records = _records(cfg, info, shapes, plan, results, record_env())
+        print(_table(records))
+        if cfg.json_path:
+            from ..report.records import write_jsonl
+            write_jsonl(cfg.json_path, records)
+        if bad:
+            sys.stderr.write(f"wirespeed: error: {', '.join(r['strategy'] for r in bad)}: the result "
+                             "differs from the reference beyond the dtype's rounding\n")
+        sys.stdout.flush()
+    backend.shutdown()
+    return 1 if bad else 0
+
+
+def within_rounding(error: float, dtype: str) -> bool:
+    """Exact data give 0; where a dtype is too narrow for them, a few units of its rounding."""
+    import torch
+    from ..bench.dtypes import DTYPES
+    return error == 0 or error <= 8 * torch.finfo(DTYPES[dtype].torch).eps
+
+
+def _print_header(cfg, info, shapes, plan) -> None:
+    from ..bench.dtypes import DTYPES
+    itemsize = DTYPES[cfg.dtype].itemsize
+    total = shapes.numel * itemsize
+    print(f"# wirespeed model: {shapes.name} ({shapes.source}), {len(shapes.params)} arrays, "
+          f"{shapes.numel:,} parameters = {total / (1 << 20):.1f} MiB of {cfg.dtype} gradients")
+    print(f"# backend {cfg.backend}, device {cfg.device}, {info.world_size} ranks; "
+          f"{plan.describe(itemsize)}; optimizer {'sgd' if cfg.optimizer else 'none'}")
+    print(f"# {cfg.iters} timed steps after {cfg.warmup_iters} warm-up; time = median over steps of the "
+          "slowest rank; GB/s per rank = gradient bytes / time (1e9 B/s); busbw = GB/s x 2(n-1)/n; "
+          "error = relative L1 against the exact reference")
+    sys.stdout.flush()
+
+
+def _records(cfg, info, shapes, plan, results, env) -> list[dict]:
+    from ..bench.dtypes import DTYPES
+    n = info.world_size
+    total = shapes.numel * DTYPES[cfg.dtype].itemsize
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    out = []
+    for r in results:
+        t = r.get("time_us", 0.0)
+        gbps = total / (t * 1e-6) / 1e9 if t > 0 else 0.0
+        rec = {"schema": "wirespeed.model/1", "run_id": run_id, "model": shapes.name,
+               "source": shapes.source, "arrays": len(shapes.params), "total_bytes": total,
+               "strategy": r["strategy"], "world_size": n, "time_us": t, "gbps_per_rank": gbps,
+               "busbw_gbps": gbps * 2 * (n - 1) / n if n > 1 else 0.0, "error": r["error"],
+               "backend": cfg.backend, "device": cfg.device, "dtype": cfg.dtype,
+               "bucket_mb": cfg.bucket_label, "bucket_mode": plan.mode, "buckets": len(plan.buckets),
+               "optimizer": "sgd" if cfg.optimizer else "none", "iters": cfg.iters,
+               "warmup_iters": cfg.warmup_iters}
+        rec.update({k: v for k, v in r.items() if k not in rec and k != "strategy"})
+        rec["env"] = env
+        out.append(rec)
+    return out
+
+
+def _table(records) -> str:
+    head = (f"{'strategy':<20} {'servers':>7} {'calls/step':>10} {'time/step(ms)':>14} "
+            f"{'min(ms)':>9} {'max(ms)':>9} {'GB/s/rank':>10} {'busbw':>8} {'error':>9}  notes")
+    lines = [head]
+    for r in records:
+        notes = []
+        if "staleness_mean" in r:
+            notes.append(f"staleness mean {r['staleness_mean']:.2f} max {r['staleness_max']:.0f} "
+                         f"over {r['pushes']} pushes")
+        if "hidden_pct" in r:
+            notes.append(f"compute {r['compute_us'] / 1e3:.1f} ms, comm {r['comm_us'] / 1e3:.1f} ms, "
+                         f"serial {r['serial_us'] / 1e3:.1f} ms: {r['hidden_pct']:.0f}% of the "
+                         "comm hidden")
+        if not r.get("ranks_agree", True):
+            notes.append("RANKS DISAGREE")
+        lines.append(f"{r['strategy']:<20} {r.get('servers') or '-':>7} {r.get('calls_per_step', 0):>10} "
+                     f"{r['time_us'] / 1e3:>14.3f} {r.get('time_min_us', 0) / 1e3:>9.3f} "
+                     f"{r.get('time_max_us', 0) / 1e3:>9.3f} {r['gbps_per_rank']:>10.3f} "
+                     f"{r['busbw_gbps']:>8.3f} {r['error']:>9.2g}  {'; '.join(notes)}")
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""What every rank-running subcommand shares (bench, model, batching, objects): number flags, the
+default rank count, starting the backend with a one-line error, and the first line of an error."""
+from __future__ import annotations
+
+import os
+
+from ..errors import UsageError, WirespeedError
+
+
+def parse_num(text, name: str, conv=int):
+    """A non-negative number from a flag, or a UsageError naming the flag."""
+    try:
+        v = conv(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a number, got {text!r}") from None
+    if v < 0 or v != v:
+        raise UsageError(f"{name} must not be negative, got {text!r}")
+    return v
+
+
+def default_nproc(text, device: str) -> int:
+    """-N as given, else one rank per GPU, else 2 to 4 CPU ranks."""
+    if text is not None:
+        n = parse_num(text, "--nproc")
+        if n < 1:
+            raise UsageError("--nproc must be at least 1")
+        return n
+    if device == "cuda":
+        import torch
+        return max(torch.cuda.device_count(), 1)
+    return max(2, min(os.cpu_count() or 2, 4))
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def start_backend(name: str, device: str, info, timeout_s: float):
+    """Create and init the backend for this rank; a library failure becomes one WirespeedError line."""
+    from ..backends import create
+    backend = create(name, device)
+    try:
+        backend.init(info, device, timeout_s)
+    except WirespeedError:
+        raise
+    except Exception as e:
+        raise WirespeedError(f"rank {info.rank}: {name} could not start the job at "
+                             f"{info.master_addr}:{info.master_port}: {first_line(e)}") from None
+    return backend
+
+
+def check_local_gpus(nproc: int, device: str) -> None:
+    if device == "cuda":
+        import torch
+        if nproc > torch.cuda.device_count():
+            raise UsageError(f"-N {nproc} needs {nproc} GPUs but {torch.cuda.device_count()} "
+                             "are visible (NCCL needs one GPU per rank)")

@@ -1,0 +1,1 @@
+"""Real training workloads: model gradient shapes, DDP bucketing, aggregation strategies."""
