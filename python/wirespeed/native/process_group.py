@@ -47,7 +47,8 @@ def _op(opts) -> int:
         for k, v in _OPS.items():  # ReduceOp objects compare by value
             if op == k:
                 return v
-        raise UnsupportedError(f"wirespeed: reduce op {op} is not supported; use sum, prod, min, max or avg")
+        name = getattr(getattr(op, "op", None), "name", None) or str(op)
+        raise UnsupportedError(f"wirespeed: reduce op {name} is not supported; use sum, prod, min, max or avg")
     return code
 
 
