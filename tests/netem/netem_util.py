@@ -1,0 +1,59 @@
+"""Helpers of the emulated-cluster tests (imported by name: conftest.py is taken by tests/)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def _netns_usable() -> str | None:
+    """None if this machine can build emulated clusters, else why not."""
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) is not installed"
+    from wirespeed.netem.ns import has_net_admin
+    if not has_net_admin():
+        return "needs root or CAP_NET_ADMIN"
+    probe = f"wsnet-probe{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    if p.returncode != 0:
+        return f"cannot create network namespaces here: {p.stderr.strip()}"
+    return None
+
+
+_WHY_NOT = _netns_usable()
+needs_netns = pytest.mark.skipif(_WHY_NOT is not None, reason=f"emulated cluster: {_WHY_NOT}")
+
+
+def leftovers_of(name: str) -> list[str]:
+    from wirespeed.netem import cluster as C
+    found = C.leftovers(name)
+    found += [p for p in (os.path.join(C.ETC_NETNS, f"{C.ns_prefix(name)}h0"),
+                          C.shm_dir(f"{C.ns_prefix(name)}h0"), C.state_path(name)) if os.path.exists(p)]
+    return found
+
+
+def netns_processes(name: str) -> dict[str, list[int]]:
+    from wirespeed.netem import cluster as C
+    from wirespeed.netem.ns import netns_pids
+    return {ns: pids for ns in C.leftovers(name) if (pids := netns_pids(ns))}
+
+
+def cli(*args) -> list[str]:
+    return [sys.executable, "-m", "wirespeed.cli.main", *map(str, args)]
+
+
+def run_here(capsys, *args) -> tuple[int, str, str]:
+    """`wirespeed ARGS` in this process (what the console script calls), for speed: a fresh
+    interpreter pays seconds of torch import per call on this 2-core machine."""
+    from wirespeed.cli.main import main
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
