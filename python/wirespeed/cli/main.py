@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import WirespeedError
-from . import bench, cluster, env, launch, model, plot
+from . import batching, bench, cluster, env, launch, model, objects, plot
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, cluster, env, launch, model, plot)
+SUBCOMMANDS = (bench, batching, cluster, env, launch, model, objects, plot)
 
 
 def build_parser() -> Parser:

@@ -13,7 +13,8 @@ import tempfile
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import check_local_gpus, default_nproc, first_line, parse_num, start_backend
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, parse_num, resolve_backend,
+                              start_backend)
 from .common import add
 
 
@@ -51,8 +52,6 @@ def register(sub) -> None:
 
 
 def config_from_args(args):
-    from ..backends import default_backend
-    from ..backends.registry import BACKENDS
     from ..bench.dtypes import parse_dtypes
     from ..workloads.bucketing import parse_bucket_mb
     from ..workloads.runner import ModelConfig, parse_strategies
@@ -61,13 +60,7 @@ def config_from_args(args):
         raise UsageError("--dtype takes one floating-point type for gradients: float32, float16, "
                          "bfloat16 or float64")
     mode, nbytes = parse_bucket_mb(args.bucket_mb)
-    backend, device = args.backend, args.device
-    if backend is None:
-        backend, default_device = ("nccl", "cuda") if device == "cuda" else default_backend()
-        device = device or default_device
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    device = device or BACKENDS[backend].devices[0]
+    backend, device = resolve_backend(args.backend, args.device)
     iters = parse_num(args.iters, "--iters")
     if iters < 1:
         raise UsageError("--iters must be at least 1")

@@ -56,3 +56,15 @@ def check_local_gpus(nproc: int, device: str) -> None:
         if nproc > torch.cuda.device_count():
             raise UsageError(f"-N {nproc} needs {nproc} GPUs but {torch.cuda.device_count()} "
                              "are visible (NCCL needs one GPU per rank)")
+
+
+def resolve_backend(backend: str | None, device: str | None) -> tuple[str, str]:
+    """--backend/--device as given, else NCCL on GPUs where there are any, else gloo on CPU."""
+    from ..backends import default_backend
+    from ..backends.registry import BACKENDS
+    if backend is None:
+        backend, default_device = ("nccl", "cuda") if device == "cuda" else default_backend()
+        device = device or default_device
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    return backend, device or BACKENDS[backend].devices[0]

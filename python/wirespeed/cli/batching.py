@@ -1,0 +1,204 @@
+"""`wirespeed batching`: one all_reduce of TOTAL bytes against k calls of TOTAL/k, for each k in --chunks,
+checked, with the latency/bandwidth line t = a + b * bytes fitted by least squares.
+
+Run by hand it spawns -N local ranks; under torchrun, srun or mpirun it is one rank of that job.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..errors import UsageError, WirespeedError
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, parse_num, resolve_backend,
+                              start_backend)
+from ..sizes import format_size, parse_size
+from .common import add
+
+MAX_DEFAULT_TOTAL = 4 << 30  # the 1 x 4 GB of the comparison, when the machine has room for it
+
+
+def register(sub) -> None:
+    p = sub.add_parser("batching", help="one big all_reduce vs many small ones of the same total",
+                       description="All-reduce one buffer as 1, 10, 100, ... calls; time and check each, "
+                       "fit t = a + b*bytes per call, and plot total time against the number of calls.")
+    add(p, "--total", default=None, help="bytes reduced per step (e.g. 4G; default: the largest "
+        "power of two up to 4G that fits this machine)")
+    add(p, "--chunks", default="1,10,100,1000", help="comma list of call counts")
+    add(p, "-d", "--dtype", default="float32", help="float32, float16, bfloat16, float64, int32, ...")
+    add(p, "--backend", default=None, help="gloo, nccl, ... (default: nccl with GPUs, else gloo)")
+    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffer lives")
+    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
+    add(p, "-w", "--warmup-iters", default="1", help="untimed steps per chunk count")
+    add(p, "-n", "--iters", default="3", help="timed steps per chunk count")
+    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
+    add(p, "--json", default=None, help="write one JSON-lines record per chunk count here")
+    add(p, "--plot", default=None, help="write a PNG of total time vs chunk count with the fit here")
+    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
+    p.set_defaults(func=main)
+
+
+def _config(args):
+    from ..bench.dtypes import parse_dtypes
+    dts = parse_dtypes(args.dtype)
+    if len(dts) != 1:
+        raise UsageError("--dtype takes one dtype for batching")
+    try:
+        chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    except ValueError:
+        raise UsageError(f"--chunks must be a comma list of whole numbers, got {args.chunks!r}") from None
+    if not chunks or min(chunks) < 1:
+        raise UsageError("--chunks needs call counts of at least 1, e.g. 1,10,100,1000")
+    iters = parse_num(args.iters, "--iters")
+    if iters < 1:
+        raise UsageError("--iters must be at least 1")
+    timeout = parse_num(args.timeout, "--timeout", float)
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    backend, device = resolve_backend(args.backend, args.device)
+    return dict(dtype=dts[0], chunks=sorted(set(chunks)), backend=backend, device=device,
+                nproc=default_nproc(args.nproc, device), warmup=parse_num(args.warmup_iters,
+                "--warmup-iters"), iters=iters, timeout=timeout)
+
+
+def _need(total: int, sharers: int) -> int:
+    from ..bench.verifiable import CHUNK_ELEMS
+    return (total + 5 * 8 * CHUNK_ELEMS) * sharers  # the buffer, plus the checker's temporaries
+
+
+def _budget(device: str, ranks_here: int) -> float:
+    from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes
+    over = 0 if device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here
+    return available_bytes(device) * 0.9 - over
+
+
+def pick_total(text, c, ranks_here: int) -> int:
+    sharers = 1 if c["device"] == "cuda" else ranks_here
+    budget = _budget(c["device"], ranks_here)
+    if text is None:
+        total = MAX_DEFAULT_TOTAL
+        while total > (1 << 20) and _need(total, sharers) > budget / 2:  # leave half for the rest
+            total //= 2
+    else:
+        total = parse_size(text)
+    itemsize = c["dtype"].itemsize
+    if total < itemsize * max(c["chunks"]):
+        raise UsageError(f"--total {format_size(total)} is too small for {max(c['chunks'])} chunks of "
+                         f"{c['dtype'].name}: give at least {format_size(itemsize * max(c['chunks']))}")
+    if _need(total, sharers) > budget:
+        fit = 1 << 20
+        while _need(fit * 2, sharers) <= budget:
+            fit *= 2
+        raise UsageError(f"--total {format_size(total)} needs {_need(total, sharers) / (1 << 30):.1f} GiB "
+                         f"for {sharers} rank(s) but {max(budget, 0) / (1 << 30):.1f} GiB is available: "
+                         f"use --total {format_size(fit)} or fewer ranks")
+    return total - total % itemsize
+
+
+def main(args, argv) -> int:
+    from ..launch.environment import rank_info
+    c = _config(args)
+    info = rank_info()
+    if info is None:
+        from ..backends import create
+        from ..launch.local import spawn
+        create(c["backend"], c["device"])
+        check_local_gpus(c["nproc"], c["device"])
+        total = pick_total(args.total, c, c["nproc"])
+        port = parse_num(args.master_port, "--master-port") if args.master_port is not None else None
+        return spawn([*argv, "--total", str(total)], c["nproc"], port)
+    local = os.environ.get("WIRESPEED_LOCAL_SPAWN") == "1"
+    total = pick_total(args.total, c, 1 if local else info.local_world_size)
+    return run_as_rank(c, info, total, args)
+
+
+def run_as_rank(c, info, total: int, args) -> int:
+    import torch
+
+    from ..bench.watchdog import Watchdog
+    from ..workloads.batching import measure_chunks
+    backend = start_backend(c["backend"], c["device"], info, c["timeout"])
+    device = backend.device_for(info, c["device"])
+    dt = c["dtype"]
+    # Under an outer launcher each host picked its own default: all use the smallest.
+    total = int(min(r[0] for r in backend.allgather_floats([float(total)])))
+    lead = info.rank == 0
+    if lead:
+        print(f"# wirespeed batching: {format_size(total)} of {dt.name} all_reduce (sum) as "
+              f"{', '.join(map(str, c['chunks']))} calls; backend {c['backend']}, device {c['device']}, "
+              f"{info.world_size} ranks")
+        print(f"# {c['iters']} timed steps after {c['warmup']} warm-up; time = median over steps of the "
+              "slowest rank; every chunk count checked with exact data")
+        sys.stdout.flush()
+    watchdog = Watchdog(c["timeout"], info.rank)
+    rows = []
+    try:
+        buf = torch.empty(total // dt.itemsize, dtype=dt.torch, device=device)
+        for k in c["chunks"]:
+            rows.append(measure_chunks(backend, buf, k, dt, info.rank, info.world_size, c["warmup"],
+                                       c["iters"], watchdog))
+        watchdog.step("finishing")
+        backend.barrier()
+    except WirespeedError:
+        raise
+    except Exception as e:
+        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
+    finally:
+        watchdog.close()
+    wrong = sum(r["wrong"] for r in rows)
+    if lead:
+        _report(c, info, total, rows, args)
+        if wrong:
+            sys.stderr.write(f"wirespeed: error: {wrong} wrong elements: the backend returned wrong data\n")
+    backend.shutdown()
+    return 1 if wrong else 0
+
+
+def _report(c, info, total, rows, args) -> None:
+    from ..envinfo import record_env
+    from ..report.records import write_jsonl
+    from ..workloads.batching import fit_latency_bandwidth
+    fit = fit_latency_bandwidth([(r["chunks"], r["time_us"] * 1e-6) for r in rows], total)
+    print(f"{'calls':>7} {'bytes/call':>11} {'total(ms)':>11} {'per call(us)':>13} {'GB/s':>8} "
+          f"{'fit(ms)':>9} {'#wrong':>7}")
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    env = record_env()
+    records = []
+    for r in rows:
+        t = r["time_us"]
+        model = (r["chunks"] * fit[0] + fit[1] * total) * 1e3 if fit else float("nan")
+        print(f"{r['chunks']:>7} {_human(r['chunk_bytes']):>11} {t / 1e3:>11.3f} "
+              f"{t / r['chunks']:>13.1f} {total / (t * 1e-6) / 1e9 if t else 0:>8.3f} {model:>9.3f} "
+              f"{r['wrong']:>7}")
+        records.append({"schema": "wirespeed.batching/1", "run_id": run_id, "backend": c["backend"],
+                        "device": c["device"], "dtype": c["dtype"].name, "world_size": info.world_size,
+                        "total_bytes": total, **r, "per_call_us": t / r["chunks"],
+                        "algbw_gbps": total / (t * 1e-6) / 1e9 if t else 0.0,
+                        "fit_latency_us": fit[0] * 1e6 if fit else None,
+                        "fit_bandwidth_gbps": 1 / fit[1] / 1e9 if fit and fit[1] > 0 else None,
+                        "env": env})
+    if fit:
+        bw = f"{1 / fit[1] / 1e9:.3f} GB/s" if fit[1] > 0 else "unbounded (b <= 0: noise dominates)"
+        print(f"# fit over {len(rows)} points: t_call = a + b*bytes with a = {fit[0] * 1e6:.1f} us, "
+              f"1/b = {bw}")
+    else:
+        print("# fit: needs at least two different chunk counts")
+    if len(rows) > 1:
+        lo, hi = rows[0], rows[-1]
+        print(f"# {hi['chunks']} calls of {_human(hi['chunk_bytes'])} took "
+              f"{hi['time_us'] / lo['time_us']:.2f}x the time of {lo['chunks']} call(s) of "
+              f"{_human(lo['chunk_bytes'])}")
+    if args.json:
+        write_jsonl(args.json, records)
+    if args.plot:
+        from ..workloads.plots import plot_batching
+        plot_batching(records, fit, total, args.plot)
+        print(f"# plot written to {args.plot}")
+    sys.stdout.flush()
+
+
+def _human(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g}{unit}"
+    return str(nbytes)

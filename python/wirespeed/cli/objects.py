@@ -1,0 +1,132 @@
+"""`wirespeed objects`: the "is every rank done?" flag via all_gather_object, all_reduce and all_gather,
+per world size, checked every call, with the speed-up of the tensor collectives over the object one.
+
+Run by hand it launches each world size of -N in turn on local ranks; under torchrun, srun or mpirun
+it is one rank of that job (one world size).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+from ..errors import UsageError, WirespeedError
+from ..launch.rankjob import check_local_gpus, first_line, parse_num, resolve_backend, start_backend
+from .common import add
+
+
+def register(sub) -> None:
+    p = sub.add_parser("objects", help="all_gather_object vs all_reduce/all_gather for a done flag",
+                       description="Time the 'is every rank done?' flag as all_gather_object, as an "
+                       "all_reduce of one element and as an all_gather of one element, per world size.")
+    add(p, "-N", "--nproc", default="2,4", help="comma list of world sizes to launch locally")
+    add(p, "--backend", default=None, help="gloo, nccl (default: nccl with GPUs, else gloo)")
+    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the flag tensors live")
+    add(p, "-w", "--warmup-iters", default="20", help="untimed calls per method")
+    add(p, "-n", "--iters", default="200", help="timed calls per method")
+    add(p, "-T", "--timeout", default="120", help="seconds without progress before a rank gives up")
+    add(p, "--json", default=None, help="write one JSON-lines record per world size and method here")
+    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
+    p.add_argument("--records-to", default=None, help=argparse.SUPPRESS)  # launcher <- rank 0
+    p.set_defaults(func=main)
+
+
+def _config(args):
+    try:
+        worlds = [int(n) for n in str(args.nproc).split(",") if n.strip()]
+    except ValueError:
+        raise UsageError(f"-N must be a comma list of world sizes, got {args.nproc!r}") from None
+    if not worlds or min(worlds) < 1:
+        raise UsageError("-N needs world sizes of at least 1, e.g. -N 2,4")
+    iters = parse_num(args.iters, "--iters")
+    if iters < 1:
+        raise UsageError("--iters must be at least 1")
+    timeout = parse_num(args.timeout, "--timeout", float)
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    backend, device = resolve_backend(args.backend, args.device)
+    return dict(worlds=worlds, backend=backend, device=device, iters=iters, timeout=timeout,
+                warmup=parse_num(args.warmup_iters, "--warmup-iters"))
+
+
+def main(args, argv) -> int:
+    from ..launch.environment import rank_info
+    c = _config(args)
+    info = rank_info()
+    if info is not None:
+        return run_as_rank(c, info, args)
+    from ..backends import create
+    from ..launch.local import spawn
+    create(c["backend"], c["device"])
+    for n in c["worlds"]:
+        check_local_gpus(n, c["device"])
+    port = parse_num(args.master_port, "--master-port") if args.master_port is not None else None
+    records, code = [], 0
+    with tempfile.TemporaryDirectory(prefix="wirespeed-objects-") as tmp:
+        for n in c["worlds"]:
+            path = os.path.join(tmp, f"{n}.jsonl")
+            code = spawn([*argv, "-N", str(n), "--records-to", path], n, port)
+            if code != 0:
+                break
+            with open(path) as f:
+                records += [json.loads(line) for line in f]
+    if records:
+        _report(c, records, args.json)
+    return code
+
+
+def run_as_rank(c, info, args) -> int:
+    from ..bench.watchdog import Watchdog
+    from ..workloads.objects import run_objects
+    backend = start_backend(c["backend"], c["device"], info, c["timeout"])
+    device = backend.device_for(info, c["device"])
+    watchdog = Watchdog(c["timeout"], info.rank)
+    try:
+        rows = run_objects(backend, info.rank, info.world_size, device, c["warmup"], c["iters"], watchdog)
+        watchdog.step("finishing")
+        backend.barrier()
+    except WirespeedError:
+        raise
+    except Exception as e:
+        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
+    finally:
+        watchdog.close()
+    wrong = sum(r["wrong"] for r in rows)
+    if info.rank == 0:
+        from ..envinfo import record_env
+        env = record_env()
+        records = [{"schema": "wirespeed.objects/1", "run_id": time.strftime("%Y%m%d-%H%M%S"),
+                    "backend": c["backend"], "device": c["device"], **r, "env": env} for r in rows]
+        if args.records_to:
+            with open(args.records_to, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        else:
+            _report(c, records, args.json)
+        if wrong:
+            sys.stderr.write(f"wirespeed: error: {wrong} wrong answers to 'is every rank done?'\n")
+    backend.shutdown()
+    return 1 if wrong else 0
+
+
+def _report(c, records, json_path) -> None:
+    from ..report.records import write_jsonl
+    print(f"# wirespeed objects: the 'is every rank done?' flag; backend {c['backend']}, device "
+          f"{c['device']}; {c['iters']} timed calls per method after {c['warmup']} warm-up; "
+          "time = median over calls of the slowest rank; every answer checked")
+    print(f"{'ranks':>5} {'all_gather_object(us)':>22} {'all_reduce(us)':>15} {'all_gather(us)':>15} "
+          f"{'speed-up ar':>12} {'speed-up ag':>12} {'#wrong':>7}")
+    for n in sorted({r["world_size"] for r in records}):
+        by = {r["method"]: r for r in records if r["world_size"] == n}
+        obj, ar, ag = by["all_gather_object"], by["all_reduce"], by["all_gather"]
+        for r, other in ((ar, obj), (ag, obj)):
+            r["speedup_vs_object"] = other["time_us"] / r["time_us"] if r["time_us"] else None
+        print(f"{n:>5} {obj['time_us']:>22.1f} {ar['time_us']:>15.1f} {ag['time_us']:>15.1f} "
+              f"{ar['speedup_vs_object']:>11.2f}x {ag['speedup_vs_object']:>11.2f}x "
+              f"{obj['wrong'] + ar['wrong'] + ag['wrong']:>7}")
+    print("# speed-up = all_gather_object's time / the tensor collective's time")
+    if json_path:
+        write_jsonl(json_path, records)
+    sys.stdout.flush()
