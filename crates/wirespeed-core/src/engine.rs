@@ -57,6 +57,7 @@ struct Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     worker: Option<JoinHandle<()>>,
+    wake_worker: bool,
 }
 
 /// How many finished outcomes are kept for late waits (an op older than that completed long ago).
@@ -123,7 +124,8 @@ impl Engine {
             .name("wirespeed-worker".into())
             .spawn(move || worker_loop(&s))
             .expect("spawning the wirespeed worker thread");
-        Engine { shared, worker: Some(worker) }
+        let wake_worker = std::env::var("WIRESPEED_WORKER").map(|v| v != "0").unwrap_or(true);
+        Engine { shared, worker: Some(worker), wake_worker }
     }
 
     pub fn rank(&self) -> usize {
@@ -139,7 +141,9 @@ impl Engine {
             st.queue.push_back((id, op));
             id
         };
-        self.shared.work.notify_one();
+        if self.wake_worker {
+            self.shared.work.notify_one();
+        }
         id
     }
 

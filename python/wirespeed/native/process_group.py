@@ -21,10 +21,15 @@ _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64:
 _SUPPORTED = "float32, float16, bfloat16, float64, int8, uint8, int32, int64"
 _OPS = {dist.ReduceOp.SUM: 0, dist.ReduceOp.PRODUCT: 1, dist.ReduceOp.MIN: 2, dist.ReduceOp.MAX: 3,
         dist.ReduceOp.AVG: 4}
+# By the enum's integer value: hashing a ReduceOp object costs several microseconds here.
+_OP_VALUES = {op.op.value if hasattr(op, "op") else dist.ReduceOp(op).op.value: code for op, code in _OPS.items()}
 
 
 def _check(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.device.type != "cpu":
+    # Cheapest tests first: this runs on every call, and small-message latency is the product.
+    if t.is_cpu and t.layout == torch.strided and t.dtype in _DTYPES and t.is_contiguous():
+        return t
+    if not t.is_cpu:
         raise UnsupportedError(f"wirespeed: {what} is on {t.device}; the wirespeed backend handles CPU "
                                "tensors only (use nccl for GPU tensors, or a 'cpu:wirespeed,cuda:nccl' backend)")
     if t.layout != torch.strided:
@@ -42,7 +47,7 @@ def _buf(t: torch.Tensor) -> tuple[int, int]:
 
 def _op(opts) -> int:
     op = opts.reduceOp
-    code = _OPS.get(op)
+    code = _OP_VALUES.get(op.op.value)
     if code is None:
         for k, v in _OPS.items():  # ReduceOp objects compare by value
             if op == k:
