@@ -1,0 +1,92 @@
+"""`wirespeed compare`: backends x dtypes x devices x world sizes side by side (see docs/compare.md).
+
+Each combination runs as its own `wirespeed bench` in fresh processes; the tables, summary and plots
+are renderings of the records, which `--from` rebuilds later from a saved run.
+"""
+from __future__ import annotations
+
+from ..errors import UsageError
+from .common import add
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="compare backends, dtypes, devices and world sizes side by side",
+                       description="Run `wirespeed bench` for every combination of backend, dtype, "
+                       "device and world size that exists here (listing the others with the reason), "
+                       "then print one table per collective, a summary of who wins where, and plots.")
+    add(p, "--backends", default=None,
+        help="comma list of backends (default: every registered one, and wirespeed)")
+    add(p, "--dtypes", default="float32,float16", help="comma list of dtypes")
+    add(p, "--devices", default="cpu,cuda", help="comma list of cpu, cuda")
+    add(p, "--nprocs", default="2,4,8", help="comma list of world sizes (local ranks)")
+    add(p, "-c", "--collective", default="all_reduce", help="comma list of collectives, or all")
+    add(p, "-o", "--op", default="sum", help="comma list of reduction ops")
+    add(p, "-b", "--minbytes", default="4K", help="smallest size")
+    add(p, "-e", "--maxbytes", default="64M", help="largest size")
+    add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
+    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    add(p, "-n", "--iters", default="20", help="timed iterations per size")
+    add(p, "-w", "--warmup-iters", default="5", help="untimed iterations per size")
+    add(p, "-T", "--timeout", default="300", help="seconds without progress before a run fails")
+    add(p, "--repeat", default="1",
+        help="run the whole matrix this many times, interleaved; report median and spread")
+    add(p, "--variant", default="best", choices=("best", "in-place", "out-of-place"),
+        help="which variant fills a cell (best: the faster one the backend has)")
+    add(p, "--json", default=None, help="write every record (JSON lines) here")
+    add(p, "--save-dir", default="runs", help="records, summary, plots and logs go to SAVE_DIR/compare-<time>/")
+    add(p, "--no-save", action="store_true", help="do not save under --save-dir")
+    add(p, "--plot-dir", default=None, help="write the plots here (default: the saved run's directory)")
+    p.add_argument("--from", dest="from_paths", nargs="+", default=None, metavar="RUNDIR",
+                   help="rebuild tables, summary and plots from saved records instead of running")
+    p.set_defaults(func=main)
+
+
+def _int(text, flag, least):
+    try:
+        v = int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag} must be a whole number, got {text!r}") from None
+    if v < least:
+        raise UsageError(f"{flag} must be at least {least}, got {v}")
+    return v
+
+
+def config_from_args(args):
+    from ..backends.registry import BACKENDS
+    from ..bench.collectives import parse_collectives
+    from ..bench.dtypes import parse_dtypes, parse_ops
+    from ..compare.plan import PLANNED, CompareConfig, parse_nprocs, split_list
+    from ..sizes import parse_size, sweep
+    backends = split_list(args.backends, "--backends") if args.backends \
+        else list(dict.fromkeys([*BACKENDS, *PLANNED]))
+    dtypes = [d.name for d in parse_dtypes(args.dtypes)]
+    if args.sizes:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        if not sizes:
+            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M")
+    else:
+        try:
+            factor = float(args.stepfactor)
+        except ValueError:
+            raise UsageError(f"--stepfactor must be a number, got {args.stepfactor!r}") from None
+        sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor)
+    try:
+        timeout = float(args.timeout)
+    except ValueError:
+        raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}") from None
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return CompareConfig(
+        backends=backends, dtypes=dtypes, devices=split_list(args.devices, "--devices"),
+        nprocs=parse_nprocs(args.nprocs), collectives=[c.name for c in parse_collectives(args.collective)],
+        ops=parse_ops(args.op), sizes=sizes, iters=_int(args.iters, "--iters", 1),
+        warmup_iters=_int(args.warmup_iters, "--warmup-iters", 0), timeout_s=timeout,
+        repeat=_int(args.repeat, "--repeat", 1), variant=args.variant, json_path=args.json,
+        save_dir=None if args.no_save else args.save_dir, plot_dir=args.plot_dir)
+
+
+def main(args, argv) -> int:
+    from ..compare.session import rebuild, run_compare
+    if args.from_paths:
+        return rebuild(args.from_paths, args.variant, args.plot_dir)
+    return run_compare(config_from_args(args))

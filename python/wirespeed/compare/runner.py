@@ -1,0 +1,100 @@
+"""Run the matrix: every combination is one `wirespeed bench` in fresh processes, so no backend
+inherits another's threads, caches or sockets, and every figure comes from the same harness, checks
+and statistics as `bench`. With --repeat the whole matrix runs again in the same order (A B C A B C),
+so slow drift of a noisy machine spreads over every combination instead of favouring one.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..report.records import read_records
+from .plan import Combo, CompareConfig, Plan
+
+
+@dataclass
+class Outcome:
+    records: list[dict] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)   # (what, why)
+    # Combinations that ran but gave no figure for a collective: the backend said n/a to all of it.
+    empty: list[tuple[str, str]] = field(default_factory=list)
+
+
+def bench_argv(combo: Combo, cfg: CompareConfig, json_path: str) -> list[str]:
+    """The `wirespeed bench` command line of one combination (sizes explicit, so all get the same)."""
+    return ["bench", "--backend", combo.backend, "--device", combo.device, "-d", combo.dtype,
+            "-N", str(combo.nproc), "-c", ",".join(cfg.collectives), "-o", ",".join(cfg.ops),
+            "--sizes", ",".join(str(s) for s in cfg.sizes), "-n", str(cfg.iters),
+            "-w", str(cfg.warmup_iters), "-T", f"{cfg.timeout_s:g}", "--json", json_path,
+            "--no-save", "--no-progress"]
+
+
+def child_env() -> dict:
+    """This environment without WIRESPEED_* twins: compare's own settings must not leak into the
+    benches as, say, WIRESPEED_PLOT or WIRESPEED_DTYPE (every bench flag that matters is explicit)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("WIRESPEED_")}
+
+
+def _why(stderr: str, code: int) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("wirespeed: error:")]
+    if errors:
+        return errors[0][len("wirespeed: error:"):].strip()
+    return (lines[-1] if lines else f"exited with code {code}")[:300]
+
+
+def run_one(combo: Combo, cfg: CompareConfig, workdir: Path, log_path: Path | None) -> tuple[list[dict], str | None]:
+    """Run one combination; (records, None) on success, (records so far, why) when it failed."""
+    json_path = workdir / f"{combo.backend}-{combo.device}-{combo.dtype}-n{combo.nproc}.jsonl"
+    if json_path.exists():
+        json_path.unlink()
+    cmd = [sys.executable, "-m", "wirespeed.cli.main", *bench_argv(combo, cfg, str(json_path))]
+    proc = subprocess.run(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, errors="replace")
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(f"$ {' '.join(cmd)}\n# exit code {proc.returncode}\n{proc.stdout}\n"
+                            f"# stderr\n{proc.stderr}")
+    records = read_records(json_path) if json_path.exists() else []
+    if proc.returncode == 0:
+        return records, None
+    return records, _why(proc.stderr, proc.returncode)
+
+
+def run_matrix(plan: Plan, cfg: CompareConfig, compare_id: str, log_dir: Path | None,
+               say: Callable[[str], None] = print) -> Outcome:
+    out = Outcome()
+    total = len(plan.runs) * cfg.repeat
+    step = 0
+    with tempfile.TemporaryDirectory(prefix="wirespeed-compare-") as tmp:
+        for rep in range(cfg.repeat):
+            for combo in plan.runs:
+                step += 1
+                tag = f"{combo.label()}" + (f" (repeat {rep + 1} of {cfg.repeat})" if cfg.repeat > 1 else "")
+                t0 = time.monotonic()
+                log = log_dir / f"{combo.backend}-{combo.device}-{combo.dtype}-n{combo.nproc}-r{rep}.log" \
+                    if log_dir else None
+                records, why = run_one(combo, cfg, Path(tmp), log)
+                took = time.monotonic() - t0
+                for r in records:
+                    r["compare_id"] = compare_id
+                    r["repeat"] = rep
+                out.records.extend(records)
+                if why:
+                    out.failures.append((tag, why))
+                    say(f"[{step:>3}/{total}] {tag}: FAILED after {took:.1f} s: {why}")
+                    continue
+                say(f"[{step:>3}/{total}] {tag}: {len(records)} results in {took:.1f} s")
+                if rep == 0:
+                    got = {r["collective"] for r in records}
+                    for c in cfg.collectives:
+                        if c not in got:
+                            out.empty.append((combo.label(), f"no {c} results: the backend has no "
+                                              f"{c} for {combo.dtype} (every case was n/a)"))
+    return out
