@@ -1,0 +1,54 @@
+//! Throughput of the reduction kernel and of the copy routines on this machine.
+//!     cargo run --release --example kernels
+use std::time::Instant;
+use wirespeed_core::{reduce::reduce_many, sys, DType, ReduceOp};
+
+fn main() {
+    let n = 8 << 20; // floats (32 MiB)
+    let a = vec![1.0f32; n];
+    let mut b = vec![2.0f32; n];
+    let mut c = vec![0.0f32; n];
+    for dt in [DType::F32, DType::BF16] {
+        let cnt = n * 4 / dt.size();
+        let t = Instant::now();
+        for _ in 0..5 {
+            unsafe { reduce_many(b.as_mut_ptr() as *mut u8, &[a.as_ptr() as *const u8, b.as_ptr() as *const u8], cnt, dt, ReduceOp::Sum, 2) };
+        }
+        let s = t.elapsed().as_secs_f64() / 5.0;
+        println!("reduce {:?} 2 srcs over 32 MiB: {:.2} GB/s (of output)", dt, (n * 4) as f64 / s / 1e9);
+    }
+    // In-cache blocks, as the large-message path uses them.
+    let blk = 16 << 10;
+    let t = Instant::now();
+    for _ in 0..5 {
+        for off in (0..n).step_by(blk) {
+            unsafe {
+                reduce_many(b.as_mut_ptr().add(off) as *mut u8, &[a.as_ptr().add(off) as *const u8, b.as_ptr().add(off) as *const u8], blk, DType::F32, ReduceOp::Sum, 2)
+            };
+        }
+    }
+    println!("reduce f32 in 64 KiB blocks: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
+    let t = Instant::now();
+    for _ in 0..5 {
+        unsafe { std::ptr::copy_nonoverlapping(a.as_ptr(), c.as_mut_ptr(), n) };
+    }
+    println!("memcpy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
+    let t = Instant::now();
+    for _ in 0..5 {
+        unsafe { sys::copy(c.as_mut_ptr() as *mut u8, a.as_ptr() as *const u8, n * 4) };
+    }
+    println!("nt copy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
+    let pid = sys::getpid();
+    let t = Instant::now();
+    for _ in 0..5 {
+        sys::read_peer(pid, a.as_ptr() as u64, c.as_mut_ptr() as *mut u8, n * 4).unwrap();
+    }
+    println!("process_vm_readv 32 MiB (self): {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
+    let t = Instant::now();
+    for _ in 0..5 {
+        for off in (0..n).step_by(blk) {
+            sys::read_peer(pid, a.as_ptr() as u64 + off as u64 * 4, unsafe { c.as_mut_ptr().add(off) } as *mut u8, blk * 4).unwrap();
+        }
+    }
+    println!("process_vm_readv in 64 KiB calls: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
+}
