@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -46,14 +47,31 @@ def cli(*args) -> list[str]:
     return [sys.executable, "-m", "wirespeed.cli.main", *map(str, args)]
 
 
-def run_here(capsys, *args) -> tuple[int, str, str]:
+def run_here(capture, *args) -> tuple[int, str, str]:
     """`wirespeed ARGS` in this process (what the console script calls), for speed: a fresh
-    interpreter pays seconds of torch import per call on this 2-core machine."""
+    interpreter pays seconds of torch import per call on this 2-core machine. `capture` is
+    pytest's capsys, or capfd where ranks (child processes) print too."""
     from wirespeed.cli.main import main
-    capsys.readouterr()
+    capture.readouterr()
     try:
         code = main([str(a) for a in args])
     except SystemExit as e:
         code = e.code
-    out, err = capsys.readouterr()
+    out, err = capture.readouterr()
     return code, out, err
+
+
+def wait_for_text(path, text: str, proc, timeout: float) -> bool:
+    """Poll a file a background process writes until `text` shows up (False: it never did)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                if text in f.read():
+                    return True
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.2)
+    return False
