@@ -53,11 +53,11 @@ def test_batching_run(tmp_path):
 @pytest.mark.timeout(150)
 def test_objects_run(tmp_path):
     out = tmp_path / "o.jsonl"
-    p = wirespeed("objects", "-N", "2,3", "-w", "2", "-n", "20", "--json", out, "-T", "60", timeout=140)
+    p = wirespeed("objects", "-N", "1,2", "-w", "2", "-n", "20", "--json", out, "-T", "60", timeout=140)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = [json.loads(line) for line in open(out)]
     assert sorted((r["world_size"], r["method"]) for r in recs) == sorted(
-        (n, m) for n in (2, 3) for m in ("all_gather_object", "all_reduce", "all_gather"))
+        (n, m) for n in (1, 2) for m in ("all_gather_object", "all_reduce", "all_gather"))
     assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["iters"] == 20 for r in recs)
     ar = [r for r in recs if r["method"] == "all_reduce"]
     assert all(r["speedup_vs_object"] > 0 for r in ar)

@@ -10,8 +10,8 @@ import sys
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, parse_num, resolve_backend,
-                              start_backend)
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks, parse_num,
+                              resolve_backend, start_backend)
 from ..sizes import format_size, parse_size
 from .common import add
 
@@ -98,15 +98,13 @@ def pick_total(text, c, ranks_here: int) -> int:
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
     c = _config(args)
-    info = rank_info()
+    info = rank_info(need_master=c["backend"] != "mpi")
     if info is None:
         from ..backends import create
-        from ..launch.local import spawn
         create(c["backend"], c["device"])
         check_local_gpus(c["nproc"], c["device"])
         total = pick_total(args.total, c, c["nproc"])
-        port = parse_num(args.master_port, "--master-port") if args.master_port is not None else None
-        return spawn([*argv, "--total", str(total)], c["nproc"], port)
+        return launch_ranks([*argv, "--total", str(total)], c["nproc"], c["backend"], args.master_port)
     local = os.environ.get("WIRESPEED_LOCAL_SPAWN") == "1"
     total = pick_total(args.total, c, 1 if local else info.local_world_size)
     return run_as_rank(c, info, total, args)

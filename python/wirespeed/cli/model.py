@@ -13,8 +13,8 @@ import tempfile
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, parse_num, resolve_backend,
-                              start_backend)
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks, parse_num,
+                              resolve_backend, start_backend, uses_torch_distributed)
 from .common import add
 
 
@@ -112,7 +112,7 @@ def main(args, argv) -> int:
     if args.list:
         return list_models()
     cfg = config_from_args(args)
-    info = rank_info()
+    info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
         return launch_local(cfg, args, argv)
     return run_as_rank(cfg, info, resolve_shapes(args))
@@ -133,19 +133,20 @@ def _check_memory(shapes, cfg, ranks_here: int) -> None:
 
 def launch_local(cfg, args, argv) -> int:
     from ..backends import create
-    from ..launch.local import spawn
     from ..workloads.runner import validate
-    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_local_gpus(cfg.nproc, cfg.device)
     validate(cfg, cfg.nproc)
+    if cfg.overlap and not uses_torch_distributed(adapter):
+        raise UsageError(f"--overlap needs asynchronous collectives (torch.distributed's async_op), "
+                         f"which --backend {cfg.backend} lacks: use gloo, nccl or wirespeed")
     shapes = resolve_shapes(args)
     _check_memory(shapes, cfg, cfg.nproc)
-    port = parse_num(args.master_port, "--master-port") if args.master_port is not None else None
     fd, path = tempfile.mkstemp(prefix="wirespeed-shapes-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(shapes.to_json(), f)
-        return spawn([*argv, "--resolved-shapes", path], cfg.nproc, port)
+        return launch_ranks([*argv, "--resolved-shapes", path], cfg.nproc, cfg.backend, args.master_port)
     finally:
         os.unlink(path)
 

@@ -14,7 +14,8 @@ import tempfile
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import check_local_gpus, first_line, parse_num, resolve_backend, start_backend
+from ..launch.rankjob import (check_local_gpus, first_line, launch_ranks, parse_num, resolve_backend,
+                              start_backend, uses_torch_distributed)
 from .common import add
 
 
@@ -59,16 +60,17 @@ def main(args, argv) -> int:
     if info is not None:
         return run_as_rank(c, info, args)
     from ..backends import create
-    from ..launch.local import spawn
-    create(c["backend"], c["device"])
+    if not uses_torch_distributed(create(c["backend"], c["device"])):
+        raise UsageError(f"objects compares with torch.distributed's all_gather_object, which "
+                         f"--backend {c['backend']} lacks: use gloo, nccl or wirespeed")
     for n in c["worlds"]:
         check_local_gpus(n, c["device"])
-    port = parse_num(args.master_port, "--master-port") if args.master_port is not None else None
     records, code = [], 0
     with tempfile.TemporaryDirectory(prefix="wirespeed-objects-") as tmp:
         for n in c["worlds"]:
             path = os.path.join(tmp, f"{n}.jsonl")
-            code = spawn([*argv, "-N", str(n), "--records-to", path], n, port)
+            code = launch_ranks([*argv, "-N", str(n), "--records-to", path], n, c["backend"],
+                                args.master_port)
             if code != 0:
                 break
             with open(path) as f:

@@ -68,3 +68,20 @@ def resolve_backend(backend: str | None, device: str | None) -> tuple[str, str]:
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
     return backend, device or BACKENDS[backend].devices[0]
+
+
+def launch_ranks(argv: list[str], nproc: int, backend: str, master_port_text) -> int:
+    """Start nproc local ranks of `wirespeed <argv>`: under mpirun for the MPI backend (its ranks
+    rendezvous through MPI), else wirespeed's own spawner with torchrun's environment."""
+    if backend == "mpi":
+        from ..backends.mpi import launch_mpirun
+        return launch_mpirun(argv, nproc)
+    from .local import spawn
+    port = parse_num(master_port_text, "--master-port") if master_port_text is not None else None
+    return spawn(argv, nproc, port)
+
+
+def uses_torch_distributed(adapter) -> bool:
+    """True for adapters that run on a torch.distributed process group (async ops, objects, p2p)."""
+    from ..backends.torch_dist import TorchDistBackend
+    return isinstance(adapter, TorchDistBackend)
