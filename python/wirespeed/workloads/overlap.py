@@ -27,7 +27,7 @@ from .strategies import StepState
 
 UNIT_N = 128          # a compute unit is one UNIT_N x UNIT_N matrix product
 CALIBRATE_REPS = 5
-CALIBRATE_ROUNDS = 2
+CALIBRATE_ROUNDS = 3
 
 
 class Compute:
@@ -110,7 +110,8 @@ def run_overlap(backend, info, plan, cfg, device: str, watchdog) -> dict:
     # A unit measured alone runs slower or faster among busy ranks: rescale until the whole
     # computation takes as long as the whole communication (the slowest rank's of each).
     for _ in range(CALIBRATE_ROUNDS):
-        t_comm, t_comp = _timed(backend, comm_only), _timed(backend, compute_only)
+        t_comm = _median([_timed(backend, comm_only) for _ in range(3)])
+        t_comp = _median([_timed(backend, compute_only) for _ in range(3)])
         rows = backend.allgather_floats([t_comm, t_comp])
         ratio = max(r[0] for r in rows) / max(max(r[1] for r in rows), 1e-9)
         units = [max(1, round(u * ratio)) for u in units]
