@@ -33,7 +33,7 @@ def leftovers_of(name: str) -> list[str]:
     from wirespeed.netem import cluster as C
     found = C.leftovers(name)
     found += [p for p in (os.path.join(C.ETC_NETNS, f"{C.ns_prefix(name)}h0"),
-                          C.shm_dir(f"{C.ns_prefix(name)}h0"), C.state_path(name)) if os.path.exists(p)]
+                          C.shm_root(name), C.state_path(name)) if os.path.exists(p)]
     return found
 
 

@@ -15,8 +15,8 @@ every host, so peers resolve each other's addresses as on a real cluster.
 A rank on an emulated host should look as if it were on its own machine, not only on its own
 network: `exec_prefix` starts it inside the host's network namespace (`ip netns exec`), in its own
 UTS namespace with the host's name as hostname (libraries that decide "same machine, use shared
-memory" by hostname then keep to the links), and with /dev/shm bound to a per-host directory, so
-hosts do not share memory files and `down` removes whatever ranks left there.
+memory" by hostname then keep to the links), and with /dev/shm bound to a per-host directory of the
+cluster's own tmpfs, so hosts do not share memory files and `down` removes whatever ranks left.
 
 State lives in /run/wirespeed/cluster-NAME.json (tmpfs: it goes with the namespaces on reboot). Every
 namespace carries the `wsnet-NAME-` prefix, so a cluster left by a killed run is found by name alone,
@@ -54,11 +54,49 @@ class Host:
     addr: str
 
 
-SHM_ROOT = "/dev/shm"
+def shm_root(name: str) -> str:
+    """The cluster's own tmpfs, holding one /dev/shm directory per host. Not a directory of the
+    real /dev/shm: a host's ranks see their own directory bound over /dev/shm, and a host process
+    that starts a process on another host (mpirun's agent) must still reach that host's."""
+    return os.path.join(STATE_DIR, f"shm-{name}")
 
 
 def shm_dir(netns: str) -> str:
-    return os.path.join(SHM_ROOT, netns)
+    name = netns[len(PREFIX):].rsplit("-", 1)[0]
+    return os.path.join(shm_root(name), netns)
+
+
+def _mounted(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4] == path for line in f)
+    except OSError:
+        return False
+
+
+def _mount_shm(name: str) -> None:
+    root = shm_root(name)
+    os.makedirs(root, exist_ok=True)
+    if not _mounted(root):
+        run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=50%", f"wirespeed-shm-{name}", root])
+
+
+def _shm_mounts() -> set[str]:
+    """Names of the clusters whose tmpfs is mounted (up, or left by a killed run)."""
+    pre = shm_root("")
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return {line.split()[4][len(pre):] for line in f if line.split()[4].startswith(pre)}
+    except OSError:
+        return set()
+
+
+def _unmount_shm(name: str) -> None:
+    root = shm_root(name)
+    while _mounted(root):
+        run(["umount", "-l", root])
+    if os.path.isdir(root):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def exec_prefix(netns: str) -> list[str]:
@@ -157,7 +195,8 @@ def down(name: str = DEFAULT_NAME, *, all_clusters: bool = False) -> list[str]:
                              f"`ip netns delete {ns}`")
     for ns in names:
         shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
-        shutil.rmtree(shm_dir(ns), ignore_errors=True)
+    for n in (_shm_mounts() | {name} if all_clusters else {name}):
+        _unmount_shm(n)
     for p in ([state_path(name)] if not all_clusters else
               [os.path.join(STATE_DIR, f) for f in _state_files()]):
         try:
@@ -232,6 +271,7 @@ def _save(c: Cluster) -> None:
 
 def _build(c: Cluster) -> None:
     sw = c.switch_ns
+    _mount_shm(c.name)
     run(["ip", "netns", "add", sw])
     run(["ip", "-n", sw, "link", "set", "lo", "up"])
     run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
