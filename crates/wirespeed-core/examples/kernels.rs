@@ -41,13 +41,13 @@ fn main() {
     let pid = sys::getpid();
     let t = Instant::now();
     for _ in 0..5 {
-        sys::read_peer(pid, a.as_ptr() as u64, c.as_mut_ptr() as *mut u8, n * 4).unwrap();
+        unsafe { sys::read_peer(pid, a.as_ptr() as u64, c.as_mut_ptr() as *mut u8, n * 4) }.unwrap();
     }
     println!("process_vm_readv 32 MiB (self): {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
         for off in (0..n).step_by(blk) {
-            sys::read_peer(pid, a.as_ptr() as u64 + off as u64 * 4, unsafe { c.as_mut_ptr().add(off) } as *mut u8, blk * 4).unwrap();
+            unsafe { sys::read_peer(pid, a.as_ptr() as u64 + off as u64 * 4, c.as_mut_ptr().add(off) as *mut u8, blk * 4) }.unwrap();
         }
     }
     println!("process_vm_readv in 64 KiB calls: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);

@@ -190,7 +190,10 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
 
 /// Copy `len` bytes at `remote` in process `pid` to `local`. Err(errno) on failure; ESRCH means the
 /// peer is gone.
-pub fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> std::result::Result<(), i32> {
+///
+/// # Safety
+/// `local` must be valid for writes of `len` bytes (the remote side is checked by the kernel).
+pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> std::result::Result<(), i32> {
     let mut done = 0usize;
     while done < len {
         let liov = libc::iovec { iov_base: unsafe { local.add(done) } as *mut libc::c_void, iov_len: len - done };

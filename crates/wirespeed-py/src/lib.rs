@@ -1,4 +1,6 @@
-#![allow(unexpected_cfgs)] // pyo3 0.22 macros test a `gil-refs` feature this crate does not define
+// pyo3 0.22's macros test a `gil-refs` feature this crate does not define, and expand to unsafe
+// calls inside unsafe fns, which the workspace lint flags: both are the macros', not ours.
+#![allow(unexpected_cfgs, unsafe_op_in_unsafe_fn)]
 //! `wirespeed._native`: thin pyo3 bindings over wirespeed-core. Logic lives in the core; this crate
 //! only converts types, maps each core error to its own Python exception, and releases the GIL
 //! around anything that waits.
