@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from netem_util import needs_netns, run_here
+from netem_util import needs_netns, netns_processes, run_here
 
 pytestmark = [pytest.mark.netns, needs_netns]
 
@@ -66,3 +66,34 @@ def test_all_reduce_busbw_sits_just_under_the_link_at_two_rates(capfd, cluster_n
             seen[(rate_mbit, world)] = _check_band(_records(out), world, rate_mbit / 1000)
     print("busbw/link by (Mbit/s, ranks):", seen)
 
+
+
+def _link_bytes(netns: str) -> int:
+    import subprocess
+    out = subprocess.run(["tc", "-n", netns, "-s", "qdisc", "show", "dev", "ws0"], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split("Sent ")[1].split()[0])
+
+
+@pytest.mark.timeout(120)
+def test_mpi_ranks_run_on_their_hosts_and_cross_the_links(capfd, cluster_name, tmp_path):
+    """mpirun goes into host 0 and reaches host 1 through its rsh agent; the data crosses ws0."""
+    from wirespeed.backends.mpi import missing
+    from wirespeed.netem import cluster as C
+    if missing():
+        pytest.skip(missing())
+    C.up(2, 400 * 10**6, name=cluster_name, measure=False)
+    before = _link_bytes(C.host_ns(cluster_name, 1))
+    out = tmp_path / "mpi.jsonl"
+    code, text, err = run_here(capfd, "bench", "--cluster", cluster_name, "--backend", "mpi", "-N", 2,
+                               "--sizes", "2M", "-n", 3, "-w", 1, "--timeout", 60, "--no-save",
+                               "--no-progress", "--json", out)
+    assert code == 0, err[-2000:]
+    for r in range(2):
+        assert f"Rank {r:3d} on {C.host_ns(cluster_name, r)}" in text
+    records = _records(out)
+    assert records and all(r["wrong"] == 0 and r["backend"] == "mpi" for r in records)
+    assert all(r["busbw_gbps"] * 8 / 0.4 <= GOODPUT + 0.01 for r in records)
+    # 5 all_reduces of 2 MB at least: each sends half the buffer each way over the link.
+    assert _link_bytes(C.host_ns(cluster_name, 1)) - before >= 5 * (1 << 20)
+    assert netns_processes(cluster_name) == {}  # mpirun's daemons ended with the job

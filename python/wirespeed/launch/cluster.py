@@ -65,25 +65,31 @@ def free_port_in(netns: str, addr: str) -> int:
     return box["value"]
 
 
+def cluster_env(cluster: C.Cluster, base=None) -> dict:
+    """What every rank on the cluster gets, whoever starts it: the links' interface for every
+    library, and the link rates for the records."""
+    env = dict(os.environ if base is None else base)
+    env.update(WIRESPEED_LOCAL_SPAWN="1", WIRESPEED_CLUSTER=cluster.name,
+               WIRESPEED_LINK_RATE_BPS=str(cluster.rate_bps),
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    if cluster.flow_rate_bps:
+        env["WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
+    for var in IFNAME_VARS:
+        env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
+    return env
+
+
 def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=None) -> list[dict]:
-    base = dict(os.environ if base is None else base)
+    common = cluster_env(cluster, base)
     world = len(hosts_of)
     master = cluster.hosts[hosts_of[0]]
     envs = []
     for r, h in enumerate(hosts_of):
-        host = cluster.hosts[h]
         peers = [q for q, hq in enumerate(hosts_of) if hq == h]
-        env = dict(base)
+        env = dict(common)
         env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(peers.index(r)),
                    LOCAL_WORLD_SIZE=str(len(peers)), MASTER_ADDR=master.addr,
-                   MASTER_PORT=str(master_port), WIRESPEED_LOCAL_SPAWN="1",
-                   WIRESPEED_CLUSTER=cluster.name, WIRESPEED_CLUSTER_HOST=f"h{h}",
-                   WIRESPEED_LINK_RATE_BPS=str(cluster.rate_bps),
-                   OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"))
-        if cluster.flow_rate_bps:
-            env["WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
-        for var in IFNAME_VARS:
-            env[var] = host.ifname
+                   MASTER_PORT=str(master_port), WIRESPEED_CLUSTER_HOST=f"h{h}")
         envs.append(env)
     return envs
 
@@ -100,15 +106,16 @@ def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = N
     from ..netem.ns import require_admin
     require_admin("running ranks on the emulated cluster")
     cluster = C.require(C.check_name(name))
-    if backend == "mpi":
-        raise UsageError("--cluster with --backend mpi is not supported yet (mpirun would have to "
-                         "start inside the namespaces); use gloo, or `wirespeed launch` per host")
     hosts_of = placement(nproc, len(cluster.hosts), ranks_per_host)
-    port = master_port or free_port_in(cluster.hosts[hosts_of[0]].netns, cluster.hosts[hosts_of[0]].addr)
-    envs = rank_envs(cluster, hosts_of, port)
     print(f"# emulated cluster {cluster.name!r}: "
           + ", ".join(f"rank {r} on h{h} {cluster.hosts[h].addr}" for r, h in enumerate(hosts_of)),
           flush=True)
+    if backend == "mpi":  # Open MPI starts its own ranks: mpirun itself goes into the cluster
+        from .cluster_mpi import spawn_mpi_on_cluster
+        return spawn_mpi_on_cluster(cluster, argv, hosts_of, ranks_per_host is None,
+                                    cluster_env(cluster))
+    port = master_port or free_port_in(cluster.hosts[hosts_of[0]].netns, cluster.hosts[hosts_of[0]].addr)
+    envs = rank_envs(cluster, hosts_of, port)
     procs = [subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
              for cmd, env in zip(rank_commands(cluster, hosts_of, argv), envs)]
     return supervise(procs)

@@ -153,6 +153,11 @@ def state_path(name: str) -> str:
     return os.path.join(STATE_DIR, f"cluster-{name}.json")
 
 
+def agent_path(name: str) -> str:
+    """Where launch.cluster_mpi writes Open MPI's rsh agent for this cluster."""
+    return os.path.join(STATE_DIR, f"rsh-agent-{name}")
+
+
 def load(name: str = DEFAULT_NAME) -> Cluster | None:
     """The cluster of this name if it is up (state file and every namespace present), else None."""
     try:
@@ -197,8 +202,8 @@ def down(name: str = DEFAULT_NAME, *, all_clusters: bool = False) -> list[str]:
         shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
     for n in (_shm_mounts() | {name} if all_clusters else {name}):
         _unmount_shm(n)
-    for p in ([state_path(name)] if not all_clusters else
-              [os.path.join(STATE_DIR, f) for f in _state_files()]):
+    gone = [name] if not all_clusters else cluster_names() + [name]
+    for p in [state_path(n) for n in gone] + [agent_path(n) for n in gone]:
         try:
             os.unlink(p)
         except FileNotFoundError:
