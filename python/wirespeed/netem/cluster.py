@@ -18,7 +18,8 @@ UTS namespace with the host's name as hostname (libraries that decide "same mach
 memory" by hostname then keep to the links), and with /dev/shm bound to a per-host directory of the
 cluster's own tmpfs, so hosts do not share memory files and `down` removes whatever ranks left.
 
-State lives in /run/wirespeed/cluster-NAME.json (tmpfs: it goes with the namespaces on reboot). Every
+State lives in /run/wirespeed/cluster-NAME.json; a state file whose namespaces are gone (a reboot
+where /run is not a tmpfs) counts as no cluster. Every
 namespace carries the `wsnet-NAME-` prefix, so a cluster left by a killed run is found by name alone,
 with or without its state file, and `up`/`down` remove it.
 """
