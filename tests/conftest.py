@@ -1,29 +1,8 @@
-"""Shared test helpers: run the real CLI in subprocesses, and find processes a test started."""
-from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+"""Puts tests/ on sys.path (pytest's prepend mode does that for a conftest's folder), so every test
+module can `from wsutil import wirespeed`; `run_cli` is the same helper as a fixture."""
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
-
-
-def wirespeed(*args, timeout=120, env=None, check=False) -> subprocess.CompletedProcess:
-    """Run `wirespeed ARGS` as a user would, capturing output."""
-    full_env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-              "PMI_RANK", "SLURM_PROCID", "WIRESPEED_LOCAL_SPAWN"):
-        full_env.pop(k, None)
-    full_env.update(env or {})
-    p = subprocess.run([sys.executable, "-m", "wirespeed.cli.main", *map(str, args)], capture_output=True,
-                       text=True, timeout=timeout, env=full_env, cwd=ROOT)
-    if check and p.returncode != 0:
-        raise AssertionError(f"wirespeed {' '.join(map(str, args))} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-    return p
+from wsutil import wirespeed
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from conftest import wirespeed
+from wsutil import wirespeed
 
 
 def _one_line_error(p, *needles):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import wirespeed
+from wsutil import wirespeed
 
 
 @pytest.mark.timeout(60)

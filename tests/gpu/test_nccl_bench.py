@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
 
-from conftest import wirespeed  # noqa: E402
+from wsutil import wirespeed  # noqa: E402
 
 
 @pytest.mark.timeout(300)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from wsutil import ROOT
 
 
 def _children_of(pid):

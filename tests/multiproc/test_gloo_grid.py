@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import wirespeed
+from wsutil import wirespeed
 from wirespeed.bench.dtypes import DTYPES, OPS
 
 IN_PLACE_ONLY = {"all_reduce", "broadcast", "reduce"}       # torch.distributed's API has no other form

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, VENV_BIN
+from wsutil import ROOT, VENV_BIN
 from wirespeed.launch.environment import free_port
 
 

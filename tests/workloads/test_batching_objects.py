@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import wirespeed
+from wsutil import wirespeed
 from wirespeed.workloads.batching import chunk_views, fit_latency_bandwidth
 from wirespeed.workloads.objects import done_flag, every_rank_done
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import wirespeed
+from wsutil import wirespeed
 
 SHAPES = "conv: 64x3x7x7\nbn: 64\nbn.b: 64\nblock: 128x64x3x3\nfc: 10x2048\nfc.b: 10\n"
 
