@@ -90,3 +90,10 @@ def test_usage_errors(args, needle, capsys, monkeypatch):
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("wirespeed: error:") and needle in lines[0], err
+
+
+def test_list_prints_every_model(capsys):
+    from wirespeed.cli.main import main
+    assert main(["model", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet50" in out and "25,557,032" in out and "6,738,415,616" in out
