@@ -102,7 +102,7 @@ def main(args, argv) -> int:
     if info is None:
         from ..backends import create
         create(c["backend"], c["device"])
-        check_local_gpus(c["nproc"], c["device"])
+        check_local_gpus(c["nproc"], c["backend"])
         total = pick_total(args.total, c, c["nproc"])
         return launch_ranks([*argv, "--total", str(total)], c["nproc"], c["backend"], args.master_port)
     local = os.environ.get("WIRESPEED_LOCAL_SPAWN") == "1"

@@ -13,6 +13,8 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import parse_size, sweep
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks, parse_num,
+                              resolve_backend, start_backend)
 from .common import add, positive_int
 
 
@@ -53,19 +55,7 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def _num(text, name, conv=int):
-    try:
-        v = conv(text)
-    except (TypeError, ValueError):
-        raise UsageError(f"{name} must be a number, got {text!r}") from None
-    if v < 0:
-        raise UsageError(f"{name} must not be negative, got {text!r}")
-    return v
-
-
 def config_from_args(args) -> BenchConfig:
-    from ..backends import default_backend
-    from ..backends.registry import BACKENDS
     colls = [c.name for c in parse_collectives(args.collective)]
     dtypes = [d.name for d in parse_dtypes(args.dtype)]
     ops = parse_ops(args.op)
@@ -76,39 +66,21 @@ def config_from_args(args) -> BenchConfig:
     else:
         step = parse_size(args.stepbytes) if args.stepbytes else None
         sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes),
-                      _num(args.stepfactor, "--stepfactor", float), step)
-    backend, device = args.backend, args.device
-    if backend is None:
-        backend, default_device = ("nccl", "cuda") if device == "cuda" else default_backend()
-        device = device or default_device
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    device = device or BACKENDS[backend].devices[0]
-    iters = _num(args.iters, "--iters")
+                      parse_num(args.stepfactor, "--stepfactor", float), step)
+    backend, device = resolve_backend(args.backend, args.device)
+    iters = parse_num(args.iters, "--iters")
     if iters < 1:
         raise UsageError("--iters must be at least 1")
-    timeout = _num(args.timeout, "--timeout", float)
+    timeout = parse_num(args.timeout, "--timeout", float)
     if timeout <= 0:
         raise UsageError("--timeout must be positive")
     return BenchConfig(collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
-                       warmup_iters=_num(args.warmup_iters, "--warmup-iters"), iters=iters,
-                       backend=backend, device=device, nproc=_default_nproc(args.nproc, device),
-                       root=_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
+                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
+                       backend=backend, device=device, nproc=default_nproc(args.nproc, device),
+                       root=parse_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
                        format=args.format, json_path=args.json, csv_path=args.csv,
                        plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
                        progress=not args.no_progress)
-
-
-def _default_nproc(text, device) -> int:
-    if text is not None:
-        n = _num(text, "--nproc")
-        if n < 1:
-            raise UsageError("--nproc must be at least 1")
-        return n
-    if device == "cuda":
-        import torch
-        return max(torch.cuda.device_count(), 1)
-    return max(2, min(os.cpu_count() or 2, 4))
 
 
 def main(args, argv) -> int:
@@ -130,25 +102,16 @@ def _validate_for_world(cfg: BenchConfig, world: int) -> None:
 
 def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_host=None) -> int:
     from ..backends import create
-    from ..launch.local import spawn
     from ..launch.memory import check_fits
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
-    if cfg.backend == "nccl":
-        import torch
-        if cfg.nproc > torch.cuda.device_count():
-            raise UsageError(f"-N {cfg.nproc} needs {cfg.nproc} GPUs but {torch.cuda.device_count()} "
-                             "are visible (NCCL needs one GPU per rank)")
+    check_local_gpus(cfg.nproc, cfg.backend)
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
     if cluster:
         from ..launch.cluster import spawn_on_cluster
-        port = _num(master_port, "--master-port") if master_port is not None else None
+        port = parse_num(master_port, "--master-port") if master_port is not None else None
         return spawn_on_cluster(argv, cfg.nproc, ranks_per_host, cluster, port, backend=cfg.backend)
-    if cfg.backend == "mpi":  # MPI ranks must be started by mpirun, which needs no port
-        from ..backends.mpi import launch_mpirun
-        return launch_mpirun(argv, cfg.nproc)
-    port = _num(master_port, "--master-port") if master_port is not None else None
-    return spawn(argv, cfg.nproc, port)
+    return launch_ranks(argv, cfg.nproc, cfg.backend, master_port)
 
 
 def _exchange_hosts(backend, world) -> list[str]:
@@ -160,7 +123,6 @@ def _exchange_hosts(backend, world) -> list[str]:
 
 def run_as_rank(cfg: BenchConfig, info) -> int:
     """One rank of the job: init the backend, run every case, and on rank 0 report."""
-    from ..backends import create
     from ..bench.harness import run_rank, steps
     from ..envinfo import record_env
     from ..launch.memory import check_fits
@@ -171,15 +133,8 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
                    cfg.device)
-    backend = create(cfg.backend, cfg.device)
+    backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
     device = backend.device_for(info, cfg.device)
-    try:
-        backend.init(info, cfg.device, cfg.timeout_s)
-    except WirespeedError:
-        raise
-    except Exception as e:  # the library's own error: say where it failed, in one line
-        raise WirespeedError(f"rank {info.rank}: {cfg.backend} could not start the job at "
-                             f"{info.master_addr}:{info.master_port}: {_first_line(e)}") from None
     lead = info.rank == 0
     records = []
     env = record_env() if lead else {}
@@ -201,7 +156,7 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         raise
     except Exception as e:
         progress.close()
-        raise WirespeedError(f"rank {info.rank}: {_first_line(e)}") from None
+        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
     finally:
         progress.close()
     if lead:
@@ -213,11 +168,6 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
                              "wrong data (see the #wrong column)\n")
         return 1
     return 0
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
 
 
 def _print_header(cfg, info, env) -> None:

@@ -135,7 +135,7 @@ def launch_local(cfg, args, argv) -> int:
     from ..backends import create
     from ..workloads.runner import validate
     adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
-    check_local_gpus(cfg.nproc, cfg.device)
+    check_local_gpus(cfg.nproc, cfg.backend)
     validate(cfg, cfg.nproc)
     if cfg.overlap and not uses_torch_distributed(adapter):
         raise UsageError(f"--overlap needs asynchronous collectives (torch.distributed's async_op), "

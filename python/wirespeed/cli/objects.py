@@ -64,7 +64,7 @@ def main(args, argv) -> int:
         raise UsageError(f"objects compares with torch.distributed's all_gather_object, which "
                          f"--backend {c['backend']} lacks: use gloo, nccl or wirespeed")
     for n in c["worlds"]:
-        check_local_gpus(n, c["device"])
+        check_local_gpus(n, c["backend"])
     records, code = [], 0
     with tempfile.TemporaryDirectory(prefix="wirespeed-objects-") as tmp:
         for n in c["worlds"]:

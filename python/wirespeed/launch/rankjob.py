@@ -50,8 +50,9 @@ def start_backend(name: str, device: str, info, timeout_s: float):
     return backend
 
 
-def check_local_gpus(nproc: int, device: str) -> None:
-    if device == "cuda":
+def check_local_gpus(nproc: int, backend: str) -> None:
+    """NCCL needs a GPU per rank; other backends may share one (gloo on CUDA tensors)."""
+    if backend == "nccl":
         import torch
         if nproc > torch.cuda.device_count():
             raise UsageError(f"-N {nproc} needs {nproc} GPUs but {torch.cuda.device_count()} "
