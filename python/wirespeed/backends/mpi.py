@@ -179,10 +179,7 @@ class MpiBackend(Backend):
         if op != "avg":
             return
         n = self._comm.Get_size()
-        if t.dtype.is_floating_point:
-            t.div_(n)
-        else:
-            t.copy_(torch.div(t, n, rounding_mode="trunc"))
+        t.div_(n, rounding_mode=None if t.dtype.is_floating_point else "trunc")
 
     @staticmethod
     def _aliases(send: torch.Tensor, recv: torch.Tensor) -> bool:

@@ -32,7 +32,7 @@ def _col_name(col) -> str:
 def _cell_text(cell: Cell | None, mark: str) -> str:
     if cell is None:
         return f"{'-':>{COL_W}}"
-    spread = f"±{cell.spread * 100:.0f}%" if cell.repeats > 1 else ""
+    spread = "" if cell.repeats < 2 else (f"±{cell.spread * 100:.0f}%" if cell.spread < 9.995 else ">999%")
     bw = f"WRONG:{cell.wrong}" if cell.wrong else ("-" if cell.busbw_gbps == 0 else f"{cell.busbw_gbps:.3f}")
     text = f"{fmt_time(cell.time_us):>9} {spread:>5} {bw:>8} {mark:<2}"
     return f"{text:>{COL_W}}"
