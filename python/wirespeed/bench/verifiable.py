@@ -107,6 +107,21 @@ def reduce_values(seeds, start: int, count: int, dt: DType, op: str, world: int,
     return to_dtype(acc, dt)
 
 
+def gathered_values(chunk: int, src_offset: int, off: int, n: int, dt: DType, world: int,
+                    device="cpu") -> torch.Tensor:
+    """Elements [off, off+n) of an output made of one `chunk`-element piece from each rank in rank
+    order, piece r being rank r's input from element `src_offset` on (all_gather: 0; all_to_all:
+    the receiver's own chunk of the sender's buffer)."""
+    parts = []
+    pos = off
+    while pos < off + n:
+        src, within = divmod(pos, chunk)
+        take = min(chunk - within, off + n - pos)
+        parts.append(rank_values(src, src_offset + within, take, dt, None, world, device))
+        pos += take
+    return to_dtype(torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device), dt)
+
+
 def fill(out: torch.Tensor, seed: int, start: int, dt: DType, op: str | None, world: int) -> None:
     """Write a rank's input for global elements [start, start+len(out)) into `out`, chunk by chunk."""
     n = out.numel()

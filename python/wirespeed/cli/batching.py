@@ -10,8 +10,8 @@ import sys
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks, parse_num,
-                              resolve_backend, start_backend)
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
+                              parse_iters_timeout, parse_num, resolve_backend, start_backend)
 from ..sizes import format_size, parse_size
 from .common import add
 
@@ -49,12 +49,7 @@ def _config(args):
         raise UsageError(f"--chunks must be a comma list of whole numbers, got {args.chunks!r}") from None
     if not chunks or min(chunks) < 1:
         raise UsageError("--chunks needs call counts of at least 1, e.g. 1,10,100,1000")
-    iters = parse_num(args.iters, "--iters")
-    if iters < 1:
-        raise UsageError("--iters must be at least 1")
-    timeout = parse_num(args.timeout, "--timeout", float)
-    if timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    iters, timeout = parse_iters_timeout(args)
     backend, device = resolve_backend(args.backend, args.device)
     return dict(dtype=dts[0], chunks=sorted(set(chunks)), backend=backend, device=device,
                 nproc=default_nproc(args.nproc, device), warmup=parse_num(args.warmup_iters,

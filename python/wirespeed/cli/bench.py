@@ -13,8 +13,8 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import parse_size, sweep
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks, parse_num,
-                              resolve_backend, start_backend)
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
+                              parse_iters_timeout, parse_num, resolve_backend, start_backend)
 from .common import add, positive_int
 
 
@@ -68,12 +68,7 @@ def config_from_args(args) -> BenchConfig:
         sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes),
                       parse_num(args.stepfactor, "--stepfactor", float), step)
     backend, device = resolve_backend(args.backend, args.device)
-    iters = parse_num(args.iters, "--iters")
-    if iters < 1:
-        raise UsageError("--iters must be at least 1")
-    timeout = parse_num(args.timeout, "--timeout", float)
-    if timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    iters, timeout = parse_iters_timeout(args)
     return BenchConfig(collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
                        warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                        backend=backend, device=device, nproc=default_nproc(args.nproc, device),

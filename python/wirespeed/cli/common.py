@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from ..errors import UsageError
 
@@ -33,7 +34,7 @@ class Parser(argparse.ArgumentParser):
         fail(UsageError(f"{message} (see `{self.prog} --help`)"))
 
 
-def fail(err: Exception) -> "NoReturn":  # noqa: F821
+def fail(err: Exception) -> NoReturn:
     code = getattr(err, "exit_code", 1)
     sys.stderr.write(f"wirespeed: error: {err}\n")
     sys.exit(code)

@@ -13,8 +13,9 @@ import tempfile
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks, parse_num,
-                              resolve_backend, start_backend, uses_torch_distributed)
+from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
+                              parse_iters_timeout, parse_num, resolve_backend, start_backend,
+                              uses_torch_distributed)
 from .common import add
 
 
@@ -61,12 +62,7 @@ def config_from_args(args):
                          "bfloat16 or float64")
     mode, nbytes = parse_bucket_mb(args.bucket_mb)
     backend, device = resolve_backend(args.backend, args.device)
-    iters = parse_num(args.iters, "--iters")
-    if iters < 1:
-        raise UsageError("--iters must be at least 1")
-    timeout = parse_num(args.timeout, "--timeout", float)
-    if timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    iters, timeout = parse_iters_timeout(args)
     servers = parse_num(args.servers, "--servers") if args.servers is not None else None
     if servers == 0:
         raise UsageError("--servers must be at least 1")

@@ -14,8 +14,8 @@ import tempfile
 import time
 
 from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, first_line, launch_ranks, parse_num, resolve_backend,
-                              start_backend, uses_torch_distributed)
+from ..launch.rankjob import (check_local_gpus, first_line, launch_ranks, parse_iters_timeout,
+                              parse_num, resolve_backend, start_backend, uses_torch_distributed)
 from .common import add
 
 
@@ -42,12 +42,7 @@ def _config(args):
         raise UsageError(f"-N must be a comma list of world sizes, got {args.nproc!r}") from None
     if not worlds or min(worlds) < 1:
         raise UsageError("-N needs world sizes of at least 1, e.g. -N 2,4")
-    iters = parse_num(args.iters, "--iters")
-    if iters < 1:
-        raise UsageError("--iters must be at least 1")
-    timeout = parse_num(args.timeout, "--timeout", float)
-    if timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    iters, timeout = parse_iters_timeout(args)
     backend, device = resolve_backend(args.backend, args.device)
     return dict(worlds=worlds, backend=backend, device=device, iters=iters, timeout=timeout,
                 warmup=parse_num(args.warmup_iters, "--warmup-iters"))

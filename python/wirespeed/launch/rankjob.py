@@ -18,6 +18,17 @@ def parse_num(text, name: str, conv=int):
     return v
 
 
+def parse_iters_timeout(args) -> tuple[int, float]:
+    """-n/--iters (at least 1) and -T/--timeout (positive), shared by every rank-running command."""
+    iters = parse_num(args.iters, "--iters")
+    if iters < 1:
+        raise UsageError("--iters must be at least 1")
+    timeout = parse_num(args.timeout, "--timeout", float)
+    if timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return iters, timeout
+
+
 def default_nproc(text, device: str) -> int:
     """-N as given, else one rank per GPU, else 2 to 4 CPU ranks."""
     if text is not None:

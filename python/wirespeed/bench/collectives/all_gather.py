@@ -1,6 +1,6 @@
 """all_gather: every rank ends with all ranks' chunks, rank order. Size column = the full output;
 busbw factor (n-1)/n. In place, each rank's input is its own slice of the output."""
-from ..verifiable import count_wrong, fill, rank_values, to_dtype
+from ..verifiable import count_wrong, fill, gathered_values
 from .base import Buffers, Collective, poison
 
 
@@ -29,20 +29,9 @@ class AllGather(Collective):
         backend.all_gather(bufs.send, bufs.recv)
 
     def wrong(self, case, bufs):
-        c = case.send_count
-
-        def expected(off, n):
-            import torch
-            parts = []
-            pos = off
-            while pos < off + n:
-                src, within = divmod(pos, c)
-                take = min(c - within, off + n - pos)
-                parts.append(rank_values(src, within, take, case.dtype, None, case.world, bufs.recv.device))
-                pos += take
-            return to_dtype(torch.cat(parts), case.dtype)
-
-        return count_wrong(bufs.recv, expected, case.dtype, None)
+        c, dev = case.send_count, bufs.recv.device
+        return count_wrong(bufs.recv, lambda off, n: gathered_values(
+            c, 0, off, n, case.dtype, case.world, dev), case.dtype, None)
 
 
 COLLECTIVE = AllGather()

@@ -1,6 +1,6 @@
 """all_to_all: rank r's chunk j goes to rank j, landing at chunk r. Size column = one rank's send
 buffer (count x n); busbw factor (n-1)/n, since 1/n of the data stays local."""
-from ..verifiable import count_wrong, fill, rank_values, to_dtype
+from ..verifiable import count_wrong, fill, gathered_values
 from .base import Collective, poison
 
 
@@ -23,22 +23,10 @@ class AllToAll(Collective):
         backend.all_to_all(bufs.send, bufs.recv)
 
     def wrong(self, case, bufs):
-        import torch
-        c = case.send_count // case.world  # elements per peer
-
-        def expected(off, n):
-            parts = []
-            pos = off
-            while pos < off + n:
-                src, within = divmod(pos, c)
-                take = min(c - within, off + n - pos)
-                # Chunk `src` of my output is chunk `rank` of src's input.
-                parts.append(rank_values(src, case.rank * c + within, take, case.dtype, None,
-                                         case.world, bufs.recv.device))
-                pos += take
-            return to_dtype(torch.cat(parts), case.dtype)
-
-        return count_wrong(bufs.recv, expected, case.dtype, None)
+        c, dev = case.send_count // case.world, bufs.recv.device  # elements per peer
+        # Chunk `src` of my output is chunk `rank` of src's input.
+        return count_wrong(bufs.recv, lambda off, n: gathered_values(
+            c, case.rank * c, off, n, case.dtype, case.world, dev), case.dtype, None)
 
 
 COLLECTIVE = AllToAll()
