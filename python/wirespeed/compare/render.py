@@ -38,10 +38,19 @@ def _cell_text(cell: Cell | None, mark: str) -> str:
     return f"{text:>{COL_W}}"
 
 
+def _ordered(folded) -> list:
+    """Blocks grouped by collective in the order the runs measured them (the harness's order),
+    then by op, device and world size."""
+    first: dict = {}
+    for block in folded:
+        first.setdefault(block[0], len(first))
+    return sorted(folded, key=lambda b: (first[b[0]], str(b[1]), b[2], b[3]))
+
+
 def tables(records, variant: str = "best") -> str:
     folded = fold(records, variant)
     lines = []
-    for block in sorted(folded, key=lambda b: (b[0], str(b[1]), b[2], b[3])):
+    for block in _ordered(folded):
         cols = folded[block]
         order = sorted(cols)
         lines.append(f"# {_title(block)}")
@@ -83,7 +92,7 @@ def summary(records, variant: str = "best") -> str:
     if not folded:
         return "no results to compare"
     lines = []
-    for block in sorted(folded, key=lambda b: (b[0], str(b[1]), b[2], b[3])):
+    for block in _ordered(folded):
         cols = folded[block]
         lines.append(f"{_title(block)}:")
         if len(cols) < 2:
@@ -111,8 +120,8 @@ def summary(records, variant: str = "best") -> str:
                 text += (f"; at {close} of {j - i + 1} size{'s' if j > i else ''} within the spread "
                          "across repeats, so not a clear win there")
             lines.append(text)
-        if not any(c.repeats > 1 for col in cols.values() for c in col.values()):
-            lines.append("  (one run per combination: use --repeat 3 or more to tell a win from noise)")
+    if not any(c.repeats > 1 for cols in folded.values() for col in cols.values() for c in col.values()):
+        lines.append("(one run per combination: use --repeat 3 or more to tell a win from noise)")
     return "\n".join(lines)
 
 
