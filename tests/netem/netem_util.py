@@ -1,4 +1,8 @@
-"""Helpers of the emulated-cluster tests (imported by name: conftest.py is taken by tests/)."""
+"""Helpers and the cluster fixture of the emulated-cluster tests.
+
+Not a conftest.py: tests/conftest.py is imported as the module `conftest` by other test folders, and
+a second conftest.py here would take its place in sys.modules. Test modules import the fixture.
+"""
 from __future__ import annotations
 
 import os
@@ -6,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -75,3 +80,15 @@ def wait_for_text(path, text: str, proc, timeout: float) -> bool:
             return False
         time.sleep(0.2)
     return False
+
+
+@pytest.fixture
+def cluster_name():
+    """A fresh cluster name; whatever the test built under it is removed and checked afterwards,
+    so a test never touches a cluster a user (or a parallel run) has up, and leaves no namespace,
+    process, hosts file, per-host /dev/shm or state file behind."""
+    from wirespeed.netem import cluster as C
+    name = "t" + uuid.uuid4().hex[:8]
+    yield name
+    C.down(name)
+    assert leftovers_of(name) == [], "cluster teardown left something behind"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from netem_util import cluster_name  # noqa: F401 (a fixture)
 from netem_util import needs_netns, netns_processes, run_here
 
 pytestmark = [pytest.mark.netns, needs_netns]

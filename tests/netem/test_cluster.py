@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import pytest
+from netem_util import cluster_name  # noqa: F401 (a fixture)
 from netem_util import cli, needs_netns, run_here
 
 pytestmark = [pytest.mark.netns, needs_netns]
