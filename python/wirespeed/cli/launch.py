@@ -149,6 +149,8 @@ def main(args, argv) -> int:
         raise UsageError("--hosts FILE is required: one host per line (`node01 slots=4`, or "
                          "`netns:NAME` for the emulated cluster)")
     cmd = _command(args, argv)
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise UsageError(f"--master-port must be 1..65535, got {args.master_port}")
     hosts = read_hosts(args.hostfile)
     counts = ranks_per_host(hosts, args.nproc_per_host)
     if any(h.netns for h in hosts):
