@@ -52,10 +52,12 @@ def _run(capfd, cluster_name, tmp_path, world, rate_mbit, attempt):
     bench = ["bench", "--sizes", "2M,4M", "-n", "3", "-w", "1", "--timeout", "60", "--no-save",
              "--no-progress", "--json", out]
     if world == 2 and rate_mbit == 400:
-        # The same job through `wirespeed launch` and a hosts file of namespaces.
+        # The same job through `wirespeed launch` and the cluster's hosts file.
+        code, text, _ = run_here(capfd, "cluster", "hostfile", "--name", cluster_name, "--slots", 1)
+        assert code == 0 and text.splitlines() == [f"netns:{C.host_ns(cluster_name, i)} slots=1"
+                                                   for i in range(2)]
         hosts = tmp_path / "hosts"
-        hosts.write_text(f"netns:{C.host_ns(cluster_name, 0)}\n"
-                         f"netns:{C.host_ns(cluster_name, 1)} slots=1\n")
+        hosts.write_text(text)
         code, text, err = run_here(capfd, "launch", "--hosts", hosts, "--", "wirespeed", *bench)
     else:
         code, text, err = run_here(capfd, "bench", "--cluster", cluster_name, "-N", world, *bench[1:])

@@ -42,6 +42,11 @@ def register(sub) -> None:
         help="remove every wirespeed cluster on this machine")
     d.set_defaults(func=cmd_down)
 
+    f = cmds.add_parser("hostfile", help="print a hosts file of the cluster for `wirespeed launch`")
+    _name(f)
+    add(f, "--slots", default=None, type=positive_int("--slots"), help="slots=N on every line")
+    f.set_defaults(func=cmd_hostfile)
+
     k = cmds.add_parser("link", help="take a host's link down or up (a pulled cable)")
     _name(k)
     k.add_argument("host", help="host index or name: 1 or h1")
@@ -91,6 +96,14 @@ def cmd_down(args, argv) -> int:
     C.check_name(args.cluster_name)
     removed = C.down(args.cluster_name, all_clusters=args.all_clusters)
     print(f"removed {' '.join(removed)}" if removed else "nothing to remove")
+    return 0
+
+
+def cmd_hostfile(args, argv) -> int:
+    from ..netem import cluster as C
+    c = C.require(C.check_name(args.cluster_name))
+    slots = f" slots={args.slots}" if args.slots else ""
+    print("\n".join(f"netns:{h.netns}{slots}" for h in c.hosts))
     return 0
 
 
