@@ -14,6 +14,10 @@ pub enum AllReduceAlgo {
     Auto,
     OneShot,
     Rsag,
+    /// Across hosts: a flat ring over every rank (what gloo does), ranks placed as launched.
+    Ring,
+    /// Across hosts: shm reduce in each host, ring among host leaders over TCP, shm broadcast.
+    Hier,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -42,9 +46,11 @@ impl Tuning {
             "" | "auto" => AllReduceAlgo::Auto,
             "oneshot" => AllReduceAlgo::OneShot,
             "rsag" => AllReduceAlgo::Rsag,
+            "ring" => AllReduceAlgo::Ring,
+            "hier" => AllReduceAlgo::Hier,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot or rsag"
+                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, rsag (one host), ring or hier (across hosts)"
                 )))
             }
         };
@@ -60,7 +66,8 @@ impl Tuning {
         match self.all_reduce {
             AllReduceAlgo::OneShot if fits => return AllReduceAlgo::OneShot,
             AllReduceAlgo::Rsag | AllReduceAlgo::OneShot => return AllReduceAlgo::Rsag,
-            AllReduceAlgo::Auto => {}
+            // The cross-host algorithms name no shm algorithm: choose as auto does.
+            AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier => {}
         }
         if !fits {
             return AllReduceAlgo::Rsag;
@@ -72,6 +79,40 @@ impl Tuning {
             AllReduceAlgo::Rsag
         }
     }
+
+    /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks.
+    /// `ring` and `hier` are obeyed; `oneshot`/`rsag` name shm algorithms, so they choose as auto.
+    pub fn pick_across_hosts(&self, bytes: usize, world: usize, hosts: usize) -> AllReduceAlgo {
+        match self.all_reduce {
+            AllReduceAlgo::Ring => AllReduceAlgo::Ring,
+            AllReduceAlgo::Hier => AllReduceAlgo::Hier,
+            _ => {
+                let (hier, ring) = cost_across_hosts_us(bytes as f64, world as f64, hosts as f64);
+                if hier <= ring { AllReduceAlgo::Hier } else { AllReduceAlgo::Ring }
+            }
+        }
+    }
+}
+
+/// Estimated microseconds of (hier, ring) all_reduce across hosts, ranks spread evenly (L = n/H
+/// per host) and placed round robin (the ring's worst and gloo's usual case). Links: ~117 MB/s
+/// each way (1 Gbit/s Ethernet under TCP) and ~50 us per message; shm passes ~10 GB/s.
+/// - hier: each link carries 2·S·(H-1)/H each way in 2(H-1) steps, plus an shm reduce and
+///   broadcast of S when L > 1.
+/// - ring: every rank sends 2·S·(n-1)/n in 2(n-1) steps and the L ranks of a host share its
+///   link, so a link carries L times a rank's share.
+///
+/// With L = 1 both are the same ring; with L > 1 the ring puts about L times more bytes on each
+/// link, which is ~100x slower than memory: hier wins at every size.
+pub fn cost_across_hosts_us(s: f64, n: f64, h: f64) -> (f64, f64) {
+    let link = 117.0; // bytes per us
+    let msg = 50.0;
+    let mem = 10_000.0;
+    let l = (n / h).max(1.0);
+    let local = if l > 1.0 { 2.0 * (2.0 * s / mem + 4.0) } else { 0.0 };
+    let hier = local + 2.0 * (h - 1.0) * msg + 2.0 * s * (h - 1.0) / h / link;
+    let ring = 2.0 * (n - 1.0) * msg + l * 2.0 * s * (n - 1.0) / n / link;
+    (hier, ring)
 }
 
 /// Estimated microseconds of (oneshot, rsag) for `s` bytes per rank. Constants measured on the
@@ -99,5 +140,21 @@ mod tests {
         assert_eq!(t.pick_all_reduce(64 << 20, 2, 2), AllReduceAlgo::Rsag);
         let forced = Tuning { all_reduce: AllReduceAlgo::OneShot, ..t };
         assert_eq!(forced.pick_all_reduce(4 << 20, 2, 2), AllReduceAlgo::Rsag, "oneshot cannot exceed the slot");
+    }
+
+    #[test]
+    fn across_hosts_hier_unless_ring_is_forced() {
+        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16 };
+        for &(n, h) in &[(2usize, 2usize), (4, 2), (8, 2), (8, 4), (16, 4)] {
+            for &s in &[0usize, 4096, 1 << 20, 64 << 20] {
+                assert_eq!(t.pick_across_hosts(s, n, h), AllReduceAlgo::Hier, "n {n} h {h} s {s}");
+            }
+        }
+        // With one rank per host the two are the same ring: equal cost.
+        let (hier, ring) = cost_across_hosts_us((64 << 20) as f64, 4.0, 4.0);
+        assert!((hier - ring).abs() < 1e-6);
+        let forced = Tuning { all_reduce: AllReduceAlgo::Ring, ..t };
+        assert_eq!(forced.pick_across_hosts(64 << 20, 4, 2), AllReduceAlgo::Ring);
+        assert_eq!(forced.pick_all_reduce(64 << 20, 4, 2), AllReduceAlgo::Rsag, "one host ignores ring");
     }
 }

@@ -18,6 +18,8 @@ pub struct RankInfo {
     pub pid: i32,
     pub fd: i32,
     pub host: String,
+    /// TCP listening address ("ip:port") when the group spans hosts, else empty.
+    pub addr: String,
 }
 
 /// How long a waiter spins before it sleeps, and whether it yields the CPU while spinning.
@@ -108,7 +110,7 @@ impl Comm {
     }
 
     pub fn info(&self) -> RankInfo {
-        RankInfo { pid: sys::getpid(), fd: self.own_fd, host: sys::host_id() }
+        RankInfo { pid: sys::getpid(), fd: self.own_fd, host: sys::host_id(), addr: String::new() }
     }
 
     /// Map every peer's segment, check it belongs to this job, then wait for all ranks to do the

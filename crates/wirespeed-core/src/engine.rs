@@ -10,7 +10,8 @@ use crate::collectives::Buf;
 use crate::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::p2p::SendTicket;
+use crate::group::Collectives;
+use crate::p2p::Ticket;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
@@ -34,7 +35,7 @@ pub enum Op {
 
 enum Outcome {
     Failed(Error),
-    SendPending(SendTicket),
+    SendPending(Ticket),
 }
 
 #[derive(Default)]
@@ -51,7 +52,7 @@ struct Shared {
     work: Condvar,
     done: Condvar,
     completed: AtomicU64,
-    comm: Mutex<Comm>,
+    comm: Mutex<Box<dyn Collectives>>,
 }
 
 pub struct Engine {
@@ -63,7 +64,7 @@ pub struct Engine {
 /// How many finished outcomes are kept for late waits (an op older than that completed long ago).
 const KEEP_OUTCOMES: usize = 4096;
 
-fn execute(comm: &mut Comm, op: Op) -> Result<Option<SendTicket>> {
+fn execute(comm: &mut dyn Collectives, op: Op) -> Result<Option<Ticket>> {
     match op {
         Op::AllReduce { buf, count, dtype, op } => comm.all_reduce(buf, count, dtype, op).map(|_| None),
         Op::ReduceScatter { send, out, count, dtype, op } => comm.reduce_scatter(&send, out, count, dtype, op).map(|_| None),
@@ -81,7 +82,7 @@ fn execute(comm: &mut Comm, op: Op) -> Result<Option<SendTicket>> {
 
 impl Shared {
     /// Run queued ops in order while holding the execution lock; stop after `until` (if given).
-    fn drain(&self, comm: &mut Comm, until: Option<u64>) {
+    fn drain(&self, comm: &mut dyn Collectives, until: Option<u64>) {
         loop {
             let next = self.state.lock().unwrap().queue.pop_front();
             let Some((id, op)) = next else { return };
@@ -112,6 +113,11 @@ impl Shared {
 
 impl Engine {
     pub fn new(comm: Comm) -> Engine {
+        Engine::with(Box::new(comm))
+    }
+
+    /// An engine over any group (one host's `Comm`, or a multi-host group from `Setup::connect`).
+    pub fn with(comm: Box<dyn Collectives>) -> Engine {
         let shared = Arc::new(Shared {
             state: Mutex::new(State { next_id: 1, ..State::default() }),
             work: Condvar::new(),
@@ -129,7 +135,7 @@ impl Engine {
     }
 
     pub fn rank(&self) -> usize {
-        self.shared.comm.lock().unwrap().rank
+        self.shared.comm.lock().unwrap().rank()
     }
 
     /// Queue an op; returns its id for `wait`/`is_done`.
@@ -164,7 +170,7 @@ impl Engine {
         while sh.completed.load(Acquire) < id {
             match sh.comm.try_lock() {
                 Ok(mut comm) => {
-                    sh.drain(&mut comm, Some(id));
+                    sh.drain(&mut **comm, Some(id));
                     drop(comm);
                     // Ops queued behind ours are the worker's again.
                     if !sh.state.lock().unwrap().queue.is_empty() {
@@ -218,7 +224,7 @@ fn worker_loop(sh: &Shared) {
             }
         }
         match sh.comm.try_lock() {
-            Ok(mut comm) => sh.drain(&mut comm, None),
+            Ok(mut comm) => sh.drain(&mut **comm, None),
             // A caller runs the queue inline; it hands back (notifies) if ops remain after its own.
             Err(_) => {
                 let st = sh.state.lock().unwrap();

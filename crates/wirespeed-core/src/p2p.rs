@@ -103,3 +103,24 @@ impl SendTicket {
         a.wrapping_sub(self.n) as i32 >= 0
     }
 }
+
+/// A send that may still be in flight, over shared memory or TCP.
+pub enum Ticket {
+    Shm(SendTicket),
+    Tcp(crate::tcp::SendTicket),
+}
+
+impl Ticket {
+    pub fn wait(&self) -> Result<()> {
+        match self {
+            Ticket::Shm(t) => t.wait(),
+            Ticket::Tcp(t) => t.wait(),
+        }
+    }
+    pub fn is_acked(&self) -> bool {
+        match self {
+            Ticket::Shm(t) => t.is_acked(),
+            Ticket::Tcp(t) => t.is_done(),
+        }
+    }
+}

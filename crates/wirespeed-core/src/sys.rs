@@ -259,7 +259,14 @@ unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
 }
 
 /// Identity of the machine (hostname + boot id): ranks with equal ids may share memory.
+/// `WIRESPEED_HOSTID` overrides it (as NCCL_HOSTID does), so ranks of one machine can be made to
+/// talk TCP to each other: tests of the multi-host path without network namespaces.
 pub fn host_id() -> String {
+    if let Ok(h) = std::env::var("WIRESPEED_HOSTID") {
+        if !h.is_empty() {
+            return h;
+        }
+    }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     format!("{}/{}", host.trim(), boot.trim())

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
-use wirespeed_core::{Comm, DType, Engine, Error, Op, RankInfo, ReduceOp};
+use wirespeed_core::{DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
 
 create_exception!(_native, WirespeedError, PyRuntimeError, "Base of every error the native transport raises.");
 create_exception!(_native, PeerDiedError, WirespeedError, "A peer process died while this rank depended on it.");
@@ -45,7 +45,7 @@ fn rop(code: u32) -> PyResult<ReduceOp> {
 /// then connected, after which ops are submitted and awaited by id.
 #[pyclass(module = "wirespeed._native")]
 struct Group {
-    pending: Mutex<Option<Comm>>,
+    pending: Mutex<Option<Setup>>,
     engine: Option<Engine>,
     rank: usize,
     world: usize,
@@ -64,31 +64,34 @@ type Bufs = Vec<(usize, usize)>;
 
 #[pymethods]
 impl Group {
+    /// `hosts[r]` is rank r's host id (`host_id()`); ranks on one host use shared memory, ranks
+    /// on others TCP. Without it every rank is taken to be on this host.
     #[new]
-    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64) -> PyResult<Group> {
+    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None))]
+    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>) -> PyResult<Group> {
         let tok: [u8; 16] = token.try_into().map_err(|_| UnsupportedError::new_err("the job token must be 16 bytes"))?;
         if !(timeout_s > 0.0) {
             return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
         }
-        let comm = Comm::new(rank, world, tok, Duration::from_secs_f64(timeout_s)).map_err(to_py)?;
+        let hosts = hosts.unwrap_or_default();
+        let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts).map_err(to_py)?;
         Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world })
     }
 
-    /// (pid, memfd number, host id): what peers need to connect to this rank.
-    fn info(&self) -> PyResult<(i32, i32, String)> {
+    /// (pid, memfd number, host id, TCP address or ""): what peers need to connect to this rank.
+    fn info(&self) -> PyResult<(i32, i32, String, String)> {
         let g = self.pending.lock().unwrap();
         let c = g.as_ref().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let i = c.info();
-        Ok((i.pid, i.fd, i.host))
+        Ok((i.pid, i.fd, i.host, i.addr))
     }
 
     /// Map every rank's segment and sync with all of them (GIL released while waiting).
-    fn connect(&mut self, py: Python<'_>, infos: Vec<(i32, i32, String)>) -> PyResult<()> {
-        let mut comm = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
-        let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host)| RankInfo { pid, fd, host }).collect();
-        let r = py.allow_threads(|| comm.connect(&infos));
-        r.map_err(to_py)?;
-        self.engine = Some(Engine::new(comm));
+    fn connect(&mut self, py: Python<'_>, infos: Vec<(i32, i32, String, String)>) -> PyResult<()> {
+        let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
+        let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
+        let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
+        self.engine = Some(Engine::with(group));
         Ok(())
     }
 
@@ -159,6 +162,12 @@ fn core_version() -> &'static str {
     wirespeed_core::version()
 }
 
+/// This machine's id (hostname + boot id, or WIRESPEED_HOSTID): ranks with equal ids share memory.
+#[pyfunction]
+fn host_id() -> String {
+    wirespeed_core::sys::host_id()
+}
+
 /// 16 random bytes from the kernel, for a job token.
 #[pyfunction]
 fn random_token(py: Python<'_>) -> PyObject {
@@ -170,6 +179,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(core_version, m)?)?;
     m.add_function(wrap_pyfunction!(random_token, m)?)?;
+    m.add_function(wrap_pyfunction!(host_id, m)?)?;
     m.add_class::<Group>()?;
     m.add("WirespeedError", py.get_type_bound::<WirespeedError>())?;
     m.add("PeerDiedError", py.get_type_bound::<PeerDiedError>())?;

@@ -1,0 +1,101 @@
+//! A group as the engine sees it: one set of collectives, whatever carries them. Ranks that all
+//! share a host get the shared-memory `Comm` unchanged (its speed is the product on one host);
+//! ranks spread over hosts get `HostsComm`, which uses a `Comm` per host plus TCP between hosts.
+//!
+//! Setup is two steps so any store can carry the rendezvous: `Setup::new` (knowing every rank's
+//! host id) creates what peers need to reach this rank and returns it from `info`; the caller
+//! exchanges infos through its store and hands them all to `connect`.
+use crate::collectives::Buf;
+use crate::comm::{Comm, RankInfo};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+use crate::hosts::{HostsComm, HostsSetup};
+use crate::p2p::Ticket;
+use std::time::Duration;
+
+pub trait Collectives: Send {
+    fn rank(&self) -> usize;
+    fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
+    fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
+    fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;
+    fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()>;
+    fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()>;
+    fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()>;
+    fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()>;
+    fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()>;
+    fn barrier(&mut self) -> Result<()>;
+    fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
+    fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
+}
+
+impl Collectives for Comm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        Comm::all_reduce(self, buf, count, dtype, op)
+    }
+    fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        Comm::reduce_scatter(self, send, out, count, dtype, op)
+    }
+    fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+        Comm::reduce(self, buf, count, dtype, op, root)
+    }
+    fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+        Comm::all_gather(self, send, recv)
+    }
+    fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+        Comm::all_to_all(self, send, recv)
+    }
+    fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+        Comm::broadcast(self, buf, root)
+    }
+    fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+        Comm::gather(self, send, recv, root)
+    }
+    fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+        Comm::scatter(self, send, recv, root)
+    }
+    fn barrier(&mut self) -> Result<()> {
+        Comm::barrier(self)
+    }
+    fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
+        Comm::send_post(self, to, addr, len, tag).map(Ticket::Shm)
+    }
+    fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
+        Comm::recv(self, from, addr, len, tag)
+    }
+}
+
+/// A rank between `new` and `connect`.
+pub enum Setup {
+    OneHost(Comm),
+    Hosts(HostsSetup),
+}
+
+impl Setup {
+    /// `hosts[r]` is rank r's host id (sys::host_id, or WIRESPEED_HOSTID where set).
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, hosts: &[String]) -> Result<Setup> {
+        if hosts.is_empty() || hosts.iter().all(|h| *h == hosts[0]) {
+            return Ok(Setup::OneHost(Comm::new(rank, world, token, timeout)?));
+        }
+        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts)?))
+    }
+
+    pub fn info(&self) -> RankInfo {
+        match self {
+            Setup::OneHost(c) => c.info(),
+            Setup::Hosts(h) => h.info(),
+        }
+    }
+
+    pub fn connect(self, infos: &[RankInfo]) -> Result<Box<dyn Collectives>> {
+        match self {
+            Setup::OneHost(mut c) => {
+                c.connect(infos)?;
+                Ok(Box::new(c))
+            }
+            Setup::Hosts(h) => Ok(Box::new(h.connect(infos)?) as Box<HostsComm>),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Ranks on different "hosts" as threads of one process: host ids are given explicitly, so ranks
+//! with different ids talk real TCP over loopback (several streams, handshake, framing) and ranks
+//! with equal ids real shared memory. Multi-process and namespace runs are in tests/native.
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use wirespeed_core::comm::RankInfo;
+use wirespeed_core::hosts::{HostsComm, HostsSetup};
+use wirespeed_core::{Collectives, DType, Error, ReduceOp};
+
+fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
+    std::env::set_var("WIRESPEED_IFNAME", "lo");
+    let token = wirespeed_core::sys::random_token();
+    let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids).unwrap()).collect()
+}
+
+/// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
+fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+    let mut s = setups(ids, Duration::from_secs(20));
+    let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
+    let f = std::sync::Arc::new(f);
+    let (tx, rx) = mpsc::channel();
+    let hs: Vec<_> = s
+        .drain(..)
+        .enumerate()
+        .map(|(r, x)| {
+            let (infos, f, tx) = (infos.clone(), f.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let mut c = x.connect(&infos).unwrap();
+                tx.send((r, f(&mut c))).unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let mut v: Vec<(usize, T)> = rx.try_iter().collect();
+    v.sort_by_key(|(r, _)| *r);
+    v.into_iter().map(|(_, t)| t).collect()
+}
+
+fn input(rank: usize, n: usize) -> Vec<i64> {
+    (0..n).map(|i| ((i * 7 + rank * 13) % 101) as i64 - 50).collect()
+}
+
+const LAYOUTS: &[&[&str]] = &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b"], &["a", "b", "c"]];
+
+#[test]
+fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
+    for ids in LAYOUTS {
+        let w = ids.len();
+        let out = with_hosts(ids, move |c| {
+            let mut res = Vec::new();
+            for &n in &[0usize, 1, 17, 1000, 700_001] {
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                    let mut v = input(c.rank, n);
+                    c.all_reduce(v.as_mut_ptr() as usize, n, DType::I64, op).unwrap_or_else(|e| panic!("rank {} n {n} op {op:?} hosts {:?}: {e:?}", c.rank, c.hosts()));
+                    res.push((n, op, v));
+                }
+            }
+            res
+        });
+        let inputs: Vec<Vec<i64>> = (0..w).map(|r| input(r, 700_001)).collect();
+        for (r, res) in out.iter().enumerate() {
+            for (n, op, got) in res {
+                let want: Vec<i64> = (0..*n)
+                    .map(|i| match op {
+                        ReduceOp::Sum => inputs.iter().map(|v| v[i]).sum(),
+                        ReduceOp::Max => inputs.iter().map(|v| v[i]).max().unwrap(),
+                        _ => inputs.iter().map(|v| v[i]).sum::<i64>() / w as i64,
+                    })
+                    .collect();
+                assert!(got == &want, "layout {ids:?} rank {r} n {n} op {op:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_other_collective_and_p2p_across_hosts() {
+    for ids in LAYOUTS {
+        let w = ids.len();
+        let out = with_hosts(ids, move |c| {
+            let me = c.rank;
+            let n = 3001usize;
+            let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
+            let mut all = vec![0i32; n * w];
+            let recv: Vec<(usize, usize)> = (0..w).map(|j| (all.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
+            c.all_gather((mine.as_ptr() as usize, n * 4), &recv).unwrap();
+            let send: Vec<i32> = (0..w * 3).map(|k| (me * 100 + k / 3) as i32).collect();
+            let mut a2a = vec![0i32; w * 3];
+            let s: Vec<_> = (0..w).map(|j| (send.as_ptr() as usize + j * 12, 12)).collect();
+            let r: Vec<_> = (0..w).map(|j| (a2a.as_mut_ptr() as usize + j * 12, 12)).collect();
+            c.all_to_all(&s, &r).unwrap();
+            let mut bcast = Vec::new();
+            for root in 0..w {
+                let mut b = vec![me as u8; 5000];
+                c.broadcast((b.as_mut_ptr() as usize, 5000), root).unwrap();
+                bcast.push(b);
+            }
+            let mut red = input(me, 5000);
+            c.reduce(red.as_mut_ptr() as usize, 5000, DType::I64, ReduceOp::Sum, w - 1).unwrap();
+            let rs_in: Vec<i64> = input(me, 700 * w);
+            let mut rs_out = vec![0i64; 700];
+            let rs: Vec<_> = (0..w).map(|j| (rs_in.as_ptr() as usize + j * 700 * 8, 700 * 8)).collect();
+            c.reduce_scatter(&rs, rs_out.as_mut_ptr() as usize, 700, DType::I64, ReduceOp::Sum).unwrap();
+            let mut gathered = vec![0i32; n * w];
+            let gr: Vec<_> = (0..w).map(|j| (gathered.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
+            c.gather((mine.as_ptr() as usize, n * 4), if me == 0 { &gr } else { &[] }, 0).unwrap();
+            let mut sc = vec![0i32; n];
+            c.scatter(if me == 1 { &recv } else { &[] }, (sc.as_mut_ptr() as usize, n * 4), 1).unwrap();
+            c.barrier().unwrap();
+            let msg = vec![me as u64 + 7; 333_333];
+            let mut inbox = vec![0u64; 333_333];
+            let t = c.send_post((me + 1) % w, msg.as_ptr() as usize, msg.len() * 8, 5).unwrap();
+            c.recv((me + w - 1) % w, inbox.as_mut_ptr() as usize, inbox.len() * 8, 5).unwrap();
+            t.wait().unwrap();
+            (all, a2a, bcast, red, rs_out, gathered, sc, inbox)
+        });
+        for (me, (all, a2a, bcast, red, rs_out, gathered, sc, inbox)) in out.into_iter().enumerate() {
+            let want_all: Vec<i32> = (0..w).flat_map(|j| (0..3001).map(move |i| (j * 10_000 + i) as i32)).collect();
+            assert_eq!(all, want_all, "{ids:?} all_gather on {me}");
+            assert_eq!(a2a, (0..w * 3).map(|k| (k / 3 * 100 + me) as i32).collect::<Vec<_>>(), "{ids:?} all_to_all");
+            for (root, b) in bcast.iter().enumerate() {
+                assert!(b.iter().all(|&x| x as usize == root), "{ids:?} broadcast from {root} on {me}");
+            }
+            if me == w - 1 {
+                let ins: Vec<Vec<i64>> = (0..w).map(|r| input(r, 5000)).collect();
+                let want: Vec<i64> = (0..5000).map(|i| ins.iter().map(|v| v[i]).sum()).collect();
+                assert_eq!(red, want, "{ids:?} reduce");
+            } else {
+                assert_eq!(red, input(me, 5000), "{ids:?} reduce leaves non-roots alone");
+            }
+            let ins: Vec<Vec<i64>> = (0..w).map(|r| input(r, 700 * w)).collect();
+            let want_rs: Vec<i64> = (0..700).map(|i| ins.iter().map(|v| v[me * 700 + i]).sum()).collect();
+            assert_eq!(rs_out, want_rs, "{ids:?} reduce_scatter on {me}");
+            if me == 0 {
+                assert_eq!(gathered, want_all, "{ids:?} gather");
+            }
+            assert_eq!(sc, want_all[me * 3001..(me + 1) * 3001].to_vec(), "{ids:?} scatter to {me}");
+            assert!(inbox.iter().all(|&x| x == ((me + w - 1) % w) as u64 + 7), "{ids:?} p2p on {me}");
+        }
+    }
+}
+
+#[test]
+fn strangers_and_other_jobs_are_refused_and_the_job_goes_on() {
+    use std::io::Write;
+    let s = setups(&["a", "b"], Duration::from_secs(20));
+    let other = setups(&["a", "b"], Duration::from_secs(20)); // another job: another token
+    let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
+    let target = infos[1].addr.clone();
+    // Garbage, a silent connection, and a real hello of another job, before the peers connect.
+    let mut g = std::net::TcpStream::connect(&target).unwrap();
+    g.write_all(&[0xffu8; 4096]).unwrap();
+    let _silent = std::net::TcpStream::connect(&target).unwrap();
+    let other_infos: Vec<RankInfo> = other.iter().map(|x| x.info()).collect();
+    let mut other_infos = other_infos;
+    other_infos[1].addr = target.clone(); // rank 0 of the other job dials our rank 1
+    let mut it = other.into_iter();
+    let o0 = it.next().unwrap();
+    let intruder = std::thread::spawn(move || o0.connect(&other_infos).err());
+    let (tx, rx) = mpsc::channel();
+    let hs: Vec<_> = s
+        .into_iter()
+        .enumerate()
+        .map(|(r, x)| {
+            let (infos, tx) = (infos.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let mut c = x.connect(&infos).unwrap();
+                let mut v = input(r, 100_000);
+                c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum).unwrap();
+                // A stranger during the job is refused too.
+                if r == 1 {
+                    let mut late = std::net::TcpStream::connect(&infos[1].addr).unwrap();
+                    let _ = late.write_all(b"GET / HTTP/1.0\r\n\r\n");
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum).unwrap();
+                tx.send((r, v, c.refused())).unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let err = intruder.join().unwrap().expect("the other job's rank must not connect");
+    assert!(matches!(err, Error::Stranger(_) | Error::PeerAborted { .. } | Error::Timeout { .. }), "{err:?}");
+    let (a, b) = (input(0, 100_000), input(1, 100_000));
+    let want: Vec<i64> = (0..100_000).map(|i| 2 * (a[i] + b[i])).collect();
+    let mut refused = 0;
+    for (_, v, n) in rx.try_iter() {
+        assert_eq!(v, want);
+        refused += n;
+    }
+    assert!(refused >= 3, "garbage, the other job and the late stranger are refused: {refused}");
+}
+
+#[test]
+fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
+    let out = with_hosts(&["a", "b", "c"], |c| {
+        let me = c.rank;
+        let buf = vec![1u8; 1000];
+        let mut inbox = vec![0u8; 500];
+        let first = match me {
+            0 => c.send_post(1, buf.as_ptr() as usize, 1000, 0).and_then(|t| t.wait()),
+            1 => c.recv(0, inbox.as_mut_ptr() as usize, 500, 0),
+            _ => Ok(()),
+        };
+        // Rank 1 broke the group on the mismatch: rank 0 and rank 2 learn within the timeout.
+        let t = Instant::now();
+        let mut v = vec![1i64; 10_000];
+        let second = c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum);
+        (first, second, t.elapsed())
+    });
+    assert!(matches!(&out[1].0, Err(Error::Mismatch(m)) if m.contains("1000") && m.contains("500")), "{:?}", out[1].0);
+    for (r, (_, second, took)) in out.iter().enumerate() {
+        assert!(second.is_err(), "rank {r} must fail after the group broke");
+        assert!(*took < Duration::from_secs(10), "rank {r} took {took:?}");
+    }
+    assert!(matches!(out[0].1, Err(Error::PeerAborted { .. }) | Err(Error::Broken(_))), "{:?}", out[0].1);
+}
