@@ -40,13 +40,24 @@ def test_up_status_down_with_measured_caps(capsys, cluster_name):
     state = json.loads(out)
     assert [h["addr"] for h in state["hosts"]] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
     assert state["rate_bps"] == 200_000_000 and state["flow_rate_bps"] == 80_000_000
-    m = state["measured"]
-    # One flow sits under its own cap (never above what TCP can carry through it); four flows
-    # together are held by the link. The lower bound leaves room for a busy 2-core machine (see
-    # the next test for one that retries).
-    assert 0.5 * GOODPUT * 80e6 < m["one_flow_bps"] <= 1.01 * GOODPUT * 80e6
-    assert m["parallel_bps"] <= 1.01 * GOODPUT * 200e6
-    assert m["parallel_bps"] > 1.2 * m["one_flow_bps"], "flows are not capped one by one"
+    # Never above a cap: one flow under its own, four together under the link.
+    for attempt in range(3):
+        m = state["measured"]
+        assert 0 < m["one_flow_bps"] <= 1.01 * GOODPUT * 80e6, m
+        assert 0 < m["parallel_bps"] <= 1.01 * GOODPUT * 200e6, m
+        # And close below them, with flows capped one by one. A busy 2-core machine can starve
+        # the probe (we saw one flow read 19% of its cap during a full test run), so a reading
+        # that falls short is taken again, up to three times: only a cap that is too tight
+        # falls short every time.
+        if (m["one_flow_bps"] > 0.8 * GOODPUT * 80e6 and m["parallel_bps"] > 1.5 * m["one_flow_bps"]
+                or attempt == 2):
+            break
+        code, out, err = run_here(capsys, "cluster", "status", "--name", cluster_name, "--measure",
+                                  "--json")
+        assert code == 0, err
+        state = json.loads(out)
+    assert m["one_flow_bps"] > 0.8 * GOODPUT * 80e6, m
+    assert m["parallel_bps"] > 1.5 * m["one_flow_bps"], f"flows are not capped one by one: {m}"
 
     code, text, _ = run_here(capsys, "cluster", "status", "--name", cluster_name)
     assert "3 hosts" in text and "link 200 Mbit/s" in text and "80 Mbit/s" in text
