@@ -354,7 +354,12 @@ fn writer_loop(tx: &TxShared, s: usize, sock: &TcpStream, rank: usize) {
                 q = tx.ready[s].wait_timeout(q, SLICE).unwrap().0;
             }
         };
-        let body = unsafe { std::slice::from_raw_parts(c.ptr as *const u8, c.len) };
+        // An empty message may carry a null pointer (a zero-element tensor): no slice from it.
+        let body: &[u8] = if c.len == 0 {
+            &[]
+        } else {
+            unsafe { std::slice::from_raw_parts(c.ptr as *const u8, c.len) }
+        };
         let r = send_all(sock, &c.head, &tx.stop).and_then(|_| send_all(sock, body, &tx.stop));
         tx.queued[s].fetch_sub(FRAME_LEN + c.len, SeqCst);
         match r {
