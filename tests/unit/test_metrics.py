@@ -43,3 +43,8 @@ def test_percentile_nearest_rank():
     assert percentile(vals, 99) == 99
     assert percentile(vals, 50) == 50
     assert percentile([5.0], 99) == 5.0
+
+
+def test_cli_help_names_every_collective_in_registry_order():
+    from wirespeed.cli.bench import COLLECTIVE_NAMES
+    assert COLLECTIVE_NAMES == tuple(COLLECTIVES)
