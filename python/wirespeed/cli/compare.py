@@ -36,6 +36,9 @@ def register(sub) -> None:
     add(p, "--save-dir", default="runs", help="records, summary, plots and logs go to SAVE_DIR/compare-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
     add(p, "--plot-dir", default=None, help="write the plots here (default: the saved run's directory)")
+    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
+        help="run every combination's ranks on the emulated cluster (`wirespeed cluster up`)")
+    add(p, "--ranks-per-host", default=None, help="with --cluster: ranks per host (default 1, round robin)")
     p.add_argument("--from", dest="from_paths", nargs="+", default=None, metavar="RUNDIR",
                    help="rebuild tables, summary and plots from saved records instead of running")
     p.set_defaults(func=main)
@@ -82,7 +85,9 @@ def config_from_args(args):
         ops=parse_ops(args.op), sizes=sizes, iters=_int(args.iters, "--iters", 1),
         warmup_iters=_int(args.warmup_iters, "--warmup-iters", 0), timeout_s=timeout,
         repeat=_int(args.repeat, "--repeat", 1), variant=args.variant, json_path=args.json,
-        save_dir=None if args.no_save else args.save_dir, plot_dir=args.plot_dir)
+        save_dir=None if args.no_save else args.save_dir, plot_dir=args.plot_dir,
+        cluster=args.cluster,
+        ranks_per_host=None if args.ranks_per_host is None else _int(args.ranks_per_host, "--ranks-per-host", 1))
 
 
 def main(args, argv) -> int:

@@ -42,6 +42,8 @@ class CompareConfig:
     json_path: str | None = None
     save_dir: str | None = "runs"
     plot_dir: str | None = None
+    cluster: str | None = None          # emulated cluster the benches run on (bench --cluster)
+    ranks_per_host: int | None = None
 
 
 @dataclass

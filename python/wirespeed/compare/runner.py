@@ -28,11 +28,16 @@ class Outcome:
 
 def bench_argv(combo: Combo, cfg: CompareConfig, json_path: str) -> list[str]:
     """The `wirespeed bench` command line of one combination (sizes explicit, so all get the same)."""
-    return ["bench", "--backend", combo.backend, "--device", combo.device, "-d", combo.dtype,
+    argv = ["bench", "--backend", combo.backend, "--device", combo.device, "-d", combo.dtype,
             "-N", str(combo.nproc), "-c", ",".join(cfg.collectives), "-o", ",".join(cfg.ops),
             "--sizes", ",".join(str(s) for s in cfg.sizes), "-n", str(cfg.iters),
             "-w", str(cfg.warmup_iters), "-T", f"{cfg.timeout_s:g}", "--json", json_path,
             "--no-save", "--no-progress"]
+    if cfg.cluster:
+        argv += ["--cluster", cfg.cluster]
+        if cfg.ranks_per_host:
+            argv += ["--ranks-per-host", str(cfg.ranks_per_host)]
+    return argv
 
 
 def child_env() -> dict:
