@@ -108,11 +108,7 @@ def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_ho
     _validate_for_world(cfg, cfg.nproc)
     check_local_gpus(cfg.nproc, cfg.backend)
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
-    if cluster:
-        from ..launch.cluster import spawn_on_cluster
-        port = parse_num(master_port, "--master-port") if master_port is not None else None
-        return spawn_on_cluster(argv, cfg.nproc, ranks_per_host, cluster, port, backend=cfg.backend)
-    return launch_ranks(argv, cfg.nproc, cfg.backend, master_port)
+    return launch_ranks(argv, cfg.nproc, cfg.backend, master_port, cluster, ranks_per_host)
 
 
 def _exchange_hosts(backend, world) -> list[str]:

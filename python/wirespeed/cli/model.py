@@ -47,6 +47,9 @@ def register(sub) -> None:
     add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
     add(p, "--json", default=None, help="write one JSON-lines record per strategy here")
     add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
+    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
+        help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host round robin")
+    add(p, "--ranks-per-host", default=None, help="with --cluster: place ranks in blocks of this many per host")
     # The launcher resolves the shapes once and hands them to its ranks (no model build per rank).
     p.add_argument("--resolved-shapes", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
@@ -142,7 +145,9 @@ def launch_local(cfg, args, argv) -> int:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(shapes.to_json(), f)
-        return launch_ranks([*argv, "--resolved-shapes", path], cfg.nproc, cfg.backend, args.master_port)
+        rph = parse_num(args.ranks_per_host, "--ranks-per-host") if args.ranks_per_host else None
+        return launch_ranks([*argv, "--resolved-shapes", path], cfg.nproc, cfg.backend, args.master_port,
+                            args.cluster, rph)
     finally:
         os.unlink(path)
 

@@ -82,14 +82,19 @@ def resolve_backend(backend: str | None, device: str | None) -> tuple[str, str]:
     return backend, device or BACKENDS[backend].devices[0]
 
 
-def launch_ranks(argv: list[str], nproc: int, backend: str, master_port_text) -> int:
-    """Start nproc local ranks of `wirespeed <argv>`: under mpirun for the MPI backend (its ranks
-    rendezvous through MPI), else wirespeed's own spawner with torchrun's environment."""
+def launch_ranks(argv: list[str], nproc: int, backend: str, master_port_text,
+                 cluster: str | None = None, ranks_per_host: int | None = None) -> int:
+    """Start nproc ranks of `wirespeed <argv>`: on the emulated cluster's hosts with --cluster,
+    else under mpirun for the MPI backend (its ranks rendezvous through MPI), else wirespeed's own
+    spawner with torchrun's environment."""
+    port = parse_num(master_port_text, "--master-port") if master_port_text is not None else None
+    if cluster:
+        from .cluster import spawn_on_cluster
+        return spawn_on_cluster(argv, nproc, ranks_per_host, cluster, port, backend=backend)
     if backend == "mpi":
         from ..backends.mpi import launch_mpirun
         return launch_mpirun(argv, nproc)
     from .local import spawn
-    port = parse_num(master_port_text, "--master-port") if master_port_text is not None else None
     return spawn(argv, nproc, port)
 
 
