@@ -9,8 +9,8 @@ import os
 import sys
 import time
 
-from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
+from ..errors import UsageError
+from ..launch.rankjob import (check_local_gpus, default_nproc, guarded_rank, launch_ranks,
                               parse_iters_timeout, parse_num, resolve_backend, start_backend)
 from ..sizes import format_size, parse_size
 from .common import add
@@ -108,7 +108,6 @@ def main(args, argv) -> int:
 def run_as_rank(c, info, total: int, args) -> int:
     import torch
 
-    from ..bench.watchdog import Watchdog
     from ..workloads.batching import measure_chunks
     backend = start_backend(c["backend"], c["device"], info, c["timeout"])
     device = backend.device_for(info, c["device"])
@@ -123,21 +122,14 @@ def run_as_rank(c, info, total: int, args) -> int:
         print(f"# {c['iters']} timed steps after {c['warmup']} warm-up; time = median over steps of the "
               "slowest rank; every chunk count checked with exact data")
         sys.stdout.flush()
-    watchdog = Watchdog(c["timeout"], info.rank)
     rows = []
-    try:
+    with guarded_rank(info.rank, c["timeout"]) as watchdog:
         buf = torch.empty(total // dt.itemsize, dtype=dt.torch, device=device)
         for k in c["chunks"]:
             rows.append(measure_chunks(backend, buf, k, dt, info.rank, info.world_size, c["warmup"],
                                        c["iters"], watchdog))
         watchdog.step("finishing")
         backend.barrier()
-    except WirespeedError:
-        raise
-    except Exception as e:
-        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
-    finally:
-        watchdog.close()
     wrong = sum(r["wrong"] for r in rows)
     if lead:
         _report(c, info, total, rows, args)

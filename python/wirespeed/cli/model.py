@@ -12,8 +12,8 @@ import sys
 import tempfile
 import time
 
-from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
+from ..errors import UsageError
+from ..launch.rankjob import (check_local_gpus, default_nproc, guarded_rank, launch_ranks,
                               parse_iters_timeout, parse_num, resolve_backend, start_backend,
                               uses_torch_distributed)
 from .common import add
@@ -153,7 +153,6 @@ def launch_local(cfg, args, argv) -> int:
 
 
 def run_as_rank(cfg, info, shapes) -> int:
-    from ..bench.watchdog import Watchdog
     from ..envinfo import record_env
     from ..workloads.runner import plan_for, run_rank, validate
     validate(cfg, info.world_size)
@@ -165,15 +164,8 @@ def run_as_rank(cfg, info, shapes) -> int:
     plan = plan_for(shapes, cfg)
     if lead:
         _print_header(cfg, info, shapes, plan)
-    watchdog = Watchdog(cfg.timeout_s, info.rank)
-    try:
+    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
         results = run_rank(cfg, info, backend, device, shapes, watchdog)
-    except WirespeedError:
-        raise
-    except Exception as e:
-        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
-    finally:
-        watchdog.close()
     bad = [r for r in results if not within_rounding(r["error"], cfg.dtype)]
     if lead:
         records = _records(cfg, info, shapes, plan, results, record_env())

@@ -13,8 +13,8 @@ import sys
 import tempfile
 import time
 
-from ..errors import UsageError, WirespeedError
-from ..launch.rankjob import (check_local_gpus, first_line, launch_ranks, parse_iters_timeout,
+from ..errors import UsageError
+from ..launch.rankjob import (check_local_gpus, guarded_rank, launch_ranks, parse_iters_timeout,
                               parse_num, resolve_backend, start_backend, uses_torch_distributed)
 from .common import add
 
@@ -76,21 +76,13 @@ def main(args, argv) -> int:
 
 
 def run_as_rank(c, info, args) -> int:
-    from ..bench.watchdog import Watchdog
     from ..workloads.objects import run_objects
     backend = start_backend(c["backend"], c["device"], info, c["timeout"])
     device = backend.device_for(info, c["device"])
-    watchdog = Watchdog(c["timeout"], info.rank)
-    try:
+    with guarded_rank(info.rank, c["timeout"]) as watchdog:
         rows = run_objects(backend, info.rank, info.world_size, device, c["warmup"], c["iters"], watchdog)
         watchdog.step("finishing")
         backend.barrier()
-    except WirespeedError:
-        raise
-    except Exception as e:
-        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
-    finally:
-        watchdog.close()
     wrong = sum(r["wrong"] for r in rows)
     if info.rank == 0:
         from ..envinfo import record_env

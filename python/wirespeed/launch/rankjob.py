@@ -3,6 +3,7 @@ default rank count, starting the backend with a one-line error, and the first li
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from ..errors import UsageError, WirespeedError
 
@@ -45,6 +46,22 @@ def default_nproc(text, device: str) -> int:
 def first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0][:300]
+
+
+@contextmanager
+def guarded_rank(rank: int, timeout_s: float):
+    """The body of a rank's work under a watchdog (no step may outlast the timeout); a library
+    exception leaves as one WirespeedError line naming the rank, never a traceback."""
+    from ..bench.watchdog import Watchdog
+    watchdog = Watchdog(timeout_s, rank)
+    try:
+        yield watchdog
+    except WirespeedError:
+        raise
+    except Exception as e:
+        raise WirespeedError(f"rank {rank}: {first_line(e)}") from None
+    finally:
+        watchdog.close()
 
 
 def start_backend(name: str, device: str, info, timeout_s: float):
