@@ -60,3 +60,19 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float | None = 2.0,
         nxt = int(size * stepfactor)
         size = nxt if nxt > size else size + 1
     return sizes
+
+
+def sizes_from_flags(sizes: str | None, minbytes: str, maxbytes: str, stepfactor: str,
+                     stepbytes: str | None = None) -> list[int]:
+    """The sizes a command's flags ask for: --sizes as a list, else the -b/-e/-f (or -i) sweep."""
+    if sizes:
+        out = [parse_size(s) for s in sizes.split(",") if s.strip()]
+        if not out:
+            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M")
+        return out
+    try:
+        factor = float(stepfactor)
+    except (TypeError, ValueError):
+        raise UsageError(f"--stepfactor must be a number, got {stepfactor!r}") from None
+    return sweep(parse_size(minbytes), parse_size(maxbytes), factor,
+                 parse_size(stepbytes) if stepbytes else None)

@@ -36,3 +36,14 @@ def test_sweep_rejects_min_above_max_and_bad_steps():
 def test_format_size_round_trips():
     for n in (0, 7, 1024, 3 << 20, 5 << 30, 1536):
         assert parse_size(format_size(n)) == n
+
+
+def test_sizes_from_flags_list_or_sweep():
+    from wirespeed.sizes import sizes_from_flags
+    assert sizes_from_flags("4K, 1M", "8", "64M", "2") == [4096, 1 << 20]
+    assert sizes_from_flags(None, "8", "64", "2") == [8, 16, 32, 64]
+    assert sizes_from_flags(None, "10", "30", "2", "10") == [10, 20, 30]
+    with pytest.raises(UsageError, match="--sizes is empty"):
+        sizes_from_flags(" , ", "8", "64", "2")
+    with pytest.raises(UsageError, match="--stepfactor must be a number"):
+        sizes_from_flags(None, "8", "64", "x")

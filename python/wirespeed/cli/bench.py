@@ -11,7 +11,7 @@ import time
 from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
-from ..sizes import parse_size, sweep
+from ..sizes import sizes_from_flags
 from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
                               parse_iters_timeout, parse_num, resolve_backend, start_backend)
 from .common import add, positive_int
@@ -65,14 +65,7 @@ def config_from_args(args) -> BenchConfig:
     colls = [c.name for c in parse_collectives(args.collective)]
     dtypes = [d.name for d in parse_dtypes(args.dtype)]
     ops = parse_ops(args.op)
-    if args.sizes:
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-        if not sizes:
-            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M")
-    else:
-        step = parse_size(args.stepbytes) if args.stepbytes else None
-        sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes),
-                      parse_num(args.stepfactor, "--stepfactor", float), step)
+    sizes = sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
     backend, device = resolve_backend(args.backend, args.device)
     iters, timeout = parse_iters_timeout(args)
     return BenchConfig(collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,

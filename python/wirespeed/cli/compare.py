@@ -59,30 +59,17 @@ def config_from_args(args):
     from ..bench.collectives import parse_collectives
     from ..bench.dtypes import parse_dtypes, parse_ops
     from ..compare.plan import PLANNED, CompareConfig, parse_nprocs, split_list
-    from ..sizes import parse_size, sweep
+    from ..launch.rankjob import parse_iters_timeout
+    from ..sizes import sizes_from_flags
     backends = split_list(args.backends, "--backends") if args.backends \
         else list(dict.fromkeys([*BACKENDS, *PLANNED]))
     dtypes = [d.name for d in parse_dtypes(args.dtypes)]
-    if args.sizes:
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-        if not sizes:
-            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M")
-    else:
-        try:
-            factor = float(args.stepfactor)
-        except ValueError:
-            raise UsageError(f"--stepfactor must be a number, got {args.stepfactor!r}") from None
-        sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor)
-    try:
-        timeout = float(args.timeout)
-    except ValueError:
-        raise UsageError(f"--timeout must be a number of seconds, got {args.timeout!r}") from None
-    if timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    sizes = sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor)
+    iters, timeout = parse_iters_timeout(args)
     return CompareConfig(
         backends=backends, dtypes=dtypes, devices=split_list(args.devices, "--devices"),
         nprocs=parse_nprocs(args.nprocs), collectives=[c.name for c in parse_collectives(args.collective)],
-        ops=parse_ops(args.op), sizes=sizes, iters=_int(args.iters, "--iters", 1),
+        ops=parse_ops(args.op), sizes=sizes, iters=iters,
         warmup_iters=_int(args.warmup_iters, "--warmup-iters", 0), timeout_s=timeout,
         repeat=_int(args.repeat, "--repeat", 1), variant=args.variant, json_path=args.json,
         save_dir=None if args.no_save else args.save_dir, plot_dir=args.plot_dir,
