@@ -68,12 +68,17 @@ def grid(ws, gl, me, w, dtypes, sizes):
             for opname, op in OPS.items():
                 name = f"w{w} {dname} n{n} {opname}"
                 # all_reduce
+                # blocking calls run inline in the backend, async ones go through the engine's
+                # worker and a Work: both forms are checked throughout the grid
                 def ar(g):
                     t = inputs(me, n, dt, opname, w)
                     dist.all_reduce(t, op=op, group=g)
-                    return t
+                    t2 = inputs(me, n, dt, opname, w)
+                    dist.all_reduce(t2, op=op, group=g, async_op=True).wait()
+                    return torch.cat([t, t2])
                 a, b = on_both(ar, ws, gl)
-                same("all_reduce " + name, a, b, reduce_values(range(w), 0, n, dt, opname, w))
+                exp = reduce_values(range(w), 0, n, dt, opname, w)
+                same("all_reduce " + name, a, b, torch.cat([exp, exp]))
                 # reduce onto the last rank
                 root = w - 1
                 def rd(g):
@@ -91,7 +96,8 @@ def grid(ws, gl, me, w, dtypes, sizes):
                     out = torch.empty(n, dtype=dt.torch)
                     dist.reduce_scatter_tensor(out, src, op=op, group=g)
                     out2 = torch.empty(n, dtype=dt.torch)
-                    dist.reduce_scatter(out2, list(src.chunk(w)) if n else [src[:0]] * w, op=op, group=g)
+                    dist.reduce_scatter(out2, list(src.chunk(w)) if n else [src[:0]] * w, op=op, group=g,
+                                        async_op=True).wait()
                     return torch.cat([out, out2])
                 a, b = on_both(rs, ws, gl)
                 exp = reduce_values(range(w), me * n, n, dt, opname, w)
@@ -103,7 +109,7 @@ def grid(ws, gl, me, w, dtypes, sizes):
                 out = torch.empty(n * w, dtype=dt.torch)
                 dist.all_gather_into_tensor(out, mine, group=g)
                 outs = [torch.empty(n, dtype=dt.torch) for _ in range(w)]
-                dist.all_gather(outs, mine, group=g)
+                dist.all_gather(outs, mine, group=g, async_op=True).wait()
                 return torch.cat([out, *outs])
             a, b = on_both(ag, ws, gl)
             exp = torch.cat([inputs(r, n, dt, None, w) for r in range(w)])
@@ -125,7 +131,8 @@ def grid(ws, gl, me, w, dtypes, sizes):
                 even_out = torch.empty(n * w, dtype=dt.torch)
                 dist.all_to_all_single(even_out, even_in, group=g)
                 outs = [torch.empty(n, dtype=dt.torch) for _ in range(w)]
-                dist.all_to_all(outs, list(even_in.chunk(w)) if n else [even_in[:0]] * w, group=g)
+                dist.all_to_all(outs, list(even_in.chunk(w)) if n else [even_in[:0]] * w, group=g,
+                                async_op=True).wait()
                 return torch.cat([out.flatten(), even_out, *outs])
             a, b = on_both(a2a, ws, gl)
             parts = []
@@ -156,6 +163,7 @@ def grid(ws, gl, me, w, dtypes, sizes):
                     for q in reqs:
                         q.wait()
                     dist.barrier(group=g)
+                    dist.barrier(group=g, async_op=True).wait()
                     return got
                 a, b = on_both(p2p, ws, gl)
                 same("send/recv " + name, a, b, inputs((me - 1) % w, n, dt, None, w))

@@ -55,8 +55,15 @@ impl Group {
     fn engine(&self) -> PyResult<&Engine> {
         self.engine.as_ref().ok_or_else(|| UnsupportedError::new_err("the group is not connected yet"))
     }
-    fn submit(&self, op: Op) -> PyResult<u64> {
-        Ok(self.engine()?.submit(op))
+    /// Queue `op` (the worker progresses it; await it with `wait`), or with `blocking` run it to
+    /// completion in this thread, GIL released: no thread hand-off, the lowest latency.
+    fn submit(&self, py: Python<'_>, op: Op, blocking: bool) -> PyResult<u64> {
+        let e = self.engine()?;
+        if blocking {
+            py.allow_threads(|| e.run(op)).map_err(to_py)
+        } else {
+            Ok(e.submit(op))
+        }
     }
 }
 
@@ -104,38 +111,49 @@ impl Group {
         self.world
     }
 
-    fn all_reduce(&self, buf: usize, count: usize, dtype_code: u32, op: u32) -> PyResult<u64> {
-        self.submit(Op::AllReduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)? })
+    #[pyo3(signature = (buf, count, dtype_code, op, blocking=false))]
+    fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::AllReduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)? }, blocking)
     }
-    fn reduce_scatter(&self, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32) -> PyResult<u64> {
-        self.submit(Op::ReduceScatter { send, out, count, dtype: dtype(dtype_code)?, op: rop(op)? })
+    #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
+    fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::ReduceScatter { send, out, count, dtype: dtype(dtype_code)?, op: rop(op)? }, blocking)
     }
-    fn reduce(&self, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize) -> PyResult<u64> {
-        self.submit(Op::Reduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)?, root })
+    #[pyo3(signature = (buf, count, dtype_code, op, root, blocking=false))]
+    fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Reduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)?, root }, blocking)
     }
-    fn all_gather(&self, send: (usize, usize), recv: Bufs) -> PyResult<u64> {
-        self.submit(Op::AllGather { send, recv })
+    #[pyo3(signature = (send, recv, blocking=false))]
+    fn all_gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::AllGather { send, recv }, blocking)
     }
-    fn all_to_all(&self, send: Bufs, recv: Bufs) -> PyResult<u64> {
-        self.submit(Op::AllToAll { send, recv })
+    #[pyo3(signature = (send, recv, blocking=false))]
+    fn all_to_all(&self, py: Python<'_>, send: Bufs, recv: Bufs, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::AllToAll { send, recv }, blocking)
     }
-    fn broadcast(&self, buf: (usize, usize), root: usize) -> PyResult<u64> {
-        self.submit(Op::Broadcast { buf, root })
+    #[pyo3(signature = (buf, root, blocking=false))]
+    fn broadcast(&self, py: Python<'_>, buf: (usize, usize), root: usize, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Broadcast { buf, root }, blocking)
     }
-    fn gather(&self, send: (usize, usize), recv: Bufs, root: usize) -> PyResult<u64> {
-        self.submit(Op::Gather { send, recv, root })
+    #[pyo3(signature = (send, recv, root, blocking=false))]
+    fn gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, root: usize, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Gather { send, recv, root }, blocking)
     }
-    fn scatter(&self, send: Bufs, recv: (usize, usize), root: usize) -> PyResult<u64> {
-        self.submit(Op::Scatter { send, recv, root })
+    #[pyo3(signature = (send, recv, root, blocking=false))]
+    fn scatter(&self, py: Python<'_>, send: Bufs, recv: (usize, usize), root: usize, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Scatter { send, recv, root }, blocking)
     }
-    fn barrier(&self) -> PyResult<u64> {
-        self.submit(Op::Barrier)
+    #[pyo3(signature = (blocking=false))]
+    fn barrier(&self, py: Python<'_>, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Barrier, blocking)
     }
-    fn send(&self, to: usize, buf: (usize, usize), tag: u64) -> PyResult<u64> {
-        self.submit(Op::Send { to, buf, tag })
+    #[pyo3(signature = (to, buf, tag, blocking=false))]
+    fn send(&self, py: Python<'_>, to: usize, buf: (usize, usize), tag: u64, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Send { to, buf, tag }, blocking)
     }
-    fn recv(&self, from: usize, buf: (usize, usize), tag: u64) -> PyResult<u64> {
-        self.submit(Op::Recv { from, buf, tag })
+    #[pyo3(signature = (from, buf, tag, blocking=false))]
+    fn recv(&self, py: Python<'_>, from: usize, buf: (usize, usize), tag: u64, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Recv { from, buf, tag }, blocking)
     }
 
     /// Block until op `id` completes (GIL released); raises its error.
