@@ -54,7 +54,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per backend and placement")
     ap.add_argument("--backends", default="wirespeed,gloo")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--placements", default="2,4", help="rank counts to run: 2 (0 | 1), 4 (0,2 | 1,3)")
     args = ap.parse_args(argv)
+    nprocs = [int(n) for n in args.placements.split(",")]
+    if not set(nprocs) <= {2, 4}:
+        ap.error("--placements takes 2, 4 or 2,4")
     rate = parse_rate(args.rate)
     backends = args.backends.split(",")
     c, _ = C.up(2, rate, name=NAME, measure=False)
@@ -69,7 +73,7 @@ def main(argv=None) -> int:
               f"{args.rounds} rounds alternating backends; busbw = S/t x 2(n-1)/n, t = slowest rank's median")
         results: dict[tuple[str, int], list[float]] = {}
         for rnd in range(args.rounds):
-            for nproc in (2, 4):
+            for nproc in nprocs:
                 for b in (backends if rnd % 2 == 0 else backends[::-1]):
                     rec = bench(b, nproc, args.size, args.iters, args.warmup, args.timeout)
                     results.setdefault((b, nproc), []).append(rec["busbw_gbps"])
@@ -80,6 +84,8 @@ def main(argv=None) -> int:
         print(f"{'placement':<22} " + " ".join(f"{b + ' GB/s':>15} {'/ceiling':>9}" for b in backends)
               + (f" {'ws/gloo':>8}" if {"wirespeed", "gloo"} <= set(backends) else ""))
         for nproc, label in ((2, "2 ranks: 0 | 1"), (4, "4 ranks: 0,2 | 1,3")):
+            if nproc not in nprocs:
+                continue
             med = {b: statistics.median(results[(b, nproc)]) for b in backends}
             row = f"{label:<22} " + " ".join(f"{med[b]:>15.4f} {med[b] / ceiling:>9.1%}" for b in backends)
             if "wirespeed" in med and "gloo" in med:

@@ -132,6 +132,12 @@ impl HostsComm {
     pub fn hosts(&self) -> &[Vec<usize>] {
         &self.lay.hosts
     }
+    /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO does (`Ring` or `Hier`; any
+    /// other value lets the cost model choose). Every rank must choose the same.
+    pub fn force_all_reduce(&mut self, algo: crate::algo::AllReduceAlgo) {
+        self.tuning.all_reduce = algo;
+    }
+
     /// Connections refused so far by this rank's listener.
     pub fn refused(&self) -> usize {
         self.tcp.refused()
