@@ -179,26 +179,25 @@ impl Comm {
         if bytes > 0 {
             let block = self.tuning.block_bytes.min(bytes).next_multiple_of(64);
             let scratch = self.scratch(block * self.world) as usize;
-            let mut srcs = vec![0usize; self.world];
+            let mut srcs: Vec<*const u8> = vec![std::ptr::null(); self.world];
             let mut b = 0;
             while b < bytes {
                 let nb = block.min(bytes - b);
                 for j in 0..self.world {
                     srcs[j] = if j == self.rank {
-                        send[j].0 + b
+                        (send[j].0 + b) as *const u8
                     } else {
                         let p = self.net.segs[j].piece(parity, self.rank);
                         if p.mode == MODE_SLOT {
-                            self.net.segs[j].slot(parity) as usize + p.loc as usize + b
+                            unsafe { self.net.segs[j].slot(parity).add(p.loc as usize + b) as *const u8 }
                         } else {
                             let dst = scratch + j * block;
                             self.net.read_from(j, p.loc + b as u64, dst as *mut u8, nb)?;
-                            dst
+                            dst as *const u8
                         }
                     };
                 }
-                let ptrs: Vec<*const u8> = srcs.iter().map(|&s| s as *const u8).collect();
-                unsafe { reduce_many((out + b) as *mut u8, &ptrs, nb / esize, dtype, op, self.world) };
+                unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / esize, dtype, op, self.world) };
                 b += nb;
             }
         }
@@ -236,7 +235,7 @@ impl Comm {
     /// In-place all_reduce of `count` elements at `buf`.
     pub fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
-        let algo = self.tuning.pick_all_reduce(bytes, self.world, sys::cpus_available());
+        let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
         self.guarded(|c| {
             let h = c.header(ALL_REDUCE, Some(dtype), Some(op), 0, count as u64, algo as u32);
             match algo {

@@ -30,15 +30,18 @@ pub struct SpinPolicy {
 }
 
 impl SpinPolicy {
-    /// Spin ~50 us when every rank has a core (a futex wake-up costs ~30 us on this VM); when ranks
-    /// outnumber cores, spinning only steals the core the awaited peer needs, so yield instead.
+    /// Spin ~200 us when every rank has a core. A futex wake-up costs ~30 us on this VM, and a
+    /// shorter spin can lock two ranks into a cycle: the one woken late arrives at the next op
+    /// after the other has given up spinning, which then sleeps and is woken late in turn (seen
+    /// with 50 us and torch's ~10 us of Python per op: 85 us per 4 KiB all_reduce instead of 14).
+    /// When ranks outnumber cores, spinning only steals the core the awaited peer needs, so yield.
     pub fn for_ranks(local_ranks: usize) -> SpinPolicy {
         let cpus = sys::cpus_available();
         let spin_us = std::env::var("WIRESPEED_SPIN_US").ok().and_then(|v| v.parse().ok());
         if local_ranks > cpus {
             SpinPolicy { spin: Duration::from_micros(spin_us.unwrap_or(200)), yield_while_spinning: true }
         } else {
-            SpinPolicy { spin: Duration::from_micros(spin_us.unwrap_or(50)), yield_while_spinning: false }
+            SpinPolicy { spin: Duration::from_micros(spin_us.unwrap_or(200)), yield_while_spinning: false }
         }
     }
 }
@@ -71,6 +74,8 @@ pub struct Comm {
     pub(crate) p2p_sent: Vec<u32>,
     pub(crate) p2p_recvd: Vec<u32>,
     pub(crate) tuning: crate::algo::Tuning,
+    /// CPUs this process may run on, read once at setup (a system call per op would cost ~0.3 us).
+    pub(crate) cpus: usize,
 }
 
 impl Comm {
@@ -106,6 +111,7 @@ impl Comm {
             p2p_sent: vec![0; world],
             p2p_recvd: vec![0; world],
             tuning,
+            cpus: sys::cpus_available(),
         })
     }
 

@@ -46,6 +46,7 @@ def _buf(t: torch.Tensor) -> tuple[int, int]:
 
 
 _SUM = dist.ReduceOp.SUM
+_STRIDED = torch.strided
 
 
 def _op(opts) -> int:
@@ -172,8 +173,9 @@ class WirespeedProcessGroup(dist.ProcessGroup):
         # path to a handful of attribute reads (each costs ~0.1-0.2 us on a pybind object).
         if opts is not None and len(tensors) == 1 and not getattr(opts, "asyncOp", True):
             t = tensors[0]
-            if t.is_cpu and t.dtype in _DTYPES and t.is_contiguous() and t.layout == torch.strided:
-                self._all_reduce(t.data_ptr(), t.numel(), _DTYPES[t.dtype], _op(opts), True)
+            code = _DTYPES.get(t.dtype)
+            if code is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
+                self._all_reduce(t.data_ptr(), t.numel(), code, 0 if opts.reduceOp == _SUM else _op(opts), True)
                 return None
         t = _check(_one(tensors, "allreduce"), "the all_reduce tensor")
         op = _op(opts) if opts is not None else 0
