@@ -18,6 +18,9 @@ pub enum AllReduceAlgo {
     Ring,
     /// Across hosts: shm reduce in each host, ring among host leaders over TCP, shm broadcast.
     Hier,
+    /// Across hosts: as `Hier`, with recursive doubling among the leaders (a power of two of
+    /// hosts; otherwise the ring). The cost model's choice for small messages.
+    Doubling,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -48,9 +51,10 @@ impl Tuning {
             "rsag" => AllReduceAlgo::Rsag,
             "ring" => AllReduceAlgo::Ring,
             "hier" => AllReduceAlgo::Hier,
+            "doubling" => AllReduceAlgo::Doubling,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, rsag (one host), ring or hier (across hosts)"
+                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, rsag (one host), ring, hier or doubling (across hosts)"
                 )))
             }
         };
@@ -67,7 +71,7 @@ impl Tuning {
             AllReduceAlgo::OneShot if fits => return AllReduceAlgo::OneShot,
             AllReduceAlgo::Rsag | AllReduceAlgo::OneShot => return AllReduceAlgo::Rsag,
             // The cross-host algorithms name no shm algorithm: choose as auto does.
-            AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier => {}
+            AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {}
         }
         if !fits {
             return AllReduceAlgo::Rsag;
@@ -81,17 +85,53 @@ impl Tuning {
     }
 
     /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks.
-    /// `ring` and `hier` are obeyed; `oneshot`/`rsag` name shm algorithms, so they choose as auto.
+    /// `ring` and `hier` are obeyed (`doubling` is a kind of `hier`); `oneshot`/`rsag` name shm
+    /// algorithms, so they choose as auto.
     pub fn pick_across_hosts(&self, bytes: usize, world: usize, hosts: usize) -> AllReduceAlgo {
         match self.all_reduce {
             AllReduceAlgo::Ring => AllReduceAlgo::Ring,
-            AllReduceAlgo::Hier => AllReduceAlgo::Hier,
+            AllReduceAlgo::Hier | AllReduceAlgo::Doubling => AllReduceAlgo::Hier,
             _ => {
                 let (hier, ring) = cost_across_hosts_us(bytes as f64, world as f64, hosts as f64);
                 if hier <= ring { AllReduceAlgo::Hier } else { AllReduceAlgo::Ring }
             }
         }
     }
+
+    /// The all_reduce among `leaders` host leaders (inside `hier`) for `bytes` per rank: `Ring`
+    /// or `Doubling` (only for a power of two of leaders).
+    pub fn pick_among_leaders(&self, bytes: usize, leaders: usize) -> AllReduceAlgo {
+        if leaders < 2 || !leaders.is_power_of_two() {
+            return AllReduceAlgo::Ring;
+        }
+        match self.all_reduce {
+            AllReduceAlgo::Doubling => AllReduceAlgo::Doubling,
+            AllReduceAlgo::Hier | AllReduceAlgo::Ring => AllReduceAlgo::Ring,
+            _ if bytes > DOUBLING_MAX => AllReduceAlgo::Ring,
+            _ => {
+                let (doubling, ring) = cost_among_leaders_us(bytes as f64, leaders as f64);
+                if doubling < ring { AllReduceAlgo::Doubling } else { AllReduceAlgo::Ring }
+            }
+        }
+    }
+}
+
+/// Largest message recursive doubling takes: it holds a whole-buffer scratch and reduces only once
+/// a whole buffer has arrived, where the ring's slices bound the scratch and overlap the reduction
+/// with the link. (On 2 hosts the model alone would pick doubling at any size: same bytes, one
+/// message fewer.)
+const DOUBLING_MAX: usize = 256 << 10;
+
+/// Estimated microseconds of (recursive doubling, ring) among `h` host leaders for `s` bytes,
+/// with the link constants of `cost_across_hosts_us`: doubling sends all of S in each of log2(h)
+/// rounds; the ring sends 2(h-1) messages carrying 2·S·(h-1)/h in all. Doubling wins below
+/// ~50 KB on 8 hosts, ~75 KB on 4, and at every size on 2.
+pub fn cost_among_leaders_us(s: f64, h: f64) -> (f64, f64) {
+    let link = 117.0;
+    let msg = 50.0;
+    let doubling = h.log2() * (msg + s / link);
+    let ring = 2.0 * (h - 1.0) * msg + 2.0 * s * (h - 1.0) / h / link;
+    (doubling, ring)
 }
 
 /// Estimated microseconds of (hier, ring) all_reduce across hosts, ranks spread evenly (L = n/H
@@ -155,6 +195,18 @@ mod tests {
         assert!((hier - ring).abs() < 1e-6);
         let forced = Tuning { all_reduce: AllReduceAlgo::Ring, ..t };
         assert_eq!(forced.pick_across_hosts(64 << 20, 4, 2), AllReduceAlgo::Ring);
+        // Among leaders: doubling for small messages on a power of two of hosts, else the ring.
+        assert_eq!(t.pick_among_leaders(4096, 2), AllReduceAlgo::Doubling);
+        assert_eq!(t.pick_among_leaders(4096, 8), AllReduceAlgo::Doubling);
+        assert_eq!(t.pick_among_leaders(4096, 3), AllReduceAlgo::Ring);
+        assert_eq!(t.pick_among_leaders(1 << 20, 2), AllReduceAlgo::Ring);
+        assert_eq!(t.pick_among_leaders(200 << 10, 8), AllReduceAlgo::Ring, "the model's crossover");
+        let doubling = Tuning { all_reduce: AllReduceAlgo::Doubling, ..t };
+        assert_eq!(doubling.pick_across_hosts(64 << 20, 4, 2), AllReduceAlgo::Hier);
+        assert_eq!(doubling.pick_among_leaders(64 << 20, 4), AllReduceAlgo::Doubling);
+        assert_eq!(doubling.pick_among_leaders(64, 3), AllReduceAlgo::Ring);
+        let hier = Tuning { all_reduce: AllReduceAlgo::Hier, ..t };
+        assert_eq!(hier.pick_among_leaders(64, 2), AllReduceAlgo::Ring);
         assert_eq!(forced.pick_all_reduce(64 << 20, 4, 2), AllReduceAlgo::Rsag, "one host ignores ring");
     }
 }

@@ -239,7 +239,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(ALL_REDUCE, Some(dtype), Some(op), 0, count as u64, algo as u32);
             match algo {
-                AllReduceAlgo::OneShot | AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier => {
+                AllReduceAlgo::OneShot | AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {
                     let send = vec![(buf, bytes); c.world];
                     let (_, sync_due) = c.reduce_to_me(h, &send, buf, count, dtype, op, Mode::Stage)?;
                     if sync_due {

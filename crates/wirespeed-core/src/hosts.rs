@@ -3,8 +3,9 @@
 //! hosts is joined by TCP (tcp.rs). Point-to-point goes over whichever of the two joins a pair.
 //!
 //! Collectives across hosts:
-//! - all_reduce: hierarchical (shm reduce to each host's leader, ring among leaders over TCP, shm
-//!   broadcast from the leader; ring.rs), or a flat ring over all ranks with WIRESPEED_ALGO=ring.
+//! - all_reduce: hierarchical (shm reduce to each host's leader, ring or recursive doubling among
+//!   leaders over TCP, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
+//!   WIRESPEED_ALGO=ring (ring.rs).
 //! - broadcast: the root sends once to one rank per other host, then each host broadcasts in shm,
 //!   so the payload crosses each host's link once.
 //! - the rest: direct exchanges (every rank sends what each peer needs, in pieces, and reduces
@@ -132,8 +133,8 @@ impl HostsComm {
     pub fn hosts(&self) -> &[Vec<usize>] {
         &self.lay.hosts
     }
-    /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO does (`Ring` or `Hier`; any
-    /// other value lets the cost model choose). Every rank must choose the same.
+    /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO does (`Ring`, `Hier` or
+    /// `Doubling`; any other value lets the cost model choose). Every rank must choose the same.
     pub fn force_all_reduce(&mut self, algo: crate::algo::AllReduceAlgo) {
         self.tuning.all_reduce = algo;
     }

@@ -1,5 +1,5 @@
-//! all_reduce across hosts: the ring (bandwidth-optimal among the ranks it joins) and the
-//! hierarchical all_reduce built on it.
+//! The ring all_reduce (bandwidth-optimal among the ranks it joins), across hosts: over every
+//! rank (WIRESPEED_ALGO=ring) or among host leaders inside the hierarchical all_reduce (hier.rs).
 //!
 //! Ring over members m_0..m_{k-1} (this rank is m_p). The buffer is cut into slices of k pieces
 //! of at most `RING_PIECE` bytes; each slice runs the textbook ring on its own:
@@ -22,11 +22,6 @@
 //! the ring, which cannot close into a cycle. Buffer safety: a region is received into only after
 //! the data that arrives for it passed through every earlier send of it (the ring's causality), so
 //! no send (queued for TCP, or read in place over shm) can see it overwritten.
-//!
-//! Hierarchical (the default across hosts): shm reduce onto each host's leader (its lowest rank),
-//! ring among the leaders over TCP, shm broadcast from the leader. Each host's link carries
-//! 2·S·(H-1)/H bytes each way whatever the number of ranks per host, where a flat ring over ranks
-//! placed round robin sends every hop over a link.
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::hosts::HostsComm;
@@ -110,23 +105,5 @@ impl HostsComm {
             sent += 1;
         }
         tickets.iter().try_for_each(|t| t.wait())
-    }
-
-    /// Hierarchical all_reduce (see the module comment).
-    pub(crate) fn hier_all_reduce(&mut self, tag: u64, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        // avg: sum inside hosts; the ring divides by the whole world once.
-        let local_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
-        let nlocal = self.hosts()[self.my_host()].len();
-        if nlocal > 1 {
-            self.local.reduce(buf, count, dtype, local_op, 0)?;
-        }
-        if self.is_leader() {
-            let leaders: Vec<usize> = self.hosts().iter().map(|h| h[0]).collect();
-            self.ring_all_reduce(tag, &leaders, buf, count, dtype, op)?;
-        }
-        if nlocal > 1 {
-            self.local.broadcast((buf, count * dtype.size()), 0)?;
-        }
-        Ok(())
     }
 }

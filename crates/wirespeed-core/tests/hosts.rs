@@ -50,11 +50,13 @@ const LAYOUTS: &[&[&str]] = &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b
 fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
     for ids in LAYOUTS {
         let w = ids.len();
-        // The hierarchy (ring among host leaders) and the flat ring over every rank (shm and TCP
-        // hops mixed); 700_001 elements span several pipelined ring slices, the last one short.
+        // Auto (small sizes take recursive doubling among leaders on 2 hosts, the ring otherwise),
+        // the hierarchy forced onto the ring among leaders, the flat ring over every rank (shm
+        // and TCP hops mixed) and doubling forced at every size (3 hosts fall back to the ring);
+        // 700_001 elements span several pipelined ring slices, the last one short.
         let out = with_hosts(ids, move |c| {
             let mut res = Vec::new();
-            for algo in [AllReduceAlgo::Hier, AllReduceAlgo::Ring] {
+            for algo in [AllReduceAlgo::Auto, AllReduceAlgo::Hier, AllReduceAlgo::Ring, AllReduceAlgo::Doubling] {
                 c.force_all_reduce(algo);
                 for &n in &[0usize, 1, 17, 1000, 700_001] {
                     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
