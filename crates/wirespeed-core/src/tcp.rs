@@ -44,6 +44,8 @@ const FRAME_LEN: usize = 40;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest single blocking wait: how often stop flags and deadlines are checked.
 const SLICE: Duration = Duration::from_millis(50);
+/// How long a receive polls without sleeping before it blocks (see `Link::recv`).
+const RECV_SPIN: Duration = Duration::from_micros(50);
 
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
@@ -540,6 +542,9 @@ impl Link {
             }
         }
         let fds: Vec<i32> = self.socks.iter().map(|s| s.as_raw_fd()).collect();
+        // When nothing is readable, poll without sleeping for RECV_SPIN first: a wake-up from a
+        // blocking poll costs tens of microseconds here, as much as a small message's whole trip.
+        let mut idle_since: Option<Instant> = None;
         loop {
             let active: Vec<usize> = (0..self.rx.len()).filter(|&s| !matches!(self.rx[s], Rx::Held(_) | Rx::Closed)).collect();
             let busy = self.rx.iter().any(|r| matches!(r, Rx::Body { .. }));
@@ -553,7 +558,15 @@ impl Link {
                 return Err(Error::Mismatch(format!("rank {from} moved past message {seq} before sending all of it")));
             }
             let mut polls: Vec<libc::pollfd> = active.iter().map(|&s| libc::pollfd { fd: fds[s], events: libc::POLLIN, revents: 0 }).collect();
-            let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, SLICE.as_millis() as i32) };
+            let spinning = idle_since.get_or_insert_with(Instant::now).elapsed() < RECV_SPIN;
+            let wait_ms = if spinning { 0 } else { SLICE.as_millis() as i32 };
+            let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, wait_ms) };
+            if n > 0 {
+                idle_since = None;
+            } else if spinning {
+                std::hint::spin_loop();
+                continue;
+            }
             if n <= 0 {
                 if let Some(e) = self.tx.error.lock().unwrap().clone() {
                     return Err(e);
