@@ -1,7 +1,10 @@
 """The torch.distributed ProcessGroup for wirespeed: a Python subclass (torch's documented route
-for out-of-tree backends) whose methods validate tensors, queue the op in the native engine and
-return a Work. The engine runs ops in order, in the background or inline in whichever thread
-waits first, with the GIL released; `get_future()` is completed by one helper thread per group.
+for out-of-tree backends) whose methods validate tensors and hand the op to the native engine.
+A call torch will wait on at once (opts.asyncOp False, i.e. async_op=False) runs inline in the
+caller's thread and returns None, as torch allows for backends that complete synchronously; an
+async call is queued and returns a Work. The engine runs ops in order, in the background or
+inline in whichever thread waits first, with the GIL released; `get_future()` is completed by one
+helper thread per group.
 """
 from __future__ import annotations
 
