@@ -268,7 +268,7 @@ impl Comm {
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
     pub fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        self.check_list(send.len(), "reduce_scatter inputs")?;
+        check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let h = c.header(REDUCE_SCATTER, Some(dtype), Some(op), 0, count as u64, 0);
             let (_, sync_due) = c.reduce_to_me(h, send, out, count, dtype, op, Mode::Auto)?;
@@ -281,7 +281,7 @@ impl Comm {
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
     pub fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
-        self.check_root(root)?;
+        check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
         self.guarded(|c| {
             let h = c.header(REDUCE, Some(dtype), Some(op), root, count as u64, 0);
@@ -298,7 +298,7 @@ impl Comm {
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
     pub fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
-        self.check_list(recv.len(), "all_gather outputs")?;
+        check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
             let sends = vec![send; c.world];
@@ -308,8 +308,8 @@ impl Comm {
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
     pub fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
-        self.check_list(send.len(), "all_to_all inputs")?;
-        self.check_list(recv.len(), "all_to_all outputs")?;
+        check_list(self.world, send.len(), "all_to_all inputs")?;
+        check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
             c.exchange(h, send, recv, Mode::Auto)
@@ -318,7 +318,7 @@ impl Comm {
 
     /// `buf` on every rank = `buf` on `root`.
     pub fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
-        self.check_root(root)?;
+        check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(BROADCAST, None, None, root, buf.1 as u64, 0);
             let none = (0usize, 0usize);
@@ -334,7 +334,7 @@ impl Comm {
 
     /// On `root`, recv[j] = rank j's `send`.
     pub fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
-        self.check_root(root)?;
+        check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(GATHER, None, None, root, send.1 as u64, 0);
             let none = (0usize, 0usize);
@@ -350,7 +350,7 @@ impl Comm {
 
     /// recv = `root`'s send[rank].
     pub fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
-        self.check_root(root)?;
+        check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(SCATTER, None, None, root, recv.1 as u64, 0);
             let none = (0usize, 0usize);
@@ -372,17 +372,20 @@ impl Comm {
         })
     }
 
-    fn check_root(&self, root: usize) -> Result<()> {
-        if root >= self.world {
-            return Err(Error::Unsupported(format!("root {root} is not a rank of this group of {}", self.world)));
-        }
-        Ok(())
-    }
+}
 
-    fn check_list(&self, n: usize, what: &str) -> Result<()> {
-        if n != self.world {
-            return Err(Error::Unsupported(format!("{what}: expected {} buffers (one per rank), got {n}", self.world)));
-        }
-        Ok(())
+/// A rank argument (root, peer) outside the group: one check for the one-host and multi-host groups.
+pub(crate) fn check_rank(world: usize, r: usize, what: &str) -> Result<()> {
+    if r >= world {
+        return Err(Error::Unsupported(format!("{what} {r} is not a rank of this group of {world}")));
     }
+    Ok(())
+}
+
+/// A list of per-rank buffers of the wrong length.
+pub(crate) fn check_list(world: usize, n: usize, what: &str) -> Result<()> {
+    if n != world {
+        return Err(Error::Unsupported(format!("{what}: expected {world} buffers (one per rank), got {n}")));
+    }
+    Ok(())
 }

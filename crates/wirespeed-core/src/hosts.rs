@@ -18,7 +18,7 @@
 //! group: the local segment says why (local peers raise at once) and the TCP connections are shut
 //! (remote peers raise at once).
 use crate::algo::{AllReduceAlgo, Tuning};
-use crate::collectives::{Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
+use crate::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -195,20 +195,6 @@ impl HostsComm {
         r
     }
 
-    fn check_rank(&self, r: usize, what: &str) -> Result<()> {
-        if r >= self.world {
-            return Err(Error::Unsupported(format!("{what} {r} is not a rank of this group of {}", self.world)));
-        }
-        Ok(())
-    }
-
-    fn check_list(&self, n: usize, what: &str) -> Result<()> {
-        if n != self.world {
-            return Err(Error::Unsupported(format!("{what}: expected {} buffers (one per rank), got {n}", self.world)));
-        }
-        Ok(())
-    }
-
     /// recv[j] = what rank j sends to this rank; send[j] goes to rank j. Sends are posted first
     /// (they never block on the receiver), then receives run from the nearest rank outward.
     fn exchange(&mut self, tag: u64, send: &[Buf], recv: &[Buf]) -> Result<()> {
@@ -318,14 +304,14 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| c.all_reduce_impl(buf, count, dtype, op))
     }
     fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        self.check_list(send.len(), "reduce_scatter inputs")?;
+        check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let tag = c.tag(REDUCE_SCATTER, Some(dtype), Some(op), 0);
             c.reduce_direct(tag, send, None, Some(out), count, dtype, op)
         })
     }
     fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
-        self.check_rank(root, "root")?;
+        check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let tag = c.tag(REDUCE, Some(dtype), Some(op), root);
             let mut send = vec![(0usize, 0usize); c.world];
@@ -335,28 +321,28 @@ impl crate::group::Collectives for HostsComm {
         })
     }
     fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
-        self.check_list(recv.len(), "all_gather outputs")?;
+        check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_GATHER, None, None, 0);
             c.exchange(tag, &vec![send; c.world], recv)
         })
     }
     fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
-        self.check_list(send.len(), "all_to_all inputs")?;
-        self.check_list(recv.len(), "all_to_all outputs")?;
+        check_list(self.world, send.len(), "all_to_all inputs")?;
+        check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_TO_ALL, None, None, 0);
             c.exchange(tag, send, recv)
         })
     }
     fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
-        self.check_rank(root, "root")?;
+        check_rank(self.world, root, "root")?;
         self.guarded(|c| c.broadcast_impl(buf, root))
     }
     fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
-        self.check_rank(root, "root")?;
+        check_rank(self.world, root, "root")?;
         if self.rank == root {
-            self.check_list(recv.len(), "gather outputs on the root")?;
+            check_list(self.world, recv.len(), "gather outputs on the root")?;
         }
         self.guarded(|c| {
             let tag = c.tag(GATHER, None, None, root);
@@ -376,9 +362,9 @@ impl crate::group::Collectives for HostsComm {
         })
     }
     fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
-        self.check_rank(root, "root")?;
+        check_rank(self.world, root, "root")?;
         if self.rank == root {
-            self.check_list(send.len(), "scatter inputs on the root")?;
+            check_list(self.world, send.len(), "scatter inputs on the root")?;
         }
         self.guarded(|c| {
             let tag = c.tag(SCATTER, None, None, root);
@@ -409,7 +395,7 @@ impl crate::group::Collectives for HostsComm {
         })
     }
     fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
-        self.check_rank(to, "send to")?;
+        check_rank(self.world, to, "send to")?;
         if to == self.rank {
             return Err(Error::Unsupported(format!("rank {to} cannot send to itself")));
         }
@@ -425,7 +411,7 @@ impl crate::group::Collectives for HostsComm {
         r
     }
     fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
-        self.check_rank(from, "receive from")?;
+        check_rank(self.world, from, "receive from")?;
         if from == self.rank {
             return Err(Error::Unsupported(format!("rank {from} cannot receive from itself")));
         }
