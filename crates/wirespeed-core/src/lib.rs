@@ -24,6 +24,7 @@ pub mod ring;
 pub mod segment;
 pub mod sys;
 pub mod tcp;
+pub mod transport;
 
 pub use comm::{Comm, RankInfo};
 pub use dtype::{DType, ReduceOp};
