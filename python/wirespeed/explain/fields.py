@@ -82,6 +82,8 @@ class Layout:
 def layout_of(r: dict) -> Layout:
     """The record's layout: from env.hosts when present; else one host, or one rank per host
     for a record that carries a link rate (it ran on the emulated cluster, one rank per host)."""
+    if isinstance(r.get("layout"), list) and len(r["layout"]) == world_size(r):  # predicted records
+        return Layout(tuple(int(h) for h in r["layout"]))
     names = host_names(r)
     n = world_size(r)
     if names is None:
