@@ -186,3 +186,40 @@ def test_predict_cli_on_a_measured_run(run_cli, tmp_path):
     assert e.returncode == 2 and "no fitted run crossed hosts" in e.stderr and "Traceback" not in e.stderr
     e = run_cli("predict", "--from", measured)
     assert e.returncode == 2 and "say what to predict" in e.stderr
+
+
+def _main(capsys, *args):
+    from wirespeed.cli.main import main
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    return code, *capsys.readouterr()
+
+
+def test_predict_cli_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
+    recs = synthetic({"a_shm": 0.0, "b_shm": 0.0, "a_net": 100.0, "b_net": 1.1},
+                     [1 << 20, 1 << 24], [F.Layout.blocks(2, 1)], 1e9, noise=0.0)
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    for args, text in ((["--nprocs", "x"], "--nprocs takes whole numbers"),
+                       (["--nprocs", 1], "2 ranks or more"),
+                       (["--nprocs", 4, "--algo", "direct"], "does not apply to all_reduce"),
+                       (["--nprocs", 4, "--link-rate", "fast"], "--link-rate 'fast' does not parse"),
+                       (["--against", path, "--link-rate", "10gbit"], "leave out --link-rate")):
+        code, out, err = _main(capsys, "predict", "--from", path, *args)
+        assert code == 2 and text in err and len(err.strip().splitlines()) == 1, (args, err)
+        assert out == ""
+    code, out, err = _main(capsys, "predict", "--from", path, "--nprocs", 8, "--json", tmp_path / "p.jsonl")
+    assert code == 0 and "bytes at 0.909 of the link rate" in out  # 1 / 1.1, fitted exactly
+    code, out, err = _main(capsys, "predict", "--from", tmp_path / "p.jsonl", "--nprocs", 4)
+    assert code == 2 and "all predictions" in err
+
+
+def test_host_rate_flags_parse():
+    from wirespeed.cli.cluster import parse_host_rates
+    assert parse_host_rates(["h2=200mbit", "3=1gbit"]) == {2: 200 * 10**6, 3: 10**9}
+    for bad, text in ((["h2"], "write HOST=RATE"), (["hx=1gbit"], "write HOST=RATE"),
+                      (["h1=1gbit", "1=2gbit"], "names h1 twice"), (["h1=fast"], "does not parse")):
+        with pytest.raises(UsageError, match=text):
+            parse_host_rates(bad)

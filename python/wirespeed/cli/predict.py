@@ -64,14 +64,14 @@ def main(args, argv) -> int:
                          "or --against RUNS")
     if against and rate:
         raise UsageError("--against compares with runs at their own link rate: leave out --link-rate")
+    layouts = P.layouts_from_flags(nprocs, hosts, k[0] if k else None) if nprocs or hosts else []
+    if any(l.world < 2 for l in layouts):
+        raise UsageError("predict jobs of 2 ranks or more (one rank does not communicate)")
     fits = P.fit_all(records, args.algo, measured_rate)
     print(f"# wirespeed predict: {len(fits)} series fitted on {sum(f.model.n_records for f in fits)} "
           f"records from {', '.join(args.from_paths)}")
     preds = []
-    if nprocs or hosts:
-        layouts = P.layouts_from_flags(nprocs, hosts, k[0] if k else None)
-        if any(l.world < 2 for l in layouts):
-            raise UsageError("predict jobs of 2 ranks or more (one rank does not communicate)")
+    if layouts:
         preds = P.predicted_records(fits, layouts, sizes, rate)
         print(P.render(fits, preds))
     if against:
