@@ -83,10 +83,14 @@ def plot_heatmaps(names: list[str], gbps, lat_us, path: str, title: str) -> None
         ax.set_ylabel("from")
         ax.set_title(name)
         if n <= 16:
+            mid = (np.nanmin(m) + np.nanmax(m)) / 2 if np.any(~np.isnan(m)) else 0.0
             for i in range(n):
                 for j in range(n):
                     if not np.isnan(m[i, j]):
-                        ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7, color="w")
+                        # Dark text on the light end of each colour map, white on the dark end.
+                        light = m[i, j] > mid if cmap == "viridis" else m[i, j] < mid
+                        ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
+                                color="k" if light else "w")
     fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
