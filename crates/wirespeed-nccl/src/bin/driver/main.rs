@@ -221,8 +221,13 @@ fn pair(a: &Args) -> Result<(), String> {
                 send(1, "GO");
             }
         } else if line.starts_with("FAIL") {
-            // The other peer may be waiting at a barrier for this one: end both now.
+            // The other peer may be waiting at a barrier for this one: give it a moment to report
+            // its own view, then end both.
             failures.push(format!("rank {r}: {line}"));
+            let until = Instant::now() + Duration::from_millis(1500);
+            while let Ok((r2, Some(l2))) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                println!("rank {r2}: {l2}");
+            }
             for k in kids.iter_mut() {
                 let _ = k.kill();
             }

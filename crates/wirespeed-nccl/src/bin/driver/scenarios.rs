@@ -185,8 +185,14 @@ pub fn peer(a: &Args) -> R<()> {
         "kill" => kill(&mut p)?,
         "close" => return close_in_flight(&mut p),
         "bench" => bench(&mut p, a)?,
+        "early-close" => return early_close(&mut p),
         s => return Err(format!("unknown scenario {s}")),
     };
+    // Both sides are done before either closes (see early_close for the other order); in the
+    // kill scenario there is no other side any more.
+    if a.scenario != "kill" {
+        barrier()?;
+    }
     p.close_all()?;
     let ready = READY_LINES.load(std::sync::atomic::Ordering::Relaxed);
     if ready != 1 {
@@ -514,6 +520,54 @@ fn close_in_flight(p: &mut Peer) -> R<()> {
         arrived as f64 / (1 << 20) as f64,
         (NRECV * MSG) >> 20
     ));
+    Ok(())
+}
+
+/// Rank 0 sends 64 messages of 256 KiB and closes its comms as soon as its sends report done (NCCL
+/// destroys a communicator once its own operations completed, without waiting for the peer);
+/// rank 1 posts its receives one at a time, slowly. Every message was handed to TCP before the
+/// close, so every receive must still complete with the right bytes.
+fn early_close(p: &mut Peer) -> R<()> {
+    const N: usize = 64;
+    const MSG: usize = 256 << 10;
+    if p.rank == 0 {
+        let bufs: Vec<Vec<u8>> = (0..N).map(|i| { let mut b = vec![0u8; MSG]; fill(&mut b, seed(0, i)); b }).collect();
+        let mut reqs = VecDeque::new();
+        for b in &bufs {
+            reqs.push_back(nccl("isend", unsafe { p.net.isend(p.send, b.as_ptr(), MSG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?);
+            while reqs.len() >= NCCL_NET_MAX_REQUESTS {
+                if nccl("test (send)", p.net.test(*reqs.front().unwrap()))?.is_some() {
+                    reqs.pop_front();
+                }
+                p.check_deadline("early-close sends")?;
+            }
+        }
+        while let Some(&r) = reqs.front() {
+            if nccl("test (send)", p.net.test(r))?.is_some() {
+                reqs.pop_front();
+            }
+            p.check_deadline("early-close sends")?;
+        }
+        p.close_all()?;
+        say(&format!("OK early-close: {N} sends of {MSG} B done, comms closed at once"));
+        return Ok(());
+    }
+    let mut buf = vec![0u8; MSG];
+    for i in 0..N {
+        std::thread::sleep(Duration::from_millis(2));
+        let r = nccl("irecv", unsafe { p.net.irecv(p.recv, buf.as_mut_ptr(), MSG, 1, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
+        loop {
+            match p.net.test(r) {
+                Ok(Some(n)) if n == MSG && first_bad(&buf, seed(0, i)).is_none() => break,
+                Ok(Some(n)) => return Err(format!("message {i} arrived wrong ({n} bytes)")),
+                Ok(None) => {}
+                Err(rc) => return Err(format!("message {i} of {N}: the receive failed with ncclResult {rc} after the sender closed cleanly")),
+            }
+            p.check_deadline("early-close receives")?;
+        }
+    }
+    p.close_all()?;
+    say(&format!("OK early-close: all {N} messages received after the sender had closed"));
     Ok(())
 }
 
