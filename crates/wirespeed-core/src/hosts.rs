@@ -169,7 +169,7 @@ impl HostsComm {
         if self.lay.host_of[to] == self.my_host() {
             self.local.send_post(self.lay.local_of[to], b.0, b.1, tag).map(Ticket::Shm)
         } else {
-            self.tcp.send(to, b.0, b.1, tag).map(Ticket::Tcp)
+            self.tcp.send(to, b.0 as *const u8, b.1, tag).map(Ticket::Tcp)
         }
     }
 
@@ -177,7 +177,7 @@ impl HostsComm {
         if self.lay.host_of[from] == self.my_host() {
             self.local.recv(self.lay.local_of[from], b.0, b.1, tag)
         } else {
-            self.tcp.recv(from, b.0, b.1, tag)
+            self.tcp.recv(from, b.0 as *mut u8, b.1, tag)
         }
     }
 

@@ -254,6 +254,8 @@ enum RxState {
     Body { dst: *mut u8, left: usize, seq: u64 },
     /// A header for message `seq` arrived before its receive was posted.
     Parked(Frame),
+    /// The peer closed this stream between frames.
+    Closed,
 }
 
 // SAFETY: `dst` points into a posted receive buffer that `irecv`'s contract keeps alive until the
@@ -300,6 +302,10 @@ struct ConnInner {
     recv: Mutex<RecvSide>,
     error: Mutex<Option<Error>>,
     failed: AtomicBool,
+    /// Streams the peer closed between frames. A peer that is done closes all of them, and the
+    /// FIN on one stream can overtake data still arriving on another: only when every stream
+    /// is closed (or one closes mid-frame) is the connection lost.
+    closed_streams: AtomicUsize,
     /// Who is at the other end, for errors: a rank when the owner set one, else the address.
     peer_rank: AtomicUsize,
     peer_addr: String,
@@ -461,6 +467,7 @@ impl ConnInner {
                 return;
             }
             match rx {
+                RxState::Closed => return,
                 RxState::Parked(f) => {
                     let f = *f;
                     match self.accept_frame(s, f) {
@@ -470,7 +477,14 @@ impl ConnInner {
                     }
                 }
                 RxState::Head { buf, have } => match (&s.sock).read(&mut buf[*have..]) {
-                    Ok(0) => return self.fail(self.lost("was closed".into())),
+                    Ok(0) if *have == 0 => {
+                        *rx = RxState::Closed;
+                        if self.closed_streams.fetch_add(1, AcqRel) + 1 == self.streams.len() {
+                            return self.fail(self.lost("was closed".into()));
+                        }
+                        return;
+                    }
+                    Ok(0) => return self.fail(self.lost("was closed in the middle of a frame".into())),
                     Ok(n) => {
                         *have += n;
                         if *have == FRAME_LEN {
@@ -489,7 +503,7 @@ impl ConnInner {
                     // (checked against its capacity when the header was accepted).
                     let buf = unsafe { std::slice::from_raw_parts_mut(*dst, *left) };
                     match (&s.sock).read(buf) {
-                        Ok(0) => return self.fail(self.lost("was closed".into())),
+                        Ok(0) => return self.fail(self.lost("was closed in the middle of a message".into())),
                         Ok(n) => {
                             // SAFETY: n <= left, still inside the buffer.
                             *dst = unsafe { dst.add(n) };
@@ -1097,6 +1111,7 @@ fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, pee
             recv: Mutex::new(RecvSide::default()),
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
+            closed_streams: AtomicUsize::new(0),
             peer_rank: AtomicUsize::new(NO_RANK),
             peer_addr: peer.to_string(),
             rr: AtomicUsize::new(0),
