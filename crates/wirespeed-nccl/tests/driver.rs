@@ -140,12 +140,9 @@ fn nccl_socket_ifname_is_the_fallback_interface_variable() {
 }
 
 /// NCCL destroys a communicator as soon as its own operations completed, so a sender may close
-/// while its last messages are still in the receiver's socket buffers. Today the engine fails the
-/// whole connection at the first stream that reaches end-of-file, even at a frame boundary with
-/// other streams still holding data for posted receives: the receiver loses its last message.
-/// Needs the engine change described in docs/plugin.md ("Known gaps"); run with --ignored.
+/// while its last messages are still in the receiver's socket buffers: the receiver must still
+/// get every one of them (a stream that ends between frames waits for its siblings).
 #[test]
-#[ignore = "needs wirespeed-core's TCP engine to treat end-of-file at a frame boundary as a clean close"]
 fn a_sender_closing_right_after_its_sends_complete_loses_nothing() {
     pair("early-close", "11", &[], &[]);
 }
