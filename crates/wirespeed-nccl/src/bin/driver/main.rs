@@ -79,9 +79,14 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("not a size: {s:?} (e.g. 512K, 64M)"))
 }
 
+/// The library next to the driver: cargo's name in target/<profile>/, the installed name in
+/// target/nccl-plugin/ (`make plugin`).
 fn default_lib() -> String {
     let exe = std::env::current_exe().unwrap_or_default();
-    exe.parent().map(|d| d.join("libnccl_net_wirespeed.so").to_string_lossy().into_owned()).unwrap_or_default()
+    let dir = exe.parent().map(|d| d.to_path_buf()).unwrap_or_default();
+    let installed = dir.join("libnccl-net-wirespeed.so");
+    let lib = if installed.exists() { installed } else { dir.join("libnccl_net_wirespeed.so") };
+    lib.to_string_lossy().into_owned()
 }
 
 fn parse_args() -> Result<Args, String> {
