@@ -10,7 +10,7 @@
 //! (it is whenever a rank's memory is read directly, so it must not return and reuse it early).
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
-use crate::algo::AllReduceAlgo;
+use crate::plan::AllReduceAlgo;
 use crate::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};

@@ -73,7 +73,7 @@ pub struct Comm {
     pub(crate) scratch: Vec<u8>,
     pub(crate) p2p_sent: Vec<u32>,
     pub(crate) p2p_recvd: Vec<u32>,
-    pub(crate) tuning: crate::algo::Tuning,
+    pub(crate) tuning: crate::plan::Tuning,
     /// CPUs this process may run on, read once at setup (a system call per op would cost ~0.3 us).
     pub(crate) cpus: usize,
 }
@@ -84,7 +84,7 @@ impl Comm {
         if world == 0 || rank >= world {
             return Err(Error::Unsupported(format!("rank {rank} is outside a world of {world}")));
         }
-        let tuning = crate::algo::Tuning::from_env()?;
+        let tuning = crate::plan::Tuning::from_env()?;
         let lay = Layout::new(world, tuning.slot_bytes);
         let (fd, map) = sys::memfd_segment(lay.total)?;
         let own = Seg { map: Arc::new(map), lay };

@@ -6,7 +6,7 @@
 //! Among the leaders the cost model (algo.rs) picks the ring (ring.rs: 2(H-1) messages, each link
 //! carries 2·S·(H-1)/H each way) or, for small messages and a power-of-two number of hosts,
 //! recursive doubling (doubling.rs: log2(H) messages of the whole buffer).
-use crate::algo::AllReduceAlgo;
+use crate::plan::AllReduceAlgo;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::hosts::HostsComm;

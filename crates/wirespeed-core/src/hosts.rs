@@ -17,7 +17,7 @@
 //! checked by every receive. Such an error is seen by the receiver only, so any error breaks the
 //! group: the local segment says why (local peers raise at once) and the TCP connections are shut
 //! (remote peers raise at once).
-use crate::algo::{AllReduceAlgo, Tuning};
+use crate::plan::{AllReduceAlgo, Tuning};
 use crate::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
@@ -135,7 +135,7 @@ impl HostsComm {
     }
     /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO does (`Ring`, `Hier` or
     /// `Doubling`; any other value lets the cost model choose). Every rank must choose the same.
-    pub fn force_all_reduce(&mut self, algo: crate::algo::AllReduceAlgo) {
+    pub fn force_all_reduce(&mut self, algo: crate::plan::AllReduceAlgo) {
         self.tuning.all_reduce = algo;
     }
 

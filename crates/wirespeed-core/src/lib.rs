@@ -8,6 +8,7 @@
 //! grouped by host; shm inside, TCP across), `ring` (ring and hierarchical all_reduce), and
 //! `group` (one interface over both kinds of group).
 pub mod algo;
+pub mod plan;
 pub mod collectives;
 pub mod comm;
 pub mod dtype;

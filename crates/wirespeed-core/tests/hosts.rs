@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wirespeed_core::comm::RankInfo;
-use wirespeed_core::algo::AllReduceAlgo;
+use wirespeed_core::plan::AllReduceAlgo;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
 use wirespeed_core::{Collectives, DType, Error, ReduceOp};
 
