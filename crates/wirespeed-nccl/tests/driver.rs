@@ -56,7 +56,7 @@ fn exports_every_api_version_nccl_looks_for() {
         let o = run(&["probe", "--api", api], &[]);
         let out = text(&o);
         assert!(o.status.success(), "API v{api}: {out}");
-        assert!(out.contains(&format!("OK wirespeed API v{api}: 1 device(s), first lo")), "{out}");
+        assert!(out.contains(&format!("OK wirespeed API v{api}: 1 device(s), first lo")) && out.contains("reloaded after dlclose"), "{out}");
     }
     // And as the dynamic symbol table lists them (what `nm -D` shows a user).
     match Command::new("nm").arg("-D").arg("--defined-only").arg(&lib).output() {
@@ -70,6 +70,10 @@ fn exports_every_api_version_nccl_looks_for() {
         }
         other => panic!("`nm -D` could not list {}: {other:?} (install binutils)", lib.display()),
     }
+    // Linked with -z nodelete (build.rs): NCCL's dlclose must never unmap code the engine's I/O
+    // threads may be running. (The probe above also reloads the library after a dlclose.)
+    let o = Command::new("readelf").arg("-d").arg(&lib).output().expect("readelf (binutils) runs");
+    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.contains("FLAGS_1") && l.contains("NODELETE")), "{} lacks DF_1_NODELETE", lib.display());
 }
 
 #[test]

@@ -21,6 +21,7 @@ enum Table {
 }
 
 pub struct Net {
+    lib: Ptr,
     t: Table,
     pub version: u32,
     pub name: String,
@@ -103,7 +104,16 @@ impl Net {
         };
         // `name` is the first field of every version's table.
         let name = unsafe { cstr(*(p as *const *const c_char)) }.unwrap_or_default();
-        Ok(Net { t, version, name, ctxs: vec![] })
+        Ok(Net { lib: h, t, version, name, ctxs: vec![] })
+    }
+
+    /// dlclose the library, as NCCL does when its last communicator is destroyed.
+    pub fn unload(self) -> Result<(), String> {
+        // SAFETY: the handle from dlopen; nothing of the library is used after this.
+        match unsafe { libc::dlclose(self.lib) } {
+            0 => Ok(()),
+            _ => Err(format!("dlclose: {}", unsafe { cstr(libc::dlerror()) }.unwrap_or_default())),
+        }
     }
 
     /// init as NCCL does it: once per process before v11, once per communicator from v11 on.

@@ -172,7 +172,16 @@ pub fn probe(a: &Args) -> R<()> {
     let n = nccl("devices", net.devices())?;
     let p = nccl("getProperties", net.props(0))?;
     nccl("finalize", net.finalize_all())?;
-    say(&format!("OK {} API v{}: {n} device(s), first {} at {} Mb/s", net.name, a.api, p.name, p.speed));
+    let name = net.name.clone();
+    // NCCL dlcloses the plugin when its last communicator goes and may load it again for the
+    // next: the engine's I/O threads keep running meanwhile, so the code must stay mapped.
+    net.unload()?;
+    std::thread::sleep(Duration::from_millis(300)); // several I/O-thread wake-ups
+    let mut again = Net::open(&a.lib, a.api)?;
+    nccl("init after dlclose and dlopen", again.init(2))?;
+    nccl("devices after reload", again.devices())?;
+    nccl("finalize", again.finalize_all())?;
+    say(&format!("OK {name} API v{}: {n} device(s), first {} at {} Mb/s; reloaded after dlclose", a.api, p.name, p.speed));
     Ok(())
 }
 
