@@ -82,7 +82,14 @@ def test_launch_plan_sets_the_plugin_for_every_rank(plugin):
     for r in ranks:
         remote = r.argv[-1]
         assert f"NCCL_NET_PLUGIN={plugin}" in shlex.split(remote)
-        assert f'LD_LIBRARY_PATH={shlex.quote(str(plugin.parent))}:"$LD_LIBRARY_PATH"' in remote
+        assert (f'LD_LIBRARY_PATH={shlex.quote(str(plugin.parent))}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"'
+                in remote)
+        # What the remote shell makes of it, with and without a library path of its own.
+        env_part = remote.split(" exec env ", 1)[1].split(" python ", 1)[0]
+        for before, after in (("", str(plugin.parent)), ("/usr/cuda", f"{plugin.parent}:/usr/cuda")):
+            out = subprocess.run(["sh", "-c", f"export LD_LIBRARY_PATH={before}; exec env {env_part} "
+                                  "sh -c 'echo $LD_LIBRARY_PATH'"], capture_output=True, text=True)
+            assert out.stdout.strip() == after
     # Without the flag nothing changes.
     assert not any("NCCL_NET" in a for r in plan([HostEntry("node01", 1)], [1], ["x"]) for a in r.argv)
 

@@ -138,7 +138,7 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
                     pairs += [f"{k}={fast_net[k]}" for k in ("NCCL_NET_PLUGIN", "NCCL_NET")]
                     # The plugin's folder before the remote host's own library path, expanded there.
                     libdir = os.path.dirname(fast_net["NCCL_NET_PLUGIN"])
-                    raw = [f"LD_LIBRARY_PATH={shlex.quote(libdir)}:\"$LD_LIBRARY_PATH\""]
+                    raw = [f"LD_LIBRARY_PATH={shlex.quote(libdir)}\"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\""]
                 remote = (f"cd {shlex.quote(workdir or os.getcwd())} && exec env "
                           + " ".join([*(shlex.quote(p) for p in pairs), *raw]) + " "
                           + " ".join(shlex.quote(a) for a in cmd))
