@@ -56,11 +56,9 @@ def api_for_nccl(version: tuple[int, ...]) -> int | None:
 
 
 def torch_nccl_version() -> tuple[int, ...] | None:
-    """The NCCL torch was built with, if torch has CUDA (imports torch: not for hot paths)."""
+    """The NCCL torch was built with (known without a GPU for CUDA builds; imports torch)."""
     try:
         import torch
-        if not torch.cuda.is_available():
-            return None
         v = torch.cuda.nccl.version()
         return tuple(v) if isinstance(v, tuple) else None
     except Exception:  # a broken CUDA install must not stop a report
@@ -74,7 +72,7 @@ def status() -> str:
             else f"not built ({candidate()} missing): run `make plugin`")
     nv = torch_nccl_version()
     if nv is None:
-        return head + "; torch has no CUDA NCCL here, nothing would load it"
+        return head + "; this torch has no NCCL (a CPU-only build), nothing here would load it"
     api = api_for_nccl(nv)
     nccl = ".".join(map(str, nv))
     if api is None:

@@ -46,6 +46,10 @@ def test_env_says_whether_the_plugin_is_built(plugin):
     assert f"built: {plugin}" in line
     rep = json.loads(wirespeed("env", "--json", check=True).stdout)
     assert rep["nccl_plugin"].startswith("built:")
+    from wirespeed.netplugin import api_for_nccl, torch_nccl_version
+    nv = torch_nccl_version()
+    if nv:  # a CUDA build of torch knows its NCCL even without a GPU
+        assert f"torch's NCCL {'.'.join(map(str, nv))} would load ncclNetPlugin_v{api_for_nccl(nv)}" in line
 
 
 def test_nccl_versions_map_to_the_api_they_load():
