@@ -198,6 +198,16 @@ pub fn accept(l: &ListenComm) -> Result<Option<Box<Comm>>> {
     }
 }
 
+/// NCCL may pass NULL for an empty buffer; the engine makes slices of its buffers, and a slice may
+/// not start at NULL even when empty, so an empty buffer gets a dangling (aligned, non-null) one.
+fn non_null(p: *mut u8) -> *mut u8 {
+    if p.is_null() {
+        std::ptr::NonNull::<u8>::dangling().as_ptr()
+    } else {
+        p
+    }
+}
+
 /// Reserve a request slot, or None when the comm already has the maximum in flight.
 fn reserve(c: &Comm) -> bool {
     c.inflight
@@ -219,7 +229,7 @@ pub unsafe fn isend(c: &Comm, data: *const u8, size: usize, tag: i32) -> Result<
     }
     let inflight = c.inflight.clone();
     // SAFETY: the caller's contract above is the engine's isend contract.
-    match unsafe { c.conn.isend(data, size, tag as u32 as u64) } {
+    match unsafe { c.conn.isend(non_null(data as *mut u8), size, tag as u32 as u64) } {
         Ok(request) => Ok(Some(Box::new(Req { request, inflight }))),
         Err(e) => {
             inflight.fetch_sub(1, Ordering::AcqRel);
@@ -242,7 +252,7 @@ pub unsafe fn irecv(c: &Comm, data: *mut u8, cap: usize, tag: i32) -> Result<Opt
     }
     let inflight = c.inflight.clone();
     // SAFETY: as for isend.
-    match unsafe { c.conn.irecv(data, cap, tag as u32 as u64) } {
+    match unsafe { c.conn.irecv(non_null(data), cap, tag as u32 as u64) } {
         Ok(request) => Ok(Some(Box::new(Req { request, inflight }))),
         Err(e) => {
             inflight.fetch_sub(1, Ordering::AcqRel);

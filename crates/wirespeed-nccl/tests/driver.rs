@@ -11,9 +11,10 @@ fn driver() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_wirespeed-nccl-driver"))
 }
 
-/// cargo builds the cdylib next to the driver binary (target/<profile>/).
+/// The cdylib as `cargo test` just built it: target/<profile>/deps/ (cargo only copies it up to
+/// target/<profile>/ on `cargo build`, so the copy there may be stale).
 fn library() -> PathBuf {
-    let lib = driver().parent().unwrap().join("libnccl_net_wirespeed.so");
+    let lib = driver().parent().unwrap().join("deps").join("libnccl_net_wirespeed.so");
     assert!(lib.exists(), "{} was not built", lib.display());
     lib
 }

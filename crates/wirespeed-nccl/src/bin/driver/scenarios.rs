@@ -257,8 +257,10 @@ fn sweep(p: &mut Peer, a: &Args) -> R<String> {
             let mut buf = vec![0u8; sizes[next_send]];
             fill(&mut buf, seed(p.rank, next_send));
             let mh = nccl("regMr", p.net.reg_mr(p.send, buf.as_mut_ptr(), buf.len(), NCCL_PTR_HOST))?;
+            // Empty messages go from a NULL pointer, as a C caller may pass them.
+            let ptr = if buf.is_empty() { std::ptr::null() } else { buf.as_ptr() };
             // SAFETY: the buffer moves into `sends` (its heap block stays put) until tested done.
-            match nccl("isend", unsafe { p.net.isend(p.send, buf.as_ptr(), buf.len(), peer as i32, mh) })? {
+            match nccl("isend", unsafe { p.net.isend(p.send, ptr, buf.len(), peer as i32, mh) })? {
                 Some(req) => sends.push_back(Posted { idx: next_send, req, buf, mh }),
                 None => break,
             }
@@ -269,7 +271,8 @@ fn sweep(p: &mut Peer, a: &Args) -> R<String> {
             let mut buf = vec![UNTOUCHED; cap + GUARD];
             let mh = nccl("regMr", p.net.reg_mr(p.recv, buf.as_mut_ptr(), cap, NCCL_PTR_HOST))?;
             // SAFETY: as above; the plugin may write `cap` bytes, the guard after them must stay.
-            match nccl("irecv", unsafe { p.net.irecv(p.recv, buf.as_mut_ptr(), cap, p.rank as i32, mh) })? {
+            let ptr = if cap == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr() };
+            match nccl("irecv", unsafe { p.net.irecv(p.recv, ptr, cap, p.rank as i32, mh) })? {
                 Some(req) => recvs.push_back(Posted { idx: next_recv, req, buf, mh }),
                 None => break,
             }
