@@ -6,7 +6,7 @@ use wirespeed_core::{Comm, DType, ReduceOp};
 fn main() {
     let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("integer arguments")).collect();
     let (world, bytes, iters) = (a.first().copied().unwrap_or(2), a.get(1).copied().unwrap_or(64 << 20), a.get(2).copied().unwrap_or(10));
-    let token = wirespeed_core::sys::random_token();
+    let token = wirespeed_core::sys::random_token().unwrap();
     let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60)).unwrap()).collect();
     let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
     let hs: Vec<_> = comms

@@ -10,7 +10,7 @@ use wirespeed_core::{Collectives, DType, Error, ReduceOp};
 
 fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
     std::env::set_var("WIRESPEED_IFNAME", "lo");
-    let token = wirespeed_core::sys::random_token();
+    let token = wirespeed_core::sys::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids).unwrap()).collect()
 }

@@ -7,7 +7,7 @@ use wirespeed_core::{Comm, DType, Engine, Error, Op, ReduceOp};
 
 /// Run `f(comm)` on `world` connected ranks, one thread each; results in rank order.
 fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let token = wirespeed_core::sys::random_token();
+    let token = wirespeed_core::sys::random_token().unwrap();
     let f = std::sync::Arc::new(f);
     let (tx, rx) = mpsc::channel();
     let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(20)).unwrap()).collect();

@@ -188,8 +188,9 @@ fn host_id() -> String {
 
 /// 16 random bytes from the kernel, for a job token.
 #[pyfunction]
-fn random_token(py: Python<'_>) -> PyObject {
-    pyo3::types::PyBytes::new_bound(py, &wirespeed_core::sys::random_token()).into()
+fn random_token(py: Python<'_>) -> PyResult<PyObject> {
+    let t = wirespeed_core::sys::random_token().map_err(to_py)?;
+    Ok(pyo3::types::PyBytes::new_bound(py, &t).into())
 }
 
 #[pymodule]

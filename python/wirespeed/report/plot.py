@@ -12,6 +12,8 @@ def series_label(r: dict, with_run: bool) -> str:
         parts.append(r["op"])
     parts.append(f"n={r['world_size']}")
     parts.append("in-place" if r["inplace"] else "out-of-place")
+    if r.get("predicted"):
+        parts.append("(predicted)")
     if with_run and r.get("run_id"):
         parts.insert(0, f"[{r['run_id']}]")
     return " ".join(parts)
@@ -31,7 +33,9 @@ def plot_records(records, path, title: str | None = None) -> None:
     for ax, key, name in ((axes[0], "busbw_gbps", "bus bandwidth"), (axes[1], "algbw_gbps", "algorithm bandwidth")):
         for label, rs in lines.items():
             rs = sorted(rs, key=lambda r: r["bytes"])
-            ax.plot([r["bytes"] for r in rs], [r[key] for r in rs], marker="o", markersize=3, label=label)
+            style = "--" if rs[0].get("predicted") else "-"  # predictions dashed, measurements solid
+            ax.plot([r["bytes"] for r in rs], [r[key] for r in rs], style, marker="o", markersize=3,
+                    label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes, as nccl-tests counts it)")
         ax.set_ylabel(f"{name} (GB/s, 1e9 B/s)")
