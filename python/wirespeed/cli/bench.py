@@ -57,6 +57,8 @@ def register(sub) -> None:
         help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host round robin")
     add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
         help="with --cluster: place ranks in blocks of this many per host (default -N = hosts x this)")
+    add(p, "--fast-net", action="store_true", help="NCCL only: move inter-host traffic through the "
+        "wirespeed network plugin (multi-stream TCP; `make plugin` builds it)")
     p.set_defaults(func=main)
 
 
@@ -80,6 +82,8 @@ def config_from_args(args) -> BenchConfig:
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
     cfg = config_from_args(args)
+    if args.fast_net:
+        _enable_fast_net(cfg.backend)
     info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
         if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
@@ -87,6 +91,19 @@ def main(args, argv) -> int:
             cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
         return launch_local(cfg, argv, args.master_port, args.cluster, args.ranks_per_host)
     return run_as_rank(cfg, info)
+
+
+def _enable_fast_net(backend: str) -> None:
+    """Point NCCL at the wirespeed network plugin for this process and the ranks it starts (they
+    inherit the environment); a rank started by another launcher only needs the absolute path."""
+    if backend != "nccl":
+        raise UsageError(f"--fast-net makes NCCL use the wirespeed network plugin; this run uses "
+                         f"{backend}: add --backend nccl (GPU tensors)")
+    from ..netplugin import fast_net_env
+    env = fast_net_env()
+    if os.environ.get("NCCL_NET_PLUGIN") == env["NCCL_NET_PLUGIN"]:
+        env.pop("LD_LIBRARY_PATH")  # set already by the launching process
+    os.environ.update(env)
 
 
 def _validate_for_world(cfg: BenchConfig, world: int) -> None:
@@ -99,9 +116,22 @@ def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_ho
     from ..launch.memory import check_fits
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
-    check_local_gpus(cfg.nproc, cfg.backend)
+    check_local_gpus(_ranks_on_one_host(cfg.nproc, cluster, ranks_per_host), cfg.backend)
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
     return launch_ranks(argv, cfg.nproc, cfg.backend, master_port, cluster, ranks_per_host)
+
+
+def _ranks_on_one_host(nproc: int, cluster, ranks_per_host) -> int:
+    """The most ranks any one host gets: NCCL needs a GPU per rank within a host, but ranks on
+    distinct emulated hosts may share a GPU (NCCL sees separate machines and goes through its
+    network transport)."""
+    if not cluster:
+        return nproc
+    from ..launch.cluster import placement
+    from ..netem import cluster as C
+    hosts = len(C.require(C.check_name(cluster)).hosts)
+    where = placement(nproc, hosts, ranks_per_host)
+    return max(where.count(h) for h in set(where))
 
 
 def _exchange_hosts(backend, world) -> list[str]:
@@ -167,6 +197,8 @@ def _print_header(cfg, info, env) -> None:
     print(f"# iters {cfg.iters}, warmup {cfg.warmup_iters}, check {'on' if cfg.check else 'off'}, "
           f"timeout {cfg.timeout_s:g} s; time = median over iterations of the slowest rank; "
           "GB/s = 1e9 B/s")
+    if cfg.backend == "nccl" and os.environ.get("NCCL_NET") == "wirespeed":
+        print(f"# NCCL network: the wirespeed plugin {os.environ.get('NCCL_NET_PLUGIN')} (--fast-net)")
     for r, h in enumerate(env.get("hosts", [])):
         print(f"#  Rank {r:3d} on {h}")
     print("#")
