@@ -40,16 +40,11 @@ pub fn internal(msg: impl Into<String>) -> PluginError {
 /// call failure a system error.
 fn from_core(e: CoreError, what: &str) -> PluginError {
     let code = match &e {
-        CoreError::PeerDied { .. } | CoreError::PeerAborted { .. } | CoreError::Stranger(_) | CoreError::Broken(_) => NCCL_REMOTE_ERROR,
+        CoreError::PeerDied { .. } | CoreError::PeerAborted { .. } | CoreError::PeerLost(_) | CoreError::Stranger(_) | CoreError::Broken(_) => NCCL_REMOTE_ERROR,
         CoreError::Mismatch(_) | CoreError::Unsupported(_) => NCCL_INVALID_USAGE,
         CoreError::Timeout { .. } | CoreError::Os { .. } => NCCL_SYSTEM_ERROR,
     };
-    let text = match &e {
-        // The engine names no rank for plugin connections (NCCL knows ranks, the plugin does not).
-        CoreError::PeerAborted { rank: usize::MAX, reason } => format!("peer lost: {reason}"),
-        _ => e.to_string(),
-    };
-    PluginError { code, msg: format!("{what}: {text}") }
+    PluginError { code, msg: format!("{what}: {e}") }
 }
 
 struct Global {
