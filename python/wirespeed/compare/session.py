@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..report.records import read_records, write_jsonl
+from ..report.records import bench_records, read_records, write_jsonl
 from . import render
 from .plan import CompareConfig, gpu_count, make_plan
 from .plot import plot_compare
@@ -77,7 +77,7 @@ def rebuild(paths: list[str], variant: str, plot_dir: str | None) -> int:
     """Tables, summary and plots from saved records (compare or bench runs, any mix)."""
     records = []
     for p in paths:
-        records.extend(read_records(p))
+        records.extend(bench_records(read_records(p)))  # other kinds (model, ...) have no sizes
     if plot_dir is None:
         first = Path(paths[0])
         plot_dir = str(first if first.is_dir() else first.parent)
