@@ -201,6 +201,9 @@ def _print_header(cfg, info, env, shared=()) -> None:
           f"timeout {cfg.timeout_s:g} s; {time_method_text(cfg)}; GB/s = 1e9 B/s")
     for r, h in enumerate(env.get("hosts", [])):
         print(f"#  Rank {r:3d} on {h}")
+    if cfg.host_per_rank:
+        print("# --host-per-rank: every rank has a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID), "
+              "so the backends connect the ranks as nodes of a cluster, over the network stack")
     for line in shared:
         print(line)
     print("#")

@@ -30,9 +30,20 @@ def report(records, variant: str, plot_dir: str | None) -> None:
             _print(f"# plot: {path}")
 
 
+def _placement(cfg: CompareConfig):
+    """n -> the most ranks of an n-rank run on one host, as bench will place them."""
+    from ..launch.gpus import most_ranks_on_one_host
+    hosts = None
+    if cfg.cluster:
+        from ..netem import cluster as C
+        hosts = len(C.require(C.check_name(cfg.cluster)).hosts)
+    return lambda n: most_ranks_on_one_host(n, hosts, cfg.ranks_per_host, cfg.host_per_rank)
+
+
 def run_compare(cfg: CompareConfig) -> int:
     from ..backends.registry import BACKENDS
-    plan = make_plan(cfg.backends, [*cfg.dtypes], cfg.devices, cfg.nprocs, BACKENDS, gpu_count())
+    plan = make_plan(cfg.backends, [*cfg.dtypes], cfg.devices, cfg.nprocs, BACKENDS, gpu_count(),
+                     _placement(cfg))
     compare_id = time.strftime("%Y%m%d-%H%M%S")
     out_dir = None
     if cfg.save_dir:
