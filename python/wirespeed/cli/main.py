@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import WirespeedError
-from . import batching, bench, cluster, compare, env, launch, model, objects, plot
+from . import batching, bench, cluster, compare, env, launch, model, objects, plot, tune
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, model, objects, plot)
+SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, model, objects, plot, tune)
 
 
 def build_parser() -> Parser:
