@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ..compare.render import fmt_time
 from ..compare.stats import Cell, contested, fold, ranking
 from ..report.table import human_bytes
 from .sweep import DEFAULT
@@ -86,10 +87,6 @@ def _gain_text(r: dict) -> str:
     return f"{lo:.2f}x" if abs(hi - lo) < 0.005 else f"{lo:.2f}x to {hi:.2f}x"
 
 
-def _fmt_us(us: float) -> str:
-    return f"{us:.1f}" if us < 1e5 else f"{us:.3g}"
-
-
 def render(records, repeats: int) -> tuple[str, list[dict]]:
     """The text verdict and the `wirespeed.tune/1` records (one per series and size range)."""
     lines, summary = [], []
@@ -99,10 +96,12 @@ def render(records, repeats: int) -> tuple[str, list[dict]]:
             lines.append(f"# {coll} {dtype}: the defaults gave no correct result, nothing to compare against")
             continue
         sizes = sorted({n for c in cols.values() for n in c})
-        labels = [DEFAULT_LABEL] + sorted(label for label in cols if label != DEFAULT_LABEL)
-        width = max(len(label) for label in labels)
+        # the sweep's order (records come in it), the defaults first
+        order = list(dict.fromkeys(r["setting_label"] for r in records))
+        labels = [DEFAULT_LABEL] + [label for label in order if label in cols and label != DEFAULT_LABEL]
+        width = max(9, *(len(label) for label in labels))
         lines.append(f"# {coll}{' (' + op + ')' if op else ''} {dtype} | {device} | {world} ranks: "
-                     f"time (us; bench's loop time, median over {repeats} repeat{'s' if repeats != 1 else ''})"
+                     f"time (bench's loop time, median over {repeats} repeat{'s' if repeats != 1 else ''})"
                      " per setting and size; * fastest correct at that size; gain = the defaults' "
                      "time / the setting's, geometric mean over sizes")
         lines.append(f"# {'setting':<{width - 2}}" + "".join(f"{human_bytes(n):>12}" for n in sizes)
@@ -112,7 +111,7 @@ def render(records, repeats: int) -> tuple[str, list[dict]]:
             row = f"{label:<{width}}"
             for n in sizes:
                 c = cols[label].get(n)
-                cell = "-" if c is None else ("WRONG" if c.wrong else _fmt_us(c.time_us))
+                cell = "-" if c is None else ("WRONG" if c.wrong else fmt_time(c.time_us))
                 row += f"{cell + (' *' if fastest[n] == label else '  '):>12}"
             g = gains(cols, label)
             row += f"{geo_mean(g.values()):>8.2f}x" if g else f"{'-':>9}"
@@ -136,7 +135,8 @@ def render(records, repeats: int) -> tuple[str, list[dict]]:
             lines.append("# over the whole sweep no setting beats the defaults: nothing to export")
         else:
             lines.append(f"# over the whole sweep: {label}, {g:.2f}x the defaults' speed (geometric "
-                         "mean over sizes); to use it:")
+                         "mean over sizes)" + ("; one run per setting, so use --repeat 3 to tell a gain "
+                                               "from noise" if repeats < 2 else "") + "; to use it:")
             lines += [f"export {kv}" for kv in label.split()]
         if len({r["setting_label"] for r in ranges(cols)}) > 1:
             lines.append("# or, for one size range only:")
