@@ -104,7 +104,7 @@ def render(records, repeats: int) -> tuple[str, list[dict]]:
                      f"time (bench's loop time, median over {repeats} repeat{'s' if repeats != 1 else ''})"
                      " per setting and size; * fastest correct at that size; gain = the defaults' "
                      "time / the setting's, geometric mean over sizes")
-        lines.append(f"# {'setting':<{width - 2}}" + "".join(f"{human_bytes(n):>12}" for n in sizes)
+        lines.append(f"# {'setting':<{width - 2}}" + "".join(f"{human_bytes(n):>10}  " for n in sizes)
                      + f"{'gain':>9}")
         fastest = {n: (ranking(cols, n) or [(None, None)])[0][0] for n in sizes}
         for label in labels:
