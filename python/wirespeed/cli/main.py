@@ -5,11 +5,11 @@ import sys
 
 from ..errors import WirespeedError
 from . import (batching, bench, cluster, compare, env, launch, links, model, objects, plot, plugin,
-               predict)
+               predict, tune)
 from .common import Parser, fail
 
 SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, plugin,
-               predict)
+               predict, tune)
 
 
 def build_parser() -> Parser:
