@@ -83,18 +83,7 @@ pub fn set_stage(b: &mut [u8; NCCL_NET_HANDLE_MAXSIZE], v: u64) {
 /// 32 random bytes from the kernel, for a listen key.
 pub fn random_key() -> Result<[u8; 32], String> {
     let mut k = [0u8; 32];
-    let mut got = 0;
-    while got < k.len() {
-        // SAFETY: writes at most the remaining bytes of `k`.
-        let n = unsafe { libc::getrandom(k[got..].as_mut_ptr() as *mut libc::c_void, k.len() - got, 0) };
-        if n < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(format!("getrandom failed: {}", std::io::Error::last_os_error()));
-        }
-        got += n as usize;
-    }
+    wirespeed_core::sys::random_bytes(&mut k).map_err(|e| e.to_string())?;
     Ok(k)
 }
 
