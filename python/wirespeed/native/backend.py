@@ -276,6 +276,26 @@ class WirespeedBackend(_C10dBackend):
         os_ = [st.write(o) for o in outs]
         return self._run(opts, self.native.gather, (buf(i), [buf(o) for o in os_], root), output_lists, st)
 
+    def gather_single(self, output, input, opts):
+        """gather_into_tensor: the root's output holds every rank's input, in rank order."""
+        check(output, "the gather output")
+        if self._rank == self._peer(opts.rootRank, "the gather root"):
+            if output.numel() != input.numel() * self._size:
+                raise UnsupportedError(f"wirespeed: gather output holds {output.numel()} elements; it must "
+                                       f"hold world size x input = {self._size * input.numel()}")
+            st = Staging()
+            whole = st.write(output).reshape(-1)
+            n = input.numel()
+            work = self.gather([[whole[r * n:(r + 1) * n].view(input.shape) for r in range(self._size)]],
+                               [input], opts)
+            if work is None:
+                st.finish()
+                return None
+            inner = work._finish
+            work._finish = lambda: (inner and inner(), st.finish())
+            return work
+        return self.gather([], [input], opts)
+
     def scatter(self, outputs, input_lists, opts):
         t = _one(outputs, "scatter")
         check(t, "the scatter output")

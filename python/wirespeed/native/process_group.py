@@ -4,12 +4,19 @@ device type, a group name set by torch), so DeviceMesh, DTensor, FSDP2 and funct
 collectives find it by name and every collective goes through torch's dispatcher to
 WirespeedBackend (backend.py).
 
-It is a Python subclass for two things the C++ ProcessGroup cannot carry from a backend written
-in Python: the sender of an any-source receive (torch reads it with Work._source_rank(), which the
+It is a Python subclass for what the C++ ProcessGroup cannot carry from a backend written in
+Python: the sender of an any-source receive (torch reads it with Work._source_rank(), which the
 C++ wrapper of a Python Work does not forward), so `recv_anysource` answers here with the
-backend's own Work; and sub-groups from `split_group`, built here so they are of this class too.
+backend's own Work; sub-groups from `split_group`, built here so they are of this class too;
+`gather_into_tensor`, which torch's Python-backend wrapper cannot route; and speed: a blocking
+call (async_op=False) from Python goes straight to the backend. torch's dispatcher and the flight
+recorder's hook cost ~35 us per call here, which is most of a small all_reduce; so blocking calls
+are not in the flight recorder (async ones, functional collectives and DDP's are), and with
+TORCH_DIST_NAN_CHECK=1 every call takes the dispatcher so the check sees it.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -20,6 +27,23 @@ _CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
 _CPU = torch.device("cpu")
 
 
+def _direct(name: str, opts_at: int):
+    """A collective that a blocking call runs on the backend directly, and any other call through
+    torch's ProcessGroup (dispatcher, hooks). `opts_at`: where the options are among the arguments."""
+    via_torch = getattr(dist.ProcessGroup, name)
+
+    def call(self, *args, **kwargs):
+        opts = kwargs.get("opts", args[opts_at] if len(args) > opts_at else None)
+        if self._direct and opts is not None and not opts.asyncOp:
+            return getattr(self._backend, name)(*args, **kwargs)
+        return via_torch(self, *args, **kwargs)
+    # pybind11 runs the C++ base (torch's dispatcher) rather than this override again when it sees
+    # the call come from a Python frame whose function has the method's name and the same self.
+    call.__code__ = call.__code__.replace(co_name=name)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 class WirespeedProcessGroup(dist.ProcessGroup):
     def __init__(self, store, backend: WirespeedBackend):
         super().__init__(store, backend.rank(), backend.size())
@@ -28,6 +52,23 @@ class WirespeedProcessGroup(dist.ProcessGroup):
         self._children: list[WirespeedProcessGroup] = []
         self._set_default_backend(_CUSTOM)
         self._register_backend(_CPU, _CUSTOM, backend)
+        self._direct = os.environ.get("TORCH_DIST_NAN_CHECK", "0") != "1"
+
+    allreduce = _direct("allreduce", 1)
+    broadcast = _direct("broadcast", 1)
+    reduce = _direct("reduce", 1)
+    allgather = _direct("allgather", 2)
+    all_gather_single = _direct("all_gather_single", 2)
+    reduce_scatter = _direct("reduce_scatter", 2)
+    reduce_scatter_single = _direct("reduce_scatter_single", 2)
+    alltoall = _direct("alltoall", 2)
+    all_to_all_single = _direct("all_to_all_single", 4)
+    gather = _direct("gather", 2)
+    scatter = _direct("scatter", 2)
+    barrier = _direct("barrier", 0)
+
+    def gather_single(self, output, input, opts):
+        return self._backend.gather_single(output, input, opts)
 
     @property
     def native(self):

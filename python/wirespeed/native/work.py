@@ -79,27 +79,39 @@ class Work(dist._Work):
 
 class FutureCompleter:
     """One daemon thread per backend, started on the first `get_future()`, that waits on Works in
-    order and completes their futures (DDP's comm hooks chain on them)."""
+    order and completes their futures (DDP's comm hooks chain on them).
+
+    A future's `then` callbacks run in this thread when it completes the future; a callback that
+    issues another op and waits on its future (the quantization hooks do) would wait on this very
+    thread, so a future asked for here is completed at once, inline."""
 
     def __init__(self):
         self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def complete_later(self, work: Work, fut: Future) -> None:
+        if threading.current_thread() is self._thread:
+            self._complete(work, fut)
+            return
         with self._lock:
             if self._queue is None:
                 self._queue = queue.SimpleQueue()
-                threading.Thread(target=self._loop, args=(self._queue,), name="wirespeed-futures",
-                                 daemon=True).start()
+                self._thread = threading.Thread(target=self._loop, args=(self._queue,), name="wirespeed-futures",
+                                                daemon=True)
+                self._thread.start()
         self._queue.put((work, fut))
 
     @staticmethod
-    def _loop(q: queue.SimpleQueue) -> None:
+    def _complete(work: Work, fut: Future) -> None:
+        try:
+            work.wait()
+        except Exception as e:  # noqa: BLE001 - handed to whoever awaits the future
+            fut.set_exception(e)
+        else:
+            fut.set_result(work.result())
+
+    @classmethod
+    def _loop(cls, q: queue.SimpleQueue) -> None:
         while True:
-            work, fut = q.get()
-            try:
-                work.wait()
-            except Exception as e:  # noqa: BLE001 - handed to whoever awaits the future
-                fut.set_exception(e)
-            else:
-                fut.set_result(work.result())
+            cls._complete(*q.get())
