@@ -213,6 +213,10 @@ def layouts(rank, world, group):
     if rank == 0:
         for r in range(world):
             same(f"gather from {r}", gl[r], mine((4, 6), r).t())
+    gt = torch.zeros(4, world * 6).t() if rank == 0 else None       # gather_into_tensor, transposed
+    dist.gather_into_tensor(mine((6, 4)), gt, dst=0, group=group)
+    if rank == 0:
+        same("gather_into_tensor", gt, torch.cat([mine((6, 4), r) for r in range(world)]))
     so = torch.zeros(6, 4).t()
     dist.scatter(so, [mine((4, 6), r + 10).t().contiguous().t() for r in range(world)] if rank == 0 else None,
                  src=0, group=group)
@@ -225,6 +229,11 @@ def layouts(rank, world, group):
         q.wait()
     same("send/recv strided", rbase[::2].view(2, 3), mine((3, 2), src).t())
     same("recv leaves the rest", rbase[1::2], torch.full((6,), 9.0))
+    got = torch.zeros(4)
+    for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine((4,)), dst, group=group),
+                                     dist.P2POp(dist.irecv, got, src, group=group)]):
+        q.wait()
+    same("batch_isend_irecv", got, mine((4,), src))
     return {"wrong": wrong}
 
 

@@ -1,18 +1,47 @@
 """torch.distributed clients on the wirespeed backend, as users run them: real rank processes on
-2 and 4 ranks, one launch per world size (worker_clients.py), every result compared with gloo's
-or with an exact reference. These are the tests behind the README's "works with" table."""
+2 ranks (started by torchrun) and 4 (started as torchrun would), one launch per world size
+(worker_clients.py), every result compared with gloo's or with an exact reference. These are the
+tests behind the README's "works with" table."""
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
-from .ranks import run_ranks
+from .ranks import HERE, free_port, run_ranks
 
 COMMON = ("api", "dtypes", "layouts", "data_dtypes", "functional", "mesh1d", "fsdp2", "ddp_hooks")
 
 
+def under_torchrun(nproc: int, args, timeout: float) -> list[dict]:
+    """Each rank's report, in rank order, from a torchrun launch of worker_clients.py."""
+    with tempfile.TemporaryDirectory() as d:
+        return _torchrun(nproc, args, timeout, d)
+
+
+def _torchrun(nproc, args, timeout, report_dir):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(free_port()), str(HERE / "worker_clients.py"), *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    p = subprocess.Popen(cmd, env=dict(env, OMP_NUM_THREADS="1", CLIENTS_REPORT_DIR=report_dir),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)     # torchrun and every rank it started
+        p.communicate()
+        raise AssertionError(f"torchrun of worker_clients.py still running after {timeout} s")
+    assert p.returncode == 0, (p.returncode, out[-2000:], err[-3000:])
+    return [json.loads(open(os.path.join(report_dir, f"rank{r}.json")).read()) for r in range(nproc)]
+
+
 @pytest.fixture(scope="module")
 def two():
-    return run_ranks("worker_clients.py", 2, timeout=300, args=COMMON + ("compile_aot_eager",))
+    return under_torchrun(2, COMMON + ("compile_aot_eager",), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +183,7 @@ def test_torch_compile_of_a_functional_collective(two):
 @pytest.mark.timeout(400)
 def test_torch_compile_with_inductor_on_cpu():
     """Inductor generates and compiles C++ for the graph around the collective (a minute here)."""
-    res = run_ranks("worker_clients.py", 2, timeout=380, args=("compile_inductor",))
+    res = under_torchrun(2, ("compile_inductor",), timeout=380)
     for out in scenario(res, "compile_inductor"):
         if "error" in out and ("compiler" in out["error"].lower() or "InvalidCxxCompiler" in out["error"]):
             pytest.skip(f"torch.compile cannot build C++ here: {out['error']}")

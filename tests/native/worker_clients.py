@@ -2,6 +2,7 @@
 results reported for test_clients.py to compare with gloo's (a gloo group of the same ranks in
 the same job) or with an exact reference. argv: the scenarios to run."""
 import datetime
+import json
 import os
 import sys
 import time
@@ -60,7 +61,7 @@ SCENARIOS = {
     "compile_inductor": lambda: compiled("inductor"),
 }
 
-out = {}
+out = {"rank": rank}
 for name in sys.argv[1:]:
     t0 = time.monotonic()
     try:
@@ -69,6 +70,10 @@ for name in sys.argv[1:]:
         out[name] = {"crash": traceback.format_exc()[-3000:]}
     out.setdefault("seconds", {})[name] = round(time.monotonic() - t0, 2)
     dist.barrier(group=gloo)     # the next scenario starts together, whatever this one did
-report(out)
+if os.environ.get("CLIENTS_REPORT_DIR"):   # launched by torchrun: ranks share one stdout
+    with open(os.path.join(os.environ["CLIENTS_REPORT_DIR"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+else:
+    report(out)
 dist.destroy_process_group()
 os._exit(0)

@@ -41,7 +41,7 @@ def check(t: torch.Tensor, what: str) -> None:
         raise UnsupportedError(f"wirespeed: {what} is a {type(t).__name__}, not a tensor")
     if not t.is_cpu:
         raise UnsupportedError(f"wirespeed: {what} is on {t.device}; the wirespeed backend handles CPU "
-                               "tensors only (use nccl for GPU tensors, or a 'cpu:wirespeed,cuda:nccl' backend)")
+                               "tensors only (use nccl for GPU tensors)")
     if t.layout != torch.strided:
         raise UnsupportedError(f"wirespeed: {what} is {t.layout}; only dense (strided) tensors are supported")
 
