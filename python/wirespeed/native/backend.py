@@ -117,15 +117,19 @@ class WirespeedBackend(_C10dBackend):
 
     # ---- reductions ----
     def allreduce(self, tensors, opts):
-        # The blocking single-tensor sum is the latency benchmark and the common case: keep its path
-        # to a handful of attribute reads (each costs ~0.1-0.2 us on a pybind object).
-        if len(tensors) == 1 and not opts.asyncOp:
+        # The single contiguous tensor summed is the latency benchmark and the common case (DDP's
+        # buckets too): keep its path to a handful of attribute reads (each costs ~0.1-0.2 us on a
+        # pybind object), blocking or not.
+        if len(tensors) == 1:
             t = tensors[0]
             code = REDUCE_DTYPES.get(t.dtype)
             if (code is not None and opts.reduceOp == SUM and t.is_cpu and t.layout is torch.strided
                     and t.is_contiguous()):
-                self._all_reduce(t.data_ptr(), t.numel(), code, 0, True)
-                return None
+                if not opts.asyncOp:
+                    self._all_reduce(t.data_ptr(), t.numel(), code, 0, True)
+                    return None
+                return Work(self.native, [self._all_reduce(t.data_ptr(), t.numel(), code, 0)], tensors, None,
+                            self._futures)
         t = _one(tensors, "allreduce")
         return self._allreduce_one(t, opts, "the all_reduce tensor")
 

@@ -1,18 +1,20 @@
 """The ProcessGroup a wirespeed group is to torch: torch's own ProcessGroup with the wirespeed
 backend registered for CPU tensors, exactly as torch builds one for gloo (a default backend, a
 device type, a group name set by torch), so DeviceMesh, DTensor, FSDP2 and functional
-collectives find it by name and every collective goes through torch's dispatcher to
-WirespeedBackend (backend.py).
+collectives find it by name, and torch's dispatcher reaches WirespeedBackend (backend.py) for
+every device-type lookup and op it routes.
 
 It is a Python subclass for what the C++ ProcessGroup cannot carry from a backend written in
 Python: the sender of an any-source receive (torch reads it with Work._source_rank(), which the
 C++ wrapper of a Python Work does not forward), so `recv_anysource` answers here with the
 backend's own Work; sub-groups from `split_group`, built here so they are of this class too;
-`gather_into_tensor`, which torch's Python-backend wrapper cannot route; and speed: a blocking
-call (async_op=False) from Python goes straight to the backend. torch's dispatcher and the flight
-recorder's hook cost ~35 us per call here, which is most of a small all_reduce; so blocking calls
-are not in the flight recorder (async ones, functional collectives and DDP's are), and with
-TORCH_DIST_NAN_CHECK=1 every call takes the dispatcher so the check sees it.
+`gather_into_tensor`, which torch's Python-backend wrapper cannot route; and speed: torch's
+dispatcher, its C++ wrappers of a Python Work and the flight recorder's hook cost 35-70 us per
+call here (the call itself costs ~10 us blocking, ~20 us async with its wait, in a group of one),
+so collectives called on this group go straight to the backend. torch's flight recorder and
+collective hooks therefore do not see them. They take torch's path when an async op's Work must be
+registered for a compiled graph's wait_tensor (allow_inflight_collective_as_graph_input), and
+always with TORCH_DIST_NAN_CHECK=1, so the NaN check sees every call.
 """
 from __future__ import annotations
 
@@ -27,14 +29,17 @@ _CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
 _CPU = torch.device("cpu")
 
 
+_inflight_as_graph_input = torch._C._distributed_c10d._allow_inflight_collective_as_graph_input
+
+
 def _direct(name: str, opts_at: int):
-    """A collective that a blocking call runs on the backend directly, and any other call through
-    torch's ProcessGroup (dispatcher, hooks). `opts_at`: where the options are among the arguments."""
+    """A collective run on the backend directly, or through torch's ProcessGroup (dispatcher, hooks)
+    when that is needed (see the module's doc). `opts_at`: where the options are among the arguments."""
     via_torch = getattr(dist.ProcessGroup, name)
 
     def call(self, *args, **kwargs):
         opts = kwargs.get("opts", args[opts_at] if len(args) > opts_at else None)
-        if self._direct and opts is not None and not opts.asyncOp:
+        if self._direct and opts is not None and (not opts.asyncOp or not _inflight_as_graph_input()):
             return getattr(self._backend, name)(*args, **kwargs)
         return via_torch(self, *args, **kwargs)
     # pybind11 runs the C++ base (torch's dispatcher) rather than this override again when it sees
