@@ -15,7 +15,6 @@ import collections
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from . import monitored
 from .anysource import Announcer, AnySourceWork
