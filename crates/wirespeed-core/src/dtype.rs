@@ -11,9 +11,16 @@ pub enum DType {
     U8 = 5,
     I32 = 6,
     I64 = 7,
+    I16 = 8,
+    U16 = 9,
+    U32 = 10,
+    U64 = 11,
+    /// torch.bool: one byte holding 0 or 1.
+    Bool = 12,
 }
 
-pub const SUPPORTED_DTYPES: &str = "float32, float16, bfloat16, float64, int8, uint8, int32, int64";
+pub const SUPPORTED_DTYPES: &str =
+    "float32, float16, bfloat16, float64, int8, uint8, int16, uint16, int32, uint32, int64, uint64, bool";
 
 impl DType {
     pub fn from_code(c: u32) -> Result<DType> {
@@ -26,15 +33,20 @@ impl DType {
             5 => DType::U8,
             6 => DType::I32,
             7 => DType::I64,
+            8 => DType::I16,
+            9 => DType::U16,
+            10 => DType::U32,
+            11 => DType::U64,
+            12 => DType::Bool,
             _ => return Err(Error::Unsupported(format!("dtype code {c}: wirespeed supports {SUPPORTED_DTYPES}"))),
         })
     }
     pub fn size(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::F64 | DType::I64 => 8,
-            DType::I8 | DType::U8 => 1,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
     pub fn name(self) -> &'static str {
@@ -47,7 +59,15 @@ impl DType {
             DType::U8 => "uint8",
             DType::I32 => "int32",
             DType::I64 => "int64",
+            DType::I16 => "int16",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
+            DType::Bool => "bool",
         }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 }
 
@@ -58,6 +78,9 @@ pub enum ReduceOp {
     Min = 2,
     Max = 3,
     Avg = 4,
+    BAnd = 5,
+    BOr = 6,
+    BXor = 7,
 }
 
 impl ReduceOp {
@@ -68,7 +91,14 @@ impl ReduceOp {
             2 => ReduceOp::Min,
             3 => ReduceOp::Max,
             4 => ReduceOp::Avg,
-            _ => return Err(Error::Unsupported(format!("reduce op code {c}: wirespeed supports sum, prod, min, max, avg"))),
+            5 => ReduceOp::BAnd,
+            6 => ReduceOp::BOr,
+            7 => ReduceOp::BXor,
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "reduce op code {c}: wirespeed supports sum, prod, min, max, avg, band, bor, bxor"
+                )))
+            }
         })
     }
     pub fn name(self) -> &'static str {
@@ -78,8 +108,26 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
             ReduceOp::Avg => "avg",
+            ReduceOp::BAnd => "band",
+            ReduceOp::BOr => "bor",
+            ReduceOp::BXor => "bxor",
         }
     }
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor)
+    }
+}
+
+/// Whether `op` is defined on `dtype`, checked before an op starts so every rank refuses it alike:
+/// bitwise ops need integers or bool, and an average of booleans means nothing.
+pub fn check(dtype: DType, op: ReduceOp) -> Result<()> {
+    if op.is_bitwise() && dtype.is_float() {
+        return Err(Error::Unsupported(format!("{} is defined on integer and bool tensors, not {}", op.name(), dtype.name())));
+    }
+    if op == ReduceOp::Avg && dtype == DType::Bool {
+        return Err(Error::Unsupported("avg is not defined on bool tensors; use max (any) or min (all)".into()));
+    }
+    Ok(())
 }
 
 /// IEEE half to single, exact.
@@ -149,6 +197,23 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn codes_round_trip_and_combinations_are_checked() {
+        for c in 0..13 {
+            assert_eq!(DType::from_code(c).unwrap() as u32, c);
+        }
+        assert!(DType::from_code(13).is_err());
+        for c in 0..8 {
+            assert_eq!(ReduceOp::from_code(c).unwrap() as u32, c);
+        }
+        assert!(check(DType::I16, ReduceOp::BXor).is_ok());
+        assert!(check(DType::Bool, ReduceOp::BAnd).is_ok());
+        assert!(check(DType::BF16, ReduceOp::BOr).is_err());
+        assert!(check(DType::Bool, ReduceOp::Avg).is_err());
+        assert_eq!(DType::U64.size(), 8);
+        assert_eq!(DType::Bool.size(), 1);
+    }
 
     #[test]
     fn half_round_trips_every_value() {

@@ -4,7 +4,8 @@
 //! Work goes in blocks of BLOCK elements through an accumulator array on the stack: every source
 //! of a block is read before dst is written, so dst may alias one of the sources at the same
 //! offset (in-place collectives). float16 and bfloat16 accumulate in float32 per block and round
-//! once at the end, as the issue asks; integers wrap like two's-complement hardware.
+//! once at the end, as the issue asks; integers wrap like two's-complement hardware; bool is one
+//! byte of 0 or 1 where sum and max are "any" and prod and min are "all", as torch computes them.
 use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType, ReduceOp};
 
 const BLOCK: usize = 512;
@@ -18,6 +19,9 @@ trait Elem: Copy {
     fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     fn div(a: Self::Acc, n: usize) -> Self::Acc;
+    fn band(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn bor(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn bxor(a: Self::Acc, b: Self::Acc) -> Self::Acc;
 }
 
 macro_rules! float_elem {
@@ -39,6 +43,14 @@ macro_rules! float_elem {
             fn max(a: $t, b: $t) -> $t { if a > b || a != a { a } else { b } }
             #[inline(always)]
             fn div(a: $t, n: usize) -> $t { a / (n as $t) }
+            // Never reached: dtype::check refuses bitwise ops on floats before an op starts.
+            // Defined on the bit patterns so the kernel stays total.
+            #[inline(always)]
+            fn band(a: $t, b: $t) -> $t { <$t>::from_bits(a.to_bits() & b.to_bits()) }
+            #[inline(always)]
+            fn bor(a: $t, b: $t) -> $t { <$t>::from_bits(a.to_bits() | b.to_bits()) }
+            #[inline(always)]
+            fn bxor(a: $t, b: $t) -> $t { <$t>::from_bits(a.to_bits() ^ b.to_bits()) }
         }
     };
 }
@@ -61,16 +73,57 @@ macro_rules! int_elem {
             fn min(a: $t, b: $t) -> $t { if a < b { a } else { b } }
             #[inline(always)]
             fn max(a: $t, b: $t) -> $t { if a > b { a } else { b } }
-            // Truncating division of the (wrapped) sum, as integer averages are defined here.
+            // Truncating division of the (wrapped) sum, as integer averages are defined here; in
+            // i128 so a world size wider than the type (300 ranks of int8) still divides right.
             #[inline(always)]
-            fn div(a: $t, n: usize) -> $t { a.wrapping_div(n as $t) }
+            fn div(a: $t, n: usize) -> $t { (a as i128 / n as i128) as $t }
+            #[inline(always)]
+            fn band(a: $t, b: $t) -> $t { a & b }
+            #[inline(always)]
+            fn bor(a: $t, b: $t) -> $t { a | b }
+            #[inline(always)]
+            fn bxor(a: $t, b: $t) -> $t { a ^ b }
         }
     };
 }
 int_elem!(i8);
 int_elem!(u8);
+int_elem!(i16);
+int_elem!(u16);
 int_elem!(i32);
+int_elem!(u32);
 int_elem!(i64);
+int_elem!(u64);
+
+/// torch.bool: 0 or 1 in a byte.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Flag(u8);
+
+impl Elem for Flag {
+    type Acc = u8;
+    #[inline(always)]
+    fn load(self) -> u8 { self.0 }
+    #[inline(always)]
+    fn store(a: u8) -> Flag { Flag(a) }
+    #[inline(always)]
+    fn sum(a: u8, b: u8) -> u8 { a | b }
+    #[inline(always)]
+    fn prod(a: u8, b: u8) -> u8 { a & b }
+    #[inline(always)]
+    fn min(a: u8, b: u8) -> u8 { a & b }
+    #[inline(always)]
+    fn max(a: u8, b: u8) -> u8 { a | b }
+    // Never reached: dtype::check refuses avg on bool. "any" keeps the result a valid bool.
+    #[inline(always)]
+    fn div(a: u8, _n: usize) -> u8 { a }
+    #[inline(always)]
+    fn band(a: u8, b: u8) -> u8 { a & b }
+    #[inline(always)]
+    fn bor(a: u8, b: u8) -> u8 { a | b }
+    #[inline(always)]
+    fn bxor(a: u8, b: u8) -> u8 { a ^ b }
+}
 
 #[derive(Clone, Copy)]
 #[repr(transparent)]
@@ -97,6 +150,12 @@ macro_rules! narrow_elem {
             fn max(a: f32, b: f32) -> f32 { <f32 as Elem>::max(a, b) }
             #[inline(always)]
             fn div(a: f32, n: usize) -> f32 { a / n as f32 }
+            #[inline(always)]
+            fn band(a: f32, b: f32) -> f32 { <f32 as Elem>::band(a, b) }
+            #[inline(always)]
+            fn bor(a: f32, b: f32) -> f32 { <f32 as Elem>::bor(a, b) }
+            #[inline(always)]
+            fn bxor(a: f32, b: f32) -> f32 { <f32 as Elem>::bxor(a, b) }
         }
     };
 }
@@ -128,6 +187,9 @@ unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, 
                 ReduceOp::Prod => combine::<T>(acc, src, T::prod),
                 ReduceOp::Min => combine::<T>(acc, src, T::min),
                 ReduceOp::Max => combine::<T>(acc, src, T::max),
+                ReduceOp::BAnd => combine::<T>(acc, src, T::band),
+                ReduceOp::BOr => combine::<T>(acc, src, T::bor),
+                ReduceOp::BXor => combine::<T>(acc, src, T::bxor),
             }
         }
         if op == ReduceOp::Avg {
@@ -183,6 +245,11 @@ unsafe fn reduce_dispatch(dst: *mut u8, srcs: &[*const u8], count: usize, dtype:
             DType::U8 => reduce_typed::<u8>(dst, srcs, count, op, avg_n),
             DType::I32 => reduce_typed::<i32>(dst, srcs, count, op, avg_n),
             DType::I64 => reduce_typed::<i64>(dst, srcs, count, op, avg_n),
+            DType::I16 => reduce_typed::<i16>(dst, srcs, count, op, avg_n),
+            DType::U16 => reduce_typed::<u16>(dst, srcs, count, op, avg_n),
+            DType::U32 => reduce_typed::<u32>(dst, srcs, count, op, avg_n),
+            DType::U64 => reduce_typed::<u64>(dst, srcs, count, op, avg_n),
+            DType::Bool => reduce_typed::<Flag>(dst, srcs, count, op, avg_n),
         }
     }
 }
@@ -234,5 +301,47 @@ mod tests {
         let bb = vec![f32_to_bf16(3.0); 2];
         let out = run(&[bb.clone(), bb], DType::BF16, ReduceOp::Avg);
         assert_eq!(bf16_to_f32(out[1]), 3.0);
+    }
+
+    #[test]
+    fn bitwise_ops_and_new_integer_widths() {
+        let a: Vec<i16> = (0..1100).map(|i| (i * 37 - 9000) as i16).collect();
+        let b: Vec<i16> = (0..1100).map(|i| (i * 101 + 5) as i16).collect();
+        let and = run(&[a.clone(), b.clone()], DType::I16, ReduceOp::BAnd);
+        let or = run(&[a.clone(), b.clone()], DType::I16, ReduceOp::BOr);
+        let xor = run(&[a.clone(), b.clone()], DType::I16, ReduceOp::BXor);
+        let sum = run(&[a.clone(), b.clone()], DType::I16, ReduceOp::Sum);
+        for i in 0..a.len() {
+            assert_eq!(and[i], a[i] & b[i]);
+            assert_eq!(or[i], a[i] | b[i]);
+            assert_eq!(xor[i], a[i] ^ b[i]);
+            assert_eq!(sum[i], a[i].wrapping_add(b[i]));
+        }
+        let u = vec![u64::MAX - 1; 3];
+        assert_eq!(run(&[u.clone(), vec![3u64; 3]], DType::U64, ReduceOp::Sum), vec![1u64; 3]);
+        assert_eq!(run(&[u.clone(), vec![3u64; 3]], DType::U64, ReduceOp::Max), u);
+        let w = vec![40_000u16; 2];
+        assert_eq!(run(&[w.clone(), w.clone()], DType::U16, ReduceOp::Avg), vec![7_232u16; 2]); // 80000 wraps to 14464, halved
+        let v = vec![3_000_000_000u32; 2];
+        assert_eq!(run(&[v.clone(), vec![1u32; 2]], DType::U32, ReduceOp::Min), vec![1u32; 2]);
+    }
+
+    #[test]
+    fn bool_is_any_and_all() {
+        let a: Vec<u8> = vec![0, 0, 1, 1];
+        let b: Vec<u8> = vec![0, 1, 0, 1];
+        assert_eq!(run(&[a.clone(), b.clone()], DType::Bool, ReduceOp::Sum), vec![0, 1, 1, 1]);
+        assert_eq!(run(&[a.clone(), b.clone()], DType::Bool, ReduceOp::Max), vec![0, 1, 1, 1]);
+        assert_eq!(run(&[a.clone(), b.clone()], DType::Bool, ReduceOp::Prod), vec![0, 0, 0, 1]);
+        assert_eq!(run(&[a.clone(), b.clone()], DType::Bool, ReduceOp::Min), vec![0, 0, 0, 1]);
+        assert_eq!(run(&[a.clone(), b.clone()], DType::Bool, ReduceOp::BXor), vec![0, 1, 1, 0]);
+        assert_eq!(run(&[a.clone(), b.clone(), b.clone()], DType::Bool, ReduceOp::Sum), vec![0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn int8_average_over_more_ranks_than_the_type_holds() {
+        let srcs: Vec<Vec<i8>> = (0..300).map(|_| vec![1i8]).collect();
+        // the wrapped sum of 300 ones is 44 in int8; 44 / 300 truncates to 0, with no overflow
+        assert_eq!(run(&srcs, DType::I8, ReduceOp::Avg), vec![0i8]);
     }
 }

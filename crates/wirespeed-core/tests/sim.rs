@@ -10,8 +10,13 @@ use wirespeed_core::transport::sim::{self, Fault, SimConfig, SimRank};
 use wirespeed_core::transport::Transport;
 use wirespeed_core::{DType, Error, ReduceOp};
 
-const DTYPES: [DType; 8] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::U8, DType::I32, DType::I64];
-const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
+const DTYPES: [DType; 13] = [
+    DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::U8, DType::I16, DType::U16, DType::I32, DType::U32,
+    DType::I64, DType::U64, DType::Bool,
+];
+const OPS: [ReduceOp; 8] = [
+    ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor,
+];
 
 fn enc(d: DType, v: f64, out: &mut Vec<u8>) {
     match d {
@@ -23,6 +28,11 @@ fn enc(d: DType, v: f64, out: &mut Vec<u8>) {
         DType::U8 => out.extend((v as u8).to_le_bytes()),
         DType::I32 => out.extend((v as i32).to_le_bytes()),
         DType::I64 => out.extend((v as i64).to_le_bytes()),
+        DType::I16 => out.extend((v as i16).to_le_bytes()),
+        DType::U16 => out.extend((v as u16).to_le_bytes()),
+        DType::U32 => out.extend((v as u32).to_le_bytes()),
+        DType::U64 => out.extend((v as u64).to_le_bytes()),
+        DType::Bool => out.push((v != 0.0) as u8),
     }
 }
 
@@ -36,20 +46,36 @@ fn dec(d: DType, b: &[u8]) -> f64 {
         DType::U8 => b[0] as f64,
         DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::I16 => i16::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U16 => u16::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::Bool => b[0] as f64,
     }
+}
+
+fn unsigned(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool)
 }
 
 /// Input element i of rank r: unique enough per (rank, index) that a misrouted or misplaced
 /// element changes the result, small enough that every dtype represents every sum exactly.
 fn value(d: DType, op: ReduceOp, r: usize, i: usize) -> f64 {
     let h = (r * 31 + i * 17 + (i >> 7) * 5) % 7;
+    if d == DType::Bool {
+        // Mostly true, so and/min/prod and or/max/sum all see both values.
+        return if h == 0 { 0.0 } else { 1.0 };
+    }
+    if op.is_bitwise() {
+        return (r * 13 + i * 7) as f64 % 64.0;
+    }
     match op {
         // Products stay exact: factors of +-1, and a 2 at one rank per index for small worlds.
         ReduceOp::Prod => {
-            let sign = if matches!(d, DType::U8) || h % 2 == 0 { 1.0 } else { -1.0 };
+            let sign = if unsigned(d) || h % 2 == 0 { 1.0 } else { -1.0 };
             if r == i % 5 { 2.0 * sign } else { sign }
         }
-        _ if matches!(d, DType::U8) => h as f64,
+        _ if unsigned(d) => h as f64,
         _ => h as f64 - 3.0,
     }
 }
@@ -69,6 +95,23 @@ fn is_float(d: DType) -> bool {
 /// The reduction of element i over ranks 0..w, computed in f64 (exact for these inputs).
 fn expected(d: DType, op: ReduceOp, w: usize, i: usize) -> f64 {
     let vals: Vec<f64> = (0..w).map(|r| value(d, op, r, i)).collect();
+    let ints: Vec<i64> = vals.iter().map(|&v| v as i64).collect();
+    if d == DType::Bool {
+        let any = ints.iter().any(|&v| v != 0) as i64 as f64;
+        let all = ints.iter().all(|&v| v != 0) as i64 as f64;
+        return match op {
+            ReduceOp::Sum | ReduceOp::Max | ReduceOp::BOr => any,
+            ReduceOp::Prod | ReduceOp::Min | ReduceOp::BAnd => all,
+            ReduceOp::BXor => (ints.iter().filter(|&&v| v != 0).count() % 2) as f64,
+            ReduceOp::Avg => unreachable!("refused by dtype::check"),
+        };
+    }
+    match op {
+        ReduceOp::BAnd => return ints.iter().fold(-1i64, |a, &b| a & b) as f64,
+        ReduceOp::BOr => return ints.iter().fold(0i64, |a, &b| a | b) as f64,
+        ReduceOp::BXor => return ints.iter().fold(0i64, |a, &b| a ^ b) as f64,
+        _ => {}
+    }
     match op {
         ReduceOp::Sum => vals.iter().sum(),
         ReduceOp::Prod => vals.iter().product(),
@@ -78,6 +121,7 @@ fn expected(d: DType, op: ReduceOp, w: usize, i: usize) -> f64 {
             let s: f64 = vals.iter().sum();
             if is_float(d) { s / w as f64 } else { (s / w as f64).trunc() }
         }
+        _ => unreachable!("bitwise ops handled above"),
     }
 }
 
@@ -122,6 +166,9 @@ fn ring_and_doubling_all_reduce_every_dtype_and_op() {
     for w in [1, 2, 3, 4, 5, 8] {
         for d in DTYPES {
             for op in OPS {
+                if wirespeed_core::dtype::check(d, op).is_err() {
+                    continue;
+                }
                 for n in [0, 1, 37] {
                     run_all_reduce(ring::all_reduce::<SimRank>, "ring", w, d, op, n);
                     run_all_reduce(doubling::all_reduce::<SimRank>, "doubling", w, d, op, n);

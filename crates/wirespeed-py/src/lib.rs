@@ -40,6 +40,13 @@ fn dtype(code: u32) -> PyResult<DType> {
 fn rop(code: u32) -> PyResult<ReduceOp> {
     ReduceOp::from_code(code).map_err(to_py)
 }
+/// The dtype and op of a reduction, refused before the op starts if the op is not defined on the
+/// dtype (every rank refuses it alike, so the group stays usable).
+fn reduction(dtype_code: u32, op_code: u32) -> PyResult<(DType, ReduceOp)> {
+    let (d, o) = (dtype(dtype_code)?, rop(op_code)?);
+    wirespeed_core::dtype::check(d, o).map_err(to_py)?;
+    Ok((d, o))
+}
 
 /// One rank's membership in a group: created unconnected (so its info can go through a store),
 /// then connected, after which ops are submitted and awaited by id.
@@ -117,15 +124,18 @@ impl Group {
 
     #[pyo3(signature = (buf, count, dtype_code, op, blocking=false))]
     fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::AllReduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)? }, blocking)
+        let (dtype, op) = reduction(dtype_code, op)?;
+        self.submit(py, Op::AllReduce { buf, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
     fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::ReduceScatter { send, out, count, dtype: dtype(dtype_code)?, op: rop(op)? }, blocking)
+        let (dtype, op) = reduction(dtype_code, op)?;
+        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (buf, count, dtype_code, op, root, blocking=false))]
     fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Reduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)?, root }, blocking)
+        let (dtype, op) = reduction(dtype_code, op)?;
+        self.submit(py, Op::Reduce { buf, count, dtype, op, root }, blocking)
     }
     #[pyo3(signature = (send, recv, blocking=false))]
     fn all_gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, blocking: bool) -> PyResult<u64> {

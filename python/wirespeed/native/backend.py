@@ -1,0 +1,423 @@
+"""The wirespeed torch.distributed backend: a `torch._C._distributed_c10d.Backend` subclass (torch's
+route for a backend written in Python), one per group, over one native engine (wirespeed._native).
+
+torch wraps it in a ProcessGroup (see process_group.py), so everything built on a named backend
+with device types works: group names, DeviceMesh, DTensor, FSDP2, functional collectives, splits.
+
+A call torch will wait on at once (opts.asyncOp False, i.e. async_op=False) runs inline in the
+caller's thread and returns None, as torch allows for a backend that completed the op already; an
+async call is queued and returns a Work. The engine runs ops in order, in the background or
+inline in whichever thread waits first, with the GIL released.
+"""
+from __future__ import annotations
+
+import collections
+from datetime import timedelta
+
+import torch
+
+from . import monitored
+from .anysource import Announcer, AnySourceWork
+from .errors import UnsupportedError
+from .tensors import REDUCE_DTYPES, SUM, Staging, buf, check, nbytes, reduction
+from .work import FutureCompleter, Work
+
+_C10dBackend = torch._C._distributed_c10d.Backend
+NAME = "wirespeed"
+
+
+def _one(tensors, what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise UnsupportedError(f"wirespeed: {what} takes exactly one tensor per rank, got {len(tensors)}")
+    return tensors[0]
+
+
+def _blocking(opts) -> bool:
+    return opts is not None and not getattr(opts, "asyncOp", True)
+
+
+class WirespeedBackend(_C10dBackend):
+    def __init__(self, native, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self.native = native               # wirespeed._native.Group
+        self.store = store                 # this group's (prefixed) torch store
+        self.timeout = timeout
+        self._rank, self._size = rank, size
+        self._all_reduce = native.all_reduce   # bound once: the fast path's only native call
+        self._options = _C10dBackend.Options(NAME, timeout)
+        self._futures = FutureCompleter()
+        self._announcer = Announcer(store, rank)
+        self.received: dict[int, int] = {}     # messages received per peer (any-source bookkeeping)
+        self.anysource_used = False
+        self._monitored_seq = 0
+        # Staged copies the engine may still use after the caller dropped the Work (async ops).
+        self._inflight: collections.deque = collections.deque()
+
+    # ---- identity and capabilities (torch reads these through the C++ Backend) ----
+    def getBackendName(self):
+        return NAME
+
+    @property
+    def options(self):
+        return self._options
+
+    # Each capability torch asks about is answered here: torch's trampoline reads a property it
+    # finds on the class and would recurse into itself on the inherited C++ one.
+    supports_splitting = property(lambda self: True)
+    supports_coalescing = property(lambda self: False)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    supports_window = property(lambda self: False)
+    _supports_time_estimate = property(lambda self: False)
+
+    def shutdown(self):
+        self._announcer.close()
+        self.native.close()
+
+    abort = shutdown
+
+    # ---- running ops ----
+    def _peer(self, r, what: str) -> int:
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < self._size:
+            raise UnsupportedError(f"wirespeed: {what} rank {r} is not in this group of {self._size} "
+                                   f"(valid: 0 to {self._size - 1})")
+        return r
+
+    def _run(self, opts, call, args, result, st: Staging | None):
+        """Run one native op: inline when torch waits at once (returns None), else queued (a Work)."""
+        if _blocking(opts):
+            call(*args, True)
+            if st is not None:
+                st.finish()
+            return None
+        op_id = call(*args)
+        return self._work([op_id], result, st)
+
+    def _work(self, ids, result, st: Staging | None) -> Work:
+        if st is not None and st.copies:
+            # Keep staged memory alive until the engine is done with it, waited on or not.
+            while self._inflight and self.native.is_done(self._inflight[0][0]):
+                self._inflight.popleft()
+            self._inflight.append((ids[-1], st))
+        return Work(self.native, ids, result, st.finish if st is not None else None, self._futures)
+
+    def _many(self, opts, issue, items, result):
+        """Several ops under one Work (coalesced calls); None when they all ran inline."""
+        works = [issue(*it) for it in items]
+        if _blocking(opts):
+            return None
+        ids = [i for w in works for i in w._ids]
+        finishers = [w._finish for w in works if w._finish is not None]
+
+        def finish():
+            for f in finishers:
+                f()
+        return Work(self.native, ids, result, finish, self._futures)
+
+    # ---- reductions ----
+    def allreduce(self, tensors, opts):
+        # The single contiguous tensor summed is the latency benchmark and the common case (DDP's
+        # buckets too): keep its path to a handful of attribute reads (each costs ~0.1-0.2 us on a
+        # pybind object), blocking or not.
+        if len(tensors) == 1:
+            t = tensors[0]
+            code = REDUCE_DTYPES.get(t.dtype)
+            if (code is not None and opts.reduceOp == SUM and t.is_cpu and t.layout is torch.strided
+                    and t.is_contiguous()):
+                if not opts.asyncOp:
+                    self._all_reduce(t.data_ptr(), t.numel(), code, 0, True)
+                    return None
+                return Work(self.native, [self._all_reduce(t.data_ptr(), t.numel(), code, 0)], tensors, None,
+                            self._futures)
+        t = _one(tensors, "allreduce")
+        return self._allreduce_one(t, opts, "the all_reduce tensor")
+
+    def _allreduce_one(self, t, opts, what):
+        check(t, what)
+        dcode, ocode, factor, esize = reduction(t, opts.reduceOp, what)
+        st = Staging()
+        if factor is None:
+            b = st.update(t)
+        else:
+            b = st.scaled(t, factor)
+            st.result(t, b)
+        return self._run(opts, self.native.all_reduce, (b.data_ptr(), nbytes(b) // esize, dcode, ocode),
+                         [t], st)
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self._many(opts, lambda t: self._allreduce_one(t, opts, "an all_reduce tensor"),
+                          [(t,) for t in tensors], tensors)
+
+    def allreduce_sparse(self, tensors, opts):
+        raise UnsupportedError("wirespeed: sparse all_reduce is not supported; densify with tensor.to_dense()")
+
+    def reduce(self, tensors, opts):
+        t = _one(tensors, "reduce")
+        check(t, "the reduce tensor")
+        root = self._peer(opts.rootRank, "the reduce root")
+        dcode, ocode, factor, esize = reduction(t, opts.reduceOp, "the reduce tensor")
+        st = Staging()
+        if factor is not None:
+            b = st.scaled(t, factor)
+            if self._rank == root:
+                st.result(t, b)
+        else:
+            b = st.update(t) if self._rank == root else st.read(t)
+        return self._run(opts, self.native.reduce, (b.data_ptr(), nbytes(b) // esize, dcode, ocode, root),
+                         tensors, st)
+
+    def _reduce_scatter_pieces(self, out, pieces, opts, what, st: Staging | None = None):
+        """out = op over ranks of their pieces[my rank]; pieces: one tensor per rank, any layout."""
+        check(out, f"the {what} output")
+        dcode, ocode, factor, esize = reduction(out, opts.reduceOp, f"the {what} output")
+        for p in pieces:
+            check(p, f"a {what} input")
+            if p.dtype != out.dtype:
+                raise UnsupportedError(f"wirespeed: a {what} input has dtype {p.dtype} but the output is {out.dtype}")
+            if p.numel() != out.numel():
+                raise UnsupportedError(f"wirespeed: {what} inputs hold {p.numel()} elements each; each must "
+                                       f"hold as many as the output ({out.numel()})")
+        st = st or Staging()
+        ins = [st.scaled(p, factor) if factor is not None else st.read(p) for p in pieces]
+        o = st.write(out)
+        return self._run(opts, self.native.reduce_scatter,
+                         ([buf(i) for i in ins], o.data_ptr(), nbytes(o) // esize, dcode, ocode), [out], st)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        out = _one(outputs, "reduce_scatter")
+        ins = _one(input_lists, "reduce_scatter")
+        if len(ins) != self._size:
+            raise UnsupportedError(f"wirespeed: reduce_scatter takes {self._size} inputs (one per rank), got {len(ins)}")
+        return self._reduce_scatter_pieces(out, ins, opts, "reduce_scatter")
+
+    def reduce_scatter_single(self, output, input, opts):
+        check(input, "the reduce_scatter input")
+        if input.numel() != output.numel() * self._size:
+            raise UnsupportedError(f"wirespeed: reduce_scatter input holds {input.numel()} elements; it "
+                                   f"must hold world size x output = {self._size * output.numel()}")
+        st = Staging()
+        whole = st.read(input).reshape(-1)
+        n = output.numel()
+        pieces = [whole[r * n:(r + 1) * n] for r in range(self._size)]
+        return self._reduce_scatter_pieces(output, pieces, opts, "reduce_scatter", st)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        return self._many(opts, lambda o, i: self.reduce_scatter_single(o, i, opts), list(zip(outputs, inputs)),
+                          outputs)
+
+    # ---- data movement (any dtype: bytes) ----
+    def broadcast(self, tensors, opts):
+        t = _one(tensors, "broadcast")
+        check(t, "the broadcast tensor")
+        root = self._peer(opts.rootRank, "the broadcast root")
+        st = Staging()
+        b = st.read(t) if self._rank == root else st.write(t)
+        return self._run(opts, self.native.broadcast, (buf(b), root), tensors, st)
+
+    def _same(self, ts, like, what):
+        for t in ts:
+            check(t, what)
+            if t.dtype != like.dtype:
+                raise UnsupportedError(f"wirespeed: {what} has dtype {t.dtype} but the input is {like.dtype}")
+            if t.numel() != like.numel():
+                raise UnsupportedError(f"wirespeed: {what} holds {t.numel()} elements; it must hold as many "
+                                       f"as the input ({like.numel()})")
+
+    def _gather_list(self, outs, t, opts):
+        """all_gather of t into the list outs (one tensor per rank)."""
+        check(t, "the all_gather input")
+        if len(outs) != self._size:
+            raise UnsupportedError(f"wirespeed: all_gather takes {self._size} outputs (one per rank), got {len(outs)}")
+        self._same(outs, t, "an all_gather output")
+        st = Staging()
+        i = st.read(t)
+        os_ = [st.write(o) for o in outs]
+        return self._run(opts, self.native.all_gather, (buf(i), [buf(o) for o in os_]), [outs], st)
+
+    def allgather(self, output_lists, inputs, opts):
+        t = _one(inputs, "allgather")
+        return self._gather_list(_one(output_lists, "allgather"), t, opts)
+
+    def allgather_coalesced(self, output_lists, inputs, opts):
+        if len(output_lists) != len(inputs):
+            raise UnsupportedError(f"wirespeed: all_gather_coalesced takes one output list per input, got "
+                                   f"{len(output_lists)} lists for {len(inputs)} inputs")
+        return self._many(opts, lambda outs, t: self._gather_list(outs, t, opts), list(zip(output_lists, inputs)),
+                          output_lists)
+
+    def all_gather_single(self, output, input, opts):
+        check(input, "the all_gather input")
+        check(output, "the all_gather output")
+        if output.dtype != input.dtype:
+            raise UnsupportedError(f"wirespeed: the all_gather output has dtype {output.dtype} but the input is {input.dtype}")
+        if output.numel() != input.numel() * self._size:
+            raise UnsupportedError(f"wirespeed: all_gather output holds {output.numel()} elements; it must "
+                                   f"hold world size x input = {self._size * input.numel()}")
+        st = Staging()
+        i = st.read(input)
+        o = st.write(output)
+        n = nbytes(i)
+        base = o.data_ptr()
+        return self._run(opts, self.native.all_gather, (buf(i), [(base + r * n, n) for r in range(self._size)]),
+                         [output], st)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        return self._many(opts, lambda o, i: self.all_gather_single(o, i, opts), list(zip(outputs, inputs)), outputs)
+
+    def gather(self, output_lists, inputs, opts):
+        t = _one(inputs, "gather")
+        check(t, "the gather input")
+        root = self._peer(opts.rootRank, "the gather root")
+        outs = []
+        if self._rank == root:
+            outs = _one(output_lists, "gather")
+            if len(outs) != self._size:
+                raise UnsupportedError(f"wirespeed: gather takes {self._size} outputs on the root, got {len(outs)}")
+            self._same(outs, t, "a gather output")
+        st = Staging()
+        i = st.read(t)
+        os_ = [st.write(o) for o in outs]
+        return self._run(opts, self.native.gather, (buf(i), [buf(o) for o in os_], root), output_lists, st)
+
+    def gather_single(self, output, input, opts):
+        """gather_into_tensor: the root's output holds every rank's input, in rank order."""
+        check(output, "the gather output")
+        if self._rank == self._peer(opts.rootRank, "the gather root"):
+            if output.numel() != input.numel() * self._size:
+                raise UnsupportedError(f"wirespeed: gather output holds {output.numel()} elements; it must "
+                                       f"hold world size x input = {self._size * input.numel()}")
+            st = Staging()
+            whole = st.write(output).reshape(-1)
+            n = input.numel()
+            work = self.gather([[whole[r * n:(r + 1) * n].view(input.shape) for r in range(self._size)]],
+                               [input], opts)
+            if work is None:
+                st.finish()
+                return None
+            inner = work._finish
+            work._finish = lambda: (inner and inner(), st.finish())
+            return work
+        return self.gather([], [input], opts)
+
+    def scatter(self, outputs, input_lists, opts):
+        t = _one(outputs, "scatter")
+        check(t, "the scatter output")
+        root = self._peer(opts.rootRank, "the scatter root")
+        ins = []
+        if self._rank == root:
+            ins = _one(input_lists, "scatter")
+            if len(ins) != self._size:
+                raise UnsupportedError(f"wirespeed: scatter takes {self._size} inputs on the root, got {len(ins)}")
+            self._same(ins, t, "a scatter input")
+        st = Staging()
+        is_ = [st.read(i) for i in ins]
+        o = st.write(t)
+        return self._run(opts, self.native.scatter, ([buf(i) for i in is_], buf(o), root), outputs, st)
+
+    def alltoall(self, outputs, inputs, opts):
+        if len(outputs) != self._size or len(inputs) != self._size:
+            raise UnsupportedError(f"wirespeed: all_to_all takes {self._size} input and output tensors "
+                                   f"(one per rank), got {len(inputs)} and {len(outputs)}")
+        for t in list(inputs) + list(outputs):
+            check(t, "an all_to_all tensor")
+            if t.dtype != inputs[0].dtype:
+                raise UnsupportedError(f"wirespeed: an all_to_all tensor has dtype {t.dtype} but the first "
+                                       f"input is {inputs[0].dtype}")
+        st = Staging()
+        is_ = [st.read(i) for i in inputs]
+        os_ = [st.write(o) for o in outputs]
+        return self._run(opts, self.native.all_to_all, ([buf(i) for i in is_], [buf(o) for o in os_]), outputs, st)
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
+        check(input, "the all_to_all input")
+        check(output, "the all_to_all output")
+        if output.dtype != input.dtype:
+            raise UnsupportedError(f"wirespeed: the all_to_all output has dtype {output.dtype} but the input is {input.dtype}")
+        w = self._size
+        st = Staging()
+        i = st.read(input)
+        o = st.write(output)
+
+        def pieces(t, splits, what):
+            if t.dim() == 0:
+                raise UnsupportedError(f"wirespeed: all_to_all {what} must have at least one dimension")
+            row = (t.numel() // t.shape[0] if t.shape[0] else 0) * t.element_size()
+            if not splits:
+                if t.shape[0] % w:
+                    raise UnsupportedError(f"wirespeed: all_to_all {what}'s first dimension ({t.shape[0]}) "
+                                           f"must divide by the world size {w}, or pass split sizes")
+                splits = [t.shape[0] // w] * w
+            if len(splits) != w or sum(splits) != t.shape[0]:
+                raise UnsupportedError(f"wirespeed: all_to_all {what} split sizes {list(splits)} must be "
+                                       f"{w} numbers summing to {t.shape[0]}")
+            out, off = [], t.data_ptr()
+            for s in splits:
+                out.append((off, s * row))
+                off += s * row
+            return out
+
+        send = pieces(i, list(input_splits), "input")
+        recv = pieces(o, list(output_splits), "output")
+        return self._run(opts, self.native.all_to_all, (send, recv), [output], st)
+
+    # ---- synchronization ----
+    def barrier(self, opts):
+        return self._run(opts, self.native.barrier, (), [], None)
+
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        timeout = opts.timeout if opts.timeout.total_seconds() > 0 else self.timeout
+        self._monitored_seq += 1
+        monitored.monitored_barrier(self.store, self._rank, self._size, self._monitored_seq, timeout,
+                                    wait_all_ranks)
+
+    # ---- point to point ----
+    def _tag(self, tag) -> int:
+        if tag < 0:
+            raise UnsupportedError(f"wirespeed: message tag {tag} is negative; tags are 0 or more")
+        return tag
+
+    def send(self, tensors, dst, tag):
+        t = _one(tensors, "send")
+        check(t, "the send tensor")
+        self._peer(dst, "send to")
+        if dst == self._rank:
+            raise UnsupportedError(f"wirespeed: rank {dst} cannot send to itself")
+        st = Staging()
+        b = st.read(t)
+        work = self._work([self.native.send(dst, buf(b), self._tag(tag))], tensors, st)
+        self._announcer.sent_one(dst, work)
+        return work
+
+    def recv(self, tensors, src, tag):
+        t = _one(tensors, "recv")
+        check(t, "the recv tensor")
+        self._peer(src, "receive from")
+        if src == self._rank:
+            raise UnsupportedError(f"wirespeed: rank {src} cannot receive from itself")
+        st = Staging()
+        b = st.write(t)
+        op_id = self.native.recv(src, buf(b), self._tag(tag))
+        self.received[src] = self.received.get(src, 0) + 1
+        return self._work([op_id], tensors, st)
+
+    def recv_anysource(self, tensors, tag):
+        t = _one(tensors, "recv")
+        check(t, "the recv tensor")
+        st = Staging()
+        b = st.write(t)
+        return AnySourceWork(self, buf(b), self._tag(tag), tensors, st.finish)
+
+    # ---- new groups ----
+    def split(self, store, ranks, opts):
+        """This rank's backend for the sub-group `ranks` (ranks of this group, in the new order), or
+        None when it is not a member. torch calls it on every rank of this group."""
+        return self.split_ranks(store, ranks, getattr(opts, "_timeout", None))
+
+    def split_ranks(self, store, ranks, timeout: timedelta | None):
+        from .registration import rendezvous
+        ranks = list(ranks)
+        if self._rank not in ranks:
+            return None
+        timeout = timeout or self.timeout
+        me = ranks.index(self._rank)
+        return WirespeedBackend(rendezvous(store, me, len(ranks), timeout), store, me, len(ranks), timeout)

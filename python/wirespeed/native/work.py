@@ -1,0 +1,117 @@
+"""Handles on queued native ops, as torch.distributed's Work.
+
+A Work covers one or more native op ids (a coalesced call queues several); the engine completes
+ops in order, but each one's error is still raised. When the ops are done, `wait` runs the
+Work's finisher once (copying staged results back into the caller's tensors) before anyone can
+see the result. `get_future()` futures are completed by one helper thread per backend.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable
+
+import torch.distributed as dist
+from torch.futures import Future
+
+from .. import _native
+
+
+class Work(dist._Work):
+    def __init__(self, group, ids: list[int], result, finish: Callable[[], None] | None = None,
+                 futures: "FutureCompleter | None" = None, source: int = -1):
+        super().__init__()
+        self._group = group          # the native group
+        self._ids = ids
+        self._result = result        # what result() and the future give: the output tensors
+        self._finish = finish        # runs once, after the ops succeeded
+        self._futures = futures
+        self._future = None
+        self._source = source
+        self._lock = threading.Lock()
+        self._done = False
+
+    def _complete(self) -> None:
+        for i in self._ids:
+            self._group.wait(i)
+
+    def wait(self, timeout=None):
+        if self._done:
+            return True
+        self._complete()
+        with self._lock:          # the futures thread and the caller may both wait
+            if not self._done:
+                if self._finish is not None:
+                    self._finish()
+                    self._finish = None
+                self._done = True
+        return True
+
+    @property
+    def completed_ok(self) -> bool:
+        """Waited on, and succeeded (no native call: safe from any thread)."""
+        return self._done
+
+    def is_completed(self):
+        return self._done or all(self._group.is_done(i) for i in self._ids)
+
+    def is_success(self):
+        try:
+            self.wait()
+            return True
+        except _native.WirespeedError:
+            return False
+
+    def result(self):
+        return self._result
+
+    def _source_rank(self):
+        return self._source
+
+    source_rank = _source_rank
+
+    def get_future(self):
+        if self._future is None:
+            self._future = Future()
+            self._futures.complete_later(self, self._future)
+        return self._future
+
+
+class FutureCompleter:
+    """One daemon thread per backend, started on the first `get_future()`, that waits on Works in
+    order and completes their futures (DDP's comm hooks chain on them).
+
+    A future's `then` callbacks run in this thread when it completes the future; a callback that
+    issues another op and waits on its future (the quantization hooks do) would wait on this very
+    thread, so a future asked for here is completed at once, inline."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def complete_later(self, work: Work, fut: Future) -> None:
+        if threading.current_thread() is self._thread:
+            self._complete(work, fut)
+            return
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._loop, args=(self._queue,), name="wirespeed-futures",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put((work, fut))
+
+    @staticmethod
+    def _complete(work: Work, fut: Future) -> None:
+        try:
+            work.wait()
+        except Exception as e:  # noqa: BLE001 - handed to whoever awaits the future
+            fut.set_exception(e)
+        else:
+            fut.set_result(work.result())
+
+    @classmethod
+    def _loop(cls, q: queue.SimpleQueue) -> None:
+        while True:
+            cls._complete(*q.get())
