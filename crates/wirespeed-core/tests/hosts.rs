@@ -196,7 +196,7 @@ fn strangers_and_other_jobs_are_refused_and_the_job_goes_on() {
         h.join().unwrap();
     }
     let err = intruder.join().unwrap().expect("the other job's rank must not connect");
-    assert!(matches!(err, Error::Stranger(_) | Error::PeerAborted { .. } | Error::Timeout { .. }), "{err:?}");
+    assert!(matches!(err, Error::Stranger(_) | Error::PeerAborted { .. } | Error::PeerLost(_) | Error::Timeout { .. }), "{err:?}");
     let (a, b) = (input(0, 100_000), input(1, 100_000));
     let want: Vec<i64> = (0..100_000).map(|i| 2 * (a[i] + b[i])).collect();
     let mut refused = 0;
