@@ -360,7 +360,8 @@ impl Comm {
                 (vec![none; c.world], vec![none; c.world])
             };
             recv[root] = buf;
-            c.exchange(h, &send, &recv, Mode::Auto)
+            let mode = if c.tuning.broadcast_stages(buf.1, c.world) { Mode::Stage } else { Mode::Direct };
+            c.exchange(h, &send, &recv, mode)
         })
     }
 

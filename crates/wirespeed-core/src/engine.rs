@@ -47,6 +47,9 @@ struct State {
     /// Only ops that did not simply succeed: errors, and sends still awaiting their receiver.
     outcomes: BTreeMap<u64, Outcome>,
     shutdown: bool,
+    /// Threads asleep on `done`: completing an op wakes them only if there are any (an
+    /// unconditional notify is a futex system call per op, most of a small op's engine cost).
+    done_waiters: usize,
 }
 
 struct Shared {
@@ -89,7 +92,7 @@ impl Shared {
             let next = self.state.lock().unwrap().queue.pop_front();
             let Some((id, op)) = next else { return };
             let r = execute(comm, op);
-            {
+            let wake = {
                 let mut st = self.state.lock().unwrap();
                 match r {
                     Ok(None) => {}
@@ -104,8 +107,11 @@ impl Shared {
                     st.outcomes.pop_first();
                 }
                 self.completed.store(id, Release);
+                st.done_waiters > 0
+            };
+            if wake {
+                self.done.notify_all();
             }
-            self.done.notify_all();
             if until.is_some_and(|u| id >= u) {
                 return;
             }
@@ -193,9 +199,11 @@ impl Engine {
                         std::hint::spin_loop();
                         continue;
                     }
-                    let st = sh.state.lock().unwrap();
+                    let mut st = sh.state.lock().unwrap();
                     if sh.completed.load(Acquire) < id {
-                        let _ = sh.done.wait_timeout(st, Duration::from_millis(5)).unwrap();
+                        st.done_waiters += 1;
+                        let (mut st, _) = sh.done.wait_timeout(st, Duration::from_millis(5)).unwrap();
+                        st.done_waiters -= 1;
                     }
                 }
                 Err(TryLockError::Poisoned(_)) => {
