@@ -17,12 +17,12 @@ fn main() {
                 c.connect(&infos).unwrap();
                 let n = bytes / 4;
                 let mut v = vec![1.0f32; n];
-                c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum).unwrap();
+                unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum) }.unwrap();
                 let mut times = vec![];
                 for _ in 0..iters {
                     c.barrier().unwrap();
                     let t = Instant::now();
-                    c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum).unwrap();
+                    unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum) }.unwrap();
                     times.push(t.elapsed().as_secs_f64());
                 }
                 times.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -75,6 +75,8 @@ fn collectives(world: usize, sizes: Vec<usize>) {
     println!("# {world} rank(s) as threads: time per op, back-to-back loop, slowest rank");
     let gate = Arc::new(Barrier::new(world));
     let rows = on_ranks(world, move |mut c| {
+        // SAFETY (every unsafe call below): the buffers are this closure's vectors, alive and
+        // touched by nobody else during each call.
         let mut out = vec![];
         let w = c.world;
         out.push(("barrier".to_string(), best(5000, || c.barrier().unwrap())));
@@ -87,15 +89,15 @@ fn collectives(world: usize, sizes: Vec<usize>) {
             let p = v.as_mut_ptr() as usize;
             let q = g.as_mut_ptr() as usize;
             gate.wait();
-            out.push((format!("all_reduce {b}"), best(it, || c.all_reduce(p, n, DType::F32, ReduceOp::Sum).unwrap())));
+            out.push((format!("all_reduce {b}"), best(it, || unsafe { c.all_reduce(p, n, DType::F32, ReduceOp::Sum).unwrap() })));
             let recv: Vec<(usize, usize)> = (0..w).map(|r| (q + r * per, per)).collect();
-            out.push((format!("all_gather {b}"), best(it, || c.all_gather((p, per), &recv).unwrap())));
+            out.push((format!("all_gather {b}"), best(it, || unsafe { c.all_gather((p, per), &recv).unwrap() })));
             let send: Vec<(usize, usize)> = (0..w).map(|r| (p + r * per, per)).collect();
-            out.push((format!("reduce_scatter {b}"), best(it, || c.reduce_scatter(&send, q, per / 4, DType::F32, ReduceOp::Sum).unwrap())));
-            out.push((format!("broadcast {b}"), best(it, || c.broadcast((p, n * 4), 0).unwrap())));
+            out.push((format!("reduce_scatter {b}"), best(it, || unsafe { c.reduce_scatter(&send, q, per / 4, DType::F32, ReduceOp::Sum).unwrap() })));
+            out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
         }
         // The same all_reduce through the engine's blocking path (what the bindings call).
-        let e = Engine::new(c);
+        let e = Engine::new(c).unwrap();
         for &b in &sizes {
             let n = b / 4;
             let mut v = vec![0f32; n];
@@ -104,7 +106,7 @@ fn collectives(world: usize, sizes: Vec<usize>) {
             out.push((
                 format!("engine all_reduce {b}"),
                 best(iters_for(b), || {
-                    e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }).unwrap();
+                    unsafe { e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }).unwrap() };
                 }),
             ));
         }

@@ -18,13 +18,15 @@ impl HostsComm {
         let nlocal = self.hosts()[self.my_host()].len();
         let addr = buf.as_mut_ptr() as usize;
         if nlocal > 1 {
-            self.local.reduce(addr, count, dtype, local_op, 0)?;
+            // SAFETY: `buf` is a live slice of `count` elements.
+            unsafe { self.local.reduce(addr, count, dtype, local_op, 0)? };
         }
         if self.is_leader() {
             self.leaders_all_reduce(tag, buf, dtype, op)?;
         }
         if nlocal > 1 {
-            self.local.broadcast((addr, buf.len()), 0)?;
+            // SAFETY: as above.
+            unsafe { self.local.broadcast((addr, buf.len()), 0)? };
         }
         Ok(())
     }

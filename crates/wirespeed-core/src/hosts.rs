@@ -175,17 +175,21 @@ impl HostsComm {
     }
 
     /// Send to any rank: shared memory inside the host, TCP across.
-    pub(crate) fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
+    /// # Safety
+    /// As `Transport::post_send`.
+    pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
-            self.local.send_post(self.lay.local_of[to], b.0, b.1, tag).map(Ticket::Shm)
+            unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(Ticket::Shm)
         } else {
             self.tcp.send(to, b.0 as *const u8, b.1, tag).map(Ticket::Tcp)
         }
     }
 
-    pub(crate) fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
+    /// # Safety
+    /// As `Transport::post_recv`, for the call.
+    pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
         if self.lay.host_of[from] == self.my_host() {
-            self.local.recv(self.lay.local_of[from], b.0, b.1, tag)
+            unsafe { self.local.recv(self.lay.local_of[from], b.0, b.1, tag) }
         } else {
             self.tcp.recv(from, b.0 as *mut u8, b.1, tag)
         }
@@ -242,7 +246,9 @@ impl HostsComm {
 
     /// The root's data crosses each other host's link once: a binomial tree over the root and
     /// the other hosts' leaders, then a shared-memory broadcast inside every host.
-    fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
+    /// # Safety
+    /// As `Collectives::broadcast`.
+    unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(BROADCAST, None, None, root);
         let rh = self.lay.host_of[root];
         let mut members = vec![root];
@@ -254,7 +260,7 @@ impl HostsComm {
         }
         let src = if self.my_host() == rh { self.lay.local_of[root] } else { 0 };
         if self.lay.hosts[self.my_host()].len() > 1 {
-            self.local.broadcast(buf, src)?;
+            unsafe { self.local.broadcast(buf, src)? };
         }
         Ok(())
     }
@@ -274,7 +280,7 @@ impl Transport for HostsComm {
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
         let p = if self.lay.host_of[to] == self.my_host() {
-            Pend::ShmSend(self.local.send_post(self.lay.local_of[to], data as usize, len, tag)?)
+            Pend::ShmSend(unsafe { self.local.send_post(self.lay.local_of[to], data as usize, len, tag)? })
         } else {
             Pend::TcpSend(self.tcp.send(to, data, len, tag)?)
         };
@@ -305,7 +311,8 @@ impl Transport for HostsComm {
         }
         match std::mem::replace(&mut self.pend[h.0], Pend::Done) {
             Pend::ShmSend(t) => t.wait(),
-            Pend::ShmRecv { from, ptr, len, tag } => self.local.recv(from, ptr as usize, len, tag),
+            // SAFETY: posted under post_recv's contract, which holds until this wait.
+            Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv(from, ptr as usize, len, tag) },
             Pend::TcpSend(t) => t.wait(),
             Pend::TcpRecv(t) => t.wait(),
             Pend::Done => Ok(()),
@@ -317,12 +324,12 @@ impl crate::group::Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
-    fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: the Collectives contract: `buf` holds `count` elements for the op's duration.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
-    fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let tag = c.tag(REDUCE_SCATTER, Some(dtype), Some(op), 0);
@@ -333,7 +340,7 @@ impl crate::group::Collectives for HostsComm {
             c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
-    fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+    unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
@@ -344,7 +351,7 @@ impl crate::group::Collectives for HostsComm {
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
-    fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+    unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_GATHER, None, None, 0);
@@ -353,7 +360,7 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
-    fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+    unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
@@ -363,11 +370,12 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
-    fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+    unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
-        self.guarded(|c| c.broadcast_impl(buf, root))
+        // SAFETY: this method's contract.
+        self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
-    fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+    unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
             check_list(self.world, recv.len(), "gather outputs on the root")?;
@@ -375,11 +383,11 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| {
             let tag = c.tag(GATHER, None, None, root);
             if c.rank != root {
-                return c.post(root, send, tag)?.wait();
+                return unsafe { c.post(root, send, tag)? }.wait();
             }
             for (j, &r) in recv.iter().enumerate() {
                 if j != root {
-                    c.take(j, r, tag)?;
+                    unsafe { c.take(j, r, tag)? };
                 } else if send.1 != r.1 {
                     return Err(Error::Mismatch(format!("gather: the root sends {} bytes but expects {} from itself", send.1, r.1)));
                 } else if send.0 != r.0 && send.1 > 0 {
@@ -389,7 +397,7 @@ impl crate::group::Collectives for HostsComm {
             Ok(())
         })
     }
-    fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+    unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
             check_list(self.world, send.len(), "scatter inputs on the root")?;
@@ -397,12 +405,12 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| {
             let tag = c.tag(SCATTER, None, None, root);
             if c.rank != root {
-                return c.take(root, recv, tag);
+                return unsafe { c.take(root, recv, tag) };
             }
             let mut tickets = Vec::new();
             for (j, &s) in send.iter().enumerate() {
                 if j != root {
-                    tickets.push(c.post(j, s, tag)?);
+                    tickets.push(unsafe { c.post(j, s, tag)? });
                 } else {
                     if s.1 != recv.1 {
                         return Err(Error::Mismatch(format!("scatter: root sends {} bytes to itself but receives {}", s.1, recv.1)));
@@ -422,7 +430,7 @@ impl crate::group::Collectives for HostsComm {
             crate::algo::direct::barrier(c, &members, tag)
         })
     }
-    fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
+    unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
             return Err(Error::Unsupported(format!("rank {to} cannot send to itself")));
@@ -430,7 +438,8 @@ impl crate::group::Collectives for HostsComm {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
-        let r = self.post(to, (addr, len), tag);
+        // SAFETY: this method's contract.
+        let r = unsafe { self.post(to, (addr, len), tag) };
         if let Err(e) = &r {
             self.broken = Some(e.clone());
             self.local.fail(e);
@@ -438,11 +447,12 @@ impl crate::group::Collectives for HostsComm {
         }
         r
     }
-    fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
+    unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {
             return Err(Error::Unsupported(format!("rank {from} cannot receive from itself")));
         }
-        self.guarded(|c| c.take(from, (addr, len), tag))
+        // SAFETY: this method's contract.
+        self.guarded(|c| unsafe { c.take(from, (addr, len), tag) })
     }
 }

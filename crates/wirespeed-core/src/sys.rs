@@ -295,21 +295,27 @@ pub fn host_id() -> String {
 }
 
 /// 16 random bytes from the kernel (a job token).
-/// A job's random token. A failed random source is an error of its own, never a fixed token
-/// (a predictable token would let any local process pass the handshake).
-pub fn random_token() -> Result<[u8; 16]> {
-    let mut t = [0u8; 16];
+/// Fill `buf` from the kernel's random source. A failed random source is an error of its own,
+/// never fixed bytes (a predictable token or key would let any local process pass a handshake).
+pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
     let mut got = 0;
-    while got < t.len() {
-        // SAFETY: writes at most 16 - got bytes into `t` from offset `got`.
-        let n = unsafe { libc::getrandom(t[got..].as_mut_ptr() as *mut libc::c_void, t.len() - got, 0) };
+    while got < buf.len() {
+        // SAFETY: writes at most buf.len() - got bytes into `buf` from offset `got`.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr() as *mut libc::c_void, buf.len() - got, 0) };
         if n < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            return Err(Error::os("getrandom (the kernel's random source, for the job token)"));
+            return Err(Error::os("getrandom (the kernel's random source)"));
         }
         got += n as usize;
     }
+    Ok(())
+}
+
+/// A job's random token.
+pub fn random_token() -> Result<[u8; 16]> {
+    let mut t = [0u8; 16];
+    random_bytes(&mut t)?;
     Ok(t)
 }

@@ -24,7 +24,7 @@ fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::PeerDied { .. } => PeerDiedError::new_err(msg),
-        Error::PeerAborted { .. } => PeerAbortedError::new_err(msg),
+        Error::PeerAborted { .. } | Error::PeerLost(_) => PeerAbortedError::new_err(msg),
         Error::Timeout { .. } => CollectiveTimeout::new_err(msg),
         Error::Mismatch(_) => MismatchError::new_err(msg),
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
@@ -59,10 +59,14 @@ impl Group {
     /// completion in this thread, GIL released: no thread hand-off, the lowest latency.
     fn submit(&self, py: Python<'_>, op: Op, blocking: bool) -> PyResult<u64> {
         let e = self.engine()?;
+        // SAFETY: Python can only hand addresses over as integers. This module is private
+        // (`wirespeed._native`); its one caller, wirespeed.native's ProcessGroup, passes the
+        // data_ptr() of tensors it checked (size, dtype, contiguity) and keeps them alive in the
+        // Work until the op completes, which is Engine::submit's contract.
         if blocking {
-            py.allow_threads(|| e.run(op)).map_err(to_py)
+            py.allow_threads(|| unsafe { e.run(op) }).map_err(to_py)
         } else {
-            Ok(e.submit(op))
+            Ok(unsafe { e.submit(op) })
         }
     }
 }
@@ -98,7 +102,7 @@ impl Group {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
         let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
-        self.engine = Some(Engine::with(group));
+        self.engine = Some(Engine::with(group).map_err(to_py)?);
         Ok(())
     }
 

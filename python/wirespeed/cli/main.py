@@ -4,10 +4,12 @@ from __future__ import annotations
 import sys
 
 from ..errors import WirespeedError
-from . import batching, bench, cluster, compare, env, launch, links, model, objects, plot, predict
+from . import (batching, bench, cluster, compare, env, launch, links, model, objects, plot, plugin,
+               predict, tune)
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, predict)
+SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, plugin,
+               predict, tune)
 
 
 def build_parser() -> Parser:

@@ -15,7 +15,7 @@ VARIANTS = ("best", "in-place", "out-of-place")
 
 @dataclass(frozen=True)
 class Cell:
-    time_us: float          # median over repeats of the per-run median time
+    time_us: float          # median over repeats of the run's time (bench's loop time)
     time_lo_us: float       # fastest repeat
     time_hi_us: float       # slowest repeat
     busbw_gbps: float       # at the median time

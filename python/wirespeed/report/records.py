@@ -16,10 +16,21 @@ SCHEMA = "wirespeed.bench/1"
 REQUIRED = ("collective", "backend", "dtype", "op", "device", "world_size", "bytes", "count",
             "inplace", "time_us", "algbw_gbps", "busbw_gbps", "wrong")
 
+# Every kind of record wirespeed writes, by its schema, with the fields a reader needs. bench,
+# compare, tune and predict (`"predicted": true`) all write the bench schema; records without a
+# schema field are bench records of an early version.
+KINDS = {
+    SCHEMA: ("bench", REQUIRED),
+    "wirespeed.model/1": ("model", ("model", "strategy", "backend", "world_size", "time_us", "total_bytes")),
+    "wirespeed.batching/1": ("batching", ("backend", "world_size", "total_bytes", "chunks", "time_us")),
+    "wirespeed.objects/1": ("objects", ("backend", "world_size", "method", "time_us")),
+    "wirespeed.tune/1": ("tune", ("backend", "knobs", "setting", "min_bytes", "max_bytes", "gain")),
+}
+
 # Column order for CSV: required fields first, then the rest as they come.
 CSV_FIELDS = ("schema", "run_id", "collective", "backend", "dtype", "op", "device", "world_size",
-              "root", "bytes", "count", "inplace", "time_us", "time_min_us", "time_max_us",
-              "time_p99_us", "algbw_gbps", "busbw_gbps", "busbw_factor", "wrong", "checked",
+              "root", "bytes", "count", "inplace", "time_us", "time_method", "time_rank_max_us",
+              "time_p50_us", "time_p99_us", "time_min_us", "time_max_us", "algbw_gbps", "busbw_gbps", "busbw_factor", "wrong", "checked",
               "iters", "warmup_iters")
 
 
@@ -39,8 +50,20 @@ def write_csv(path, records) -> None:
             w.writerow(r)
 
 
+def kind(r: dict) -> str:
+    """bench, model, batching, objects or tune; "" for a schema this version does not know."""
+    schema = r.get("schema", SCHEMA)
+    return KINDS[schema][0] if schema in KINDS else ""
+
+
+def bench_records(records) -> list[dict]:
+    """The collective measurements (bench schema) among records of any kind."""
+    return [r for r in records if kind(r) == "bench"]
+
+
 def read_records(path) -> list[dict]:
-    """Records from a JSON-lines file, or from every records.jsonl under a run directory."""
+    """Records of every kind from a JSON-lines file, or from every .jsonl under a run directory.
+    A record of a kind this version does not know is kept as it is (readers skip it)."""
     p = Path(path)
     if p.is_dir():
         files = sorted(p.rglob("*.jsonl"))
@@ -58,7 +81,10 @@ def read_records(path) -> list[dict]:
                 r = json.loads(line)
             except json.JSONDecodeError:
                 raise UsageError(f"{path}:{lineno}: not a JSON line (expected wirespeed records)") from None
-            missing = [k for k in REQUIRED if k not in r]
+            if not isinstance(r, dict):
+                raise UsageError(f"{path}:{lineno}: not a record (expected a JSON object per line)")
+            schema = r.get("schema", SCHEMA)
+            missing = [k for k in KINDS[schema][1] if k not in r] if schema in KINDS else []
             if missing:
                 raise UsageError(f"{path}:{lineno}: record lacks {', '.join(missing)}")
             out.append(r)

@@ -358,7 +358,7 @@ impl ConnInner {
 
     fn lost(&self, why: String) -> Error {
         match self.peer_rank.load(Relaxed) {
-            NO_RANK => Error::PeerAborted { rank: NO_RANK, reason: format!("the connection to {} {why}", self.peer_addr) },
+            NO_RANK => Error::PeerLost(format!("the connection to {} {why}", self.peer_addr)),
             r => Error::PeerAborted { rank: r, reason: format!("its connection {why}: it exited or gave up") },
         }
     }
@@ -624,8 +624,9 @@ impl Conn {
             let st = &c.streams[s];
             st.queued.fetch_add(FRAME_LEN + clen, Relaxed);
             let head = Frame { len: clen, seq, tag, total: len as u64, offset: off as u64 }.encode();
-            // SAFETY: off <= len; the caller guarantees the buffer (see above).
-            let ptr = unsafe { data.add(off.min(len)) };
+            // An empty message may come with a null pointer (NCCL passes one): never make a slice
+            // from it. SAFETY: otherwise off <= len inside the caller's buffer (see above).
+            let ptr = if clen == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8 } else { unsafe { data.add(off) } };
             st.tx.lock().unwrap().queue.push_back(TxChunk { head, ptr, len: clen, sent: 0, req: req.clone() });
             if !touched.contains(&s) {
                 touched.push(s);
@@ -1233,7 +1234,7 @@ fn connect_nonblocking(addr: SocketAddr) -> Result<TcpStream> {
     if r != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(Error::PeerAborted { rank: NO_RANK, reason: format!("connecting to {addr} failed ({e})") });
+            return Err(Error::PeerLost(format!("connecting to {addr} failed ({e})")));
         }
     }
     Ok(sock)
@@ -1279,7 +1280,7 @@ impl Dialer {
     pub fn poll(&mut self) -> Result<Option<Conn>> {
         let n = self.streams.len() as u32;
         let addr = self.addr;
-        let lost = |why: String| Error::PeerAborted { rank: NO_RANK, reason: format!("connecting to {addr}: {why}") };
+        let lost = |why: String| Error::PeerLost(format!("connecting to {addr}: {why}"));
         for (i, slot) in self.streams.iter_mut().enumerate() {
             let st = slot.take().unwrap();
             *slot = Some(match st {
@@ -1449,7 +1450,7 @@ mod tests {
         let t = Instant::now();
         drop(a);
         let e = r.wait(Duration::from_secs(10)).unwrap_err();
-        assert!(matches!(e, Error::PeerAborted { .. }), "{e}");
+        assert!(matches!(e, Error::PeerLost(_)), "{e}");
         assert!(t.elapsed() < Duration::from_secs(2));
     }
 
