@@ -47,6 +47,9 @@ struct State {
     /// Only ops that did not simply succeed: errors, and sends still awaiting their receiver.
     outcomes: BTreeMap<u64, Outcome>,
     shutdown: bool,
+    /// Threads asleep on `done`: completing an op wakes them only if there are any (an
+    /// unconditional notify is a futex system call per op, most of a small op's engine cost).
+    done_waiters: usize,
 }
 
 struct Shared {
@@ -101,7 +104,7 @@ impl Shared {
                     let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
                     Err(Error::Broken(format!("internal error in wirespeed ({why}); please report it")))
                 });
-            {
+            let wake = {
                 let mut st = self.state.lock().unwrap();
                 match r {
                     Ok(None) => {}
@@ -116,8 +119,11 @@ impl Shared {
                     st.outcomes.pop_first();
                 }
                 self.completed.store(id, Release);
+                st.done_waiters > 0
+            };
+            if wake {
+                self.done.notify_all();
             }
-            self.done.notify_all();
             if until.is_some_and(|u| id >= u) {
                 return;
             }
@@ -210,9 +216,11 @@ impl Engine {
                         std::hint::spin_loop();
                         continue;
                     }
-                    let st = sh.state.lock().unwrap();
+                    let mut st = sh.state.lock().unwrap();
                     if sh.completed.load(Acquire) < id {
-                        let _ = sh.done.wait_timeout(st, Duration::from_millis(5)).unwrap();
+                        st.done_waiters += 1;
+                        let (mut st, _) = sh.done.wait_timeout(st, Duration::from_millis(5)).unwrap();
+                        st.done_waiters -= 1;
                     }
                 }
                 Err(TryLockError::Poisoned(_)) => {

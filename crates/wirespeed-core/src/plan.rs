@@ -5,8 +5,12 @@
 //! all_reduce algorithms (one file's worth each, in collectives.rs):
 //! - `oneshot`: every rank copies its input into its staging slot, one sync, then every rank
 //!   reduces all slots itself. One sync, (n+1)*S bytes per rank: best for small messages.
+//! - `staged`: reduce-scatter then all-gather through the staging slots: copy in, sync, reduce
+//!   one chunk of every slot, sync, copy the reduced chunks out. Two syncs, ~3*S bytes per rank
+//!   whatever n: best from 3 ranks up while the message fits in the slot.
 //! - `rsag`: reduce-scatter then all-gather, reading peers' buffers where they lie with
-//!   process_vm_readv. Three syncs and 2(n-1) system calls, ~2*S bytes per rank: best for large.
+//!   process_vm_readv. Three syncs and 2(n-1) system calls, ~2*S bytes per rank: for messages
+//!   larger than the slot.
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +18,8 @@ pub enum AllReduceAlgo {
     Auto,
     OneShot,
     Rsag,
+    /// Reduce-scatter + all-gather through the staging slots: no system call, two syncs.
+    Staged,
     /// Across hosts: a flat ring over every rank (what gloo does), ranks placed as launched.
     Ring,
     /// Across hosts: shm reduce in each host, ring among host leaders over TCP, shm broadcast.
@@ -49,12 +55,13 @@ impl Tuning {
             "" | "auto" => AllReduceAlgo::Auto,
             "oneshot" => AllReduceAlgo::OneShot,
             "rsag" => AllReduceAlgo::Rsag,
+            "staged" => AllReduceAlgo::Staged,
             "ring" => AllReduceAlgo::Ring,
             "hier" => AllReduceAlgo::Hier,
             "doubling" => AllReduceAlgo::Doubling,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, rsag (one host), ring, hier or doubling (across hosts)"
+                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, staged, rsag (one host), ring, hier or doubling (across hosts)"
                 )))
             }
         };
@@ -69,19 +76,32 @@ impl Tuning {
         let fits = bytes <= self.slot_bytes;
         match self.all_reduce {
             AllReduceAlgo::OneShot if fits => return AllReduceAlgo::OneShot,
-            AllReduceAlgo::Rsag | AllReduceAlgo::OneShot => return AllReduceAlgo::Rsag,
+            AllReduceAlgo::Staged if fits => return AllReduceAlgo::Staged,
+            AllReduceAlgo::Rsag | AllReduceAlgo::OneShot | AllReduceAlgo::Staged => return AllReduceAlgo::Rsag,
             // The cross-host algorithms name no shm algorithm: choose as auto does.
             AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {}
         }
         if !fits {
             return AllReduceAlgo::Rsag;
         }
-        let (oneshot, rsag) = cost_us(bytes as f64, world as f64, cpus as f64);
-        if oneshot <= rsag {
+        let (oneshot, staged, rsag) = cost_us(bytes as f64, world as f64, cpus as f64);
+        if oneshot <= staged && oneshot <= rsag {
             AllReduceAlgo::OneShot
+        } else if staged <= rsag {
+            AllReduceAlgo::Staged
         } else {
             AllReduceAlgo::Rsag
         }
+    }
+
+    /// Whether a one-host broadcast of `bytes` among `world` ranks goes through the root's slot.
+    /// Small ones always do (one copy in, then plain loads, no system call). Up to the slot's
+    /// size they do from 3 ranks on as well: the root copies once and every reader loads from
+    /// its slot at once, where n-1 process_vm_readv calls would all pin the root's pages (on 4
+    /// ranks, 1 MiB: 177 us staged against 284 us direct). With 2 ranks the direct read is a
+    /// single copy against two, so it stays direct (256 KiB: 34 us direct, 83 us staged).
+    pub fn broadcast_stages(&self, bytes: usize, world: usize) -> bool {
+        bytes <= self.stage_max.min(self.slot_bytes) || (world >= 3 && bytes <= self.slot_bytes)
     }
 
     /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks.
@@ -155,16 +175,32 @@ pub fn cost_across_hosts_us(s: f64, n: f64, h: f64) -> (f64, f64) {
     (hier, ring)
 }
 
-/// Estimated microseconds of (oneshot, rsag) for `s` bytes per rank. Constants measured on the
-/// development VM: ~10 GB/s for a copy or reduction pass, ~1.5 us per process_vm_readv call, a
-/// sync of ~2 us when every rank has a core and of ~30 us per extra rank per core when not.
-pub fn cost_us(s: f64, n: f64, cpus: f64) -> (f64, f64) {
-    let bw = 10_000.0; // bytes per us
-    let syscall = 1.5;
-    let sync = if n > cpus { 30.0 * n / cpus } else { 2.0 };
-    let oneshot = sync + (s + n * s) / bw;
-    let rsag = 3.0 * sync + 2.0 * (n - 1.0) * syscall + (2.0 * s * (n - 1.0) / n + s) / bw;
-    (oneshot, rsag)
+/// Estimated microseconds of (oneshot, staged, rsag) for `s` bytes per rank among `n` ranks on
+/// `cpus` cores. Constants measured on the development VM (2 vCPUs of an AMD EPYC, KVM) with
+/// `cargo run --release --example shm_costs` and the C probes described in docs/small-messages.md:
+/// - reading data another core just wrote: ~10 GB/s (10-13 measured from 64 KiB to 1 MiB); a copy
+///   within one core's cache: ~30 GB/s; process_vm_readv between processes: ~5 GB/s effective
+///   (page pinning on top of the copy) and ~1.5 us per call;
+/// - a sync point: ~2 us when every rank has a core; when ranks outnumber cores, each sync waits
+///   for the others' time slices, ~3 us per rank per core (barrier: 6.2 us at 4 ranks on 2 cores,
+///   12.2 us at 8), and every byte term stretches by n/cpus, the cores being shared.
+///
+/// - oneshot: one sync; copy S in, read (n-1)·S from peers' slots while reducing.
+/// - staged: two syncs; copy S in, read (n-1)/n·S of peers' slots reducing, as much again copying
+///   the reduced chunks out. Ties with oneshot at 2 ranks (same bytes, one sync more), wins above a
+///   few KiB from 3 ranks up.
+/// - rsag: three syncs, 2(n-1) process_vm_readv calls moving 2·S·(n-1)/n: needs no slot room, so it
+///   takes what does not fit in the slot.
+pub fn cost_us(s: f64, n: f64, cpus: f64) -> (f64, f64, f64) {
+    let cross = 10_000.0; // bytes per us
+    let local = 30_000.0;
+    let cma = 5_000.0;
+    let call = 1.5;
+    let (sync, stretch) = if n > cpus { (3.0 * n / cpus, n / cpus) } else { (2.0, 1.0) };
+    let oneshot = sync + stretch * (s / local + (n - 1.0) * s / cross);
+    let staged = 2.0 * sync + stretch * (s / local + 2.0 * (n - 1.0) / n * s / cross);
+    let rsag = 3.0 * sync + 2.0 * (n - 1.0) * call + stretch * 2.0 * (n - 1.0) / n * s / cma;
+    (oneshot, staged, rsag)
 }
 
 #[cfg(test)]
@@ -175,11 +211,25 @@ mod tests {
     fn small_messages_take_oneshot_large_take_rsag() {
         let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16 };
         assert_eq!(t.pick_all_reduce(4096, 2, 2), AllReduceAlgo::OneShot);
-        assert_eq!(t.pick_all_reduce(4096, 8, 2), AllReduceAlgo::OneShot);
-        assert_eq!(t.pick_all_reduce(1 << 20, 4, 2), AllReduceAlgo::Rsag);
+        assert_eq!(t.pick_all_reduce(4096, 4, 2), AllReduceAlgo::OneShot);
+        // Two ranks: the same bytes either way, oneshot has one sync fewer, up to the slot's size.
+        assert_eq!(t.pick_all_reduce(1 << 20, 2, 2), AllReduceAlgo::OneShot);
+        assert_eq!(t.pick_all_reduce(1 << 20, 2, 16), AllReduceAlgo::OneShot);
+        // More ranks: oneshot reads (n-1)·S, staged about 2·S: staged from a few KiB on.
+        assert_eq!(t.pick_all_reduce(64 << 10, 4, 2), AllReduceAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(1 << 20, 4, 2), AllReduceAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(16 << 10, 8, 16), AllReduceAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(1 << 20, 8, 2), AllReduceAlgo::Staged);
+        // Beyond the slot only the direct reads remain.
+        assert_eq!(t.pick_all_reduce((1 << 20) + 64, 2, 2), AllReduceAlgo::Rsag);
         assert_eq!(t.pick_all_reduce(64 << 20, 2, 2), AllReduceAlgo::Rsag);
         let forced = Tuning { all_reduce: AllReduceAlgo::OneShot, ..t };
         assert_eq!(forced.pick_all_reduce(4 << 20, 2, 2), AllReduceAlgo::Rsag, "oneshot cannot exceed the slot");
+        assert!(t.broadcast_stages(64 << 10, 2) && !t.broadcast_stages(256 << 10, 2));
+        assert!(t.broadcast_stages(1 << 20, 3) && !t.broadcast_stages((1 << 20) + 1, 8));
+        let staged = Tuning { all_reduce: AllReduceAlgo::Staged, ..t };
+        assert_eq!(staged.pick_all_reduce(4096, 2, 2), AllReduceAlgo::Staged);
+        assert_eq!(staged.pick_all_reduce(4 << 20, 2, 2), AllReduceAlgo::Rsag, "staged cannot exceed the slot");
     }
 
     #[test]

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""all_reduce, all_gather, reduce_scatter and broadcast: wirespeed against Open MPI in the same processes.
+
+    .venv/bin/python benchmarks/collectives_vs_mpi.py                      # 2, 4, 8 ranks; 4K..64M
+    .venv/bin/python benchmarks/collectives_vs_mpi.py --worlds 2 --sizes 4K,64K,1M --colls all_reduce
+
+One `mpirun` per world size starts the ranks; each rank is at once an MPI process (mpi4py on Open
+MPI, its default shared-memory transport: vader/sm with CMA) and a torch.distributed rank of a
+"wirespeed" group. So the three contenders run in the very same processes, one after the other, on
+the same buffers' sizes:
+- `ws-native`: wirespeed's native API, the blocking form (`g.all_reduce(ptr, n, dtype, op, True)`),
+  as MPI_Allreduce is blocking;
+- `ws-torch`: `torch.distributed.all_reduce(t, group=wirespeed_group)` and friends (async_op=False);
+- `Open MPI`: `comm.Allreduce(MPI.IN_PLACE, buf)`, `Allgather`, `Reduce_scatter_block`, `Bcast`.
+
+Timing, the same for all three (nccl-tests' method): warm-up ops, a barrier, a loop of `iters`
+back-to-back ops, the elapsed time / iters on each rank, the maximum over ranks. `iters` is
+calibrated once per case so a loop lasts ~--loop-ms, and is the same on every rank. The three are
+measured in turn (the order rotates each round) for --rounds rounds; a case's time is the median
+over rounds. The machine is shared: the load average is printed before and after each world, and
+only ratios within one run mean much. Sizes follow nccl-tests: the whole buffer (all_gather's
+output, reduce_scatter's input, all_reduce's and broadcast's buffer). busbw = size / time x
+2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for broadcast.
+Every contender's result is checked against the exact answer before it is timed; a wrong result
+stops the run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20,
+         "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20}
+COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
+IMPLS = ["ws-native", "ws-torch", "mpi"]
+
+
+def busbw_factor(coll: str, n: int) -> float:
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+            "broadcast": 1.0}[coll]
+
+
+# ---------------------------------------------------------------- worker side
+class Case:
+    """One collective at one size for one contender: buffers, a checked op, a timed op."""
+
+    def __init__(self, impl, coll, nbytes, ctx):
+        import numpy as np
+        import torch
+        self.impl, self.coll = impl, coll
+        rank, world = ctx["rank"], ctx["world"]
+        n = max(nbytes // 4 // world * world, world)  # float32 elements, a multiple of the world
+        per = n // world
+        self.n, self.per, self.rank, self.world = n, per, rank, world
+        # torch tensors for everyone; numpy views of the same memory for mpi4py.
+        if coll == "all_reduce" or coll == "broadcast":
+            self.a = torch.zeros(n)
+            self.b = None
+        elif coll == "all_gather":
+            self.a = torch.zeros(per)
+            self.b = torch.zeros(n)
+        else:  # reduce_scatter
+            self.a = torch.zeros(n)
+            self.b = torch.zeros(per)
+        self.np_a = self.a.numpy()
+        self.np_b = self.b.numpy() if self.b is not None else None
+        self.call = self._bind(ctx, np)
+
+    def _bind(self, ctx, np):
+        import torch.distributed as dist
+        a, b, coll = self.a, self.b, self.coll
+        if self.impl == "mpi":
+            from mpi4py import MPI
+            comm = ctx["comm"]
+            na, nb = self.np_a, self.np_b
+            return {"all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, na, op=MPI.SUM),
+                    "all_gather": lambda: comm.Allgather(na, nb),
+                    "reduce_scatter": lambda: comm.Reduce_scatter_block(na, nb, op=MPI.SUM),
+                    "broadcast": lambda: comm.Bcast(na, root=0)}[coll]
+        if self.impl == "ws-torch":
+            g = ctx["group"]
+            return {"all_reduce": lambda: dist.all_reduce(a, group=g),
+                    "all_gather": lambda: dist.all_gather_into_tensor(b, a, group=g),
+                    "reduce_scatter": lambda: dist.reduce_scatter_tensor(b, a, group=g),
+                    "broadcast": lambda: dist.broadcast(a, src=0, group=g)}[coll]
+        g = ctx["native"]
+        w, pa = self.world, a.data_ptr()
+        if coll == "all_reduce":
+            n = self.n
+            return lambda: g.all_reduce(pa, n, 0, 0, True)
+        if coll == "broadcast":
+            buf = (pa, self.n * 4)
+            return lambda: g.broadcast(buf, 0, True)
+        pb, chunk = b.data_ptr(), self.per * 4
+        if coll == "all_gather":
+            send, recv = (pa, chunk), [(pb + r * chunk, chunk) for r in range(w)]
+            return lambda: g.all_gather(send, recv, True)
+        send, per = [(pa + r * chunk, chunk) for r in range(w)], self.per
+        return lambda: g.reduce_scatter(send, pb, per, 0, 0, True)
+
+    def check(self):
+        """Run the op once on inputs whose exact result is known; raise if any element differs."""
+        import torch
+        r, w, per = self.rank, self.world, self.per
+        idx = torch.arange(self.n, dtype=torch.float32)
+        block = torch.div(idx, per, rounding_mode="floor")
+        if self.coll == "all_reduce":
+            self.a.copy_(r + 1 + idx % 7)
+            want = w * (w + 1) / 2 + w * (idx % 7)
+            got = self.a
+        elif self.coll == "broadcast":
+            self.a.copy_(idx % 251 if r == 0 else torch.full_like(idx, -1.0))
+            want, got = idx % 251, self.a
+        elif self.coll == "all_gather":
+            self.a.copy_(r * 100 + torch.arange(per, dtype=torch.float32) % 97)
+            self.b.fill_(-1.0)
+            want = block * 100 + (idx - block * per) % 97
+            got = self.b
+        else:
+            self.a.copy_(r + 1 + 1000 * block)
+            self.b.fill_(-1.0)
+            want = w * (w + 1) / 2 + 1000 * r * w + torch.zeros(per)
+            got = self.b
+        self.call()
+        if not torch.equal(got, want.to(got.dtype)):
+            bad = int((got != want).nonzero()[0])
+            raise SystemExit(f"{self.impl} {self.coll} of {self.n * 4} bytes on {w} ranks: rank {r} element "
+                             f"{bad} is {float(got[bad])}, expected {float(want[bad])}: not timed")
+        # Time on zeros: sums stay 0, so no value ever grows into infinities or denormals.
+        self.a.zero_()
+        if self.b is not None:
+            self.b.zero_()
+
+
+def timed_loop(case, iters, comm, warm):
+    for _ in range(warm):
+        case.call()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        case.call()
+    el = (time.perf_counter() - t0) / iters
+    return comm.allreduce(el, op=max_op())
+
+
+def calibrate(case, comm, loop_s):
+    """Iterations for a loop of about `loop_s`, the same on every rank: loops of 1, 2, 4... ops
+    until one lasts 2 ms on the slowest rank, then the best per-op time of two such loops scales it
+    (the best, so a moment of someone else's load does not shrink every later loop)."""
+    k = 1
+    while True:
+        per = timed_loop(case, k, comm, warm=1)
+        if per * k >= 2e-3 or k >= 1024:
+            break
+        k *= 2
+    per = min(per, timed_loop(case, k, comm, warm=0))
+    return int(min(max(loop_s / per, 2), 5000))
+
+
+def max_op():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
+def worker(a):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import wirespeed.native  # noqa: F401  (registers the backend)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    group = dist.new_group(backend="wirespeed")
+    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native}
+    sizes = [SIZES[s] for s in a.sizes.split(",")]
+    colls = a.colls.split(",")
+    results = {}
+    for coll in colls:
+        for nbytes in sizes:
+            cases = {impl: Case(impl, coll, nbytes, ctx) for impl in IMPLS}
+            iters = {}
+            for impl, c in cases.items():
+                c.check()
+                iters[impl] = calibrate(c, comm, a.loop_ms * 1e-3)
+            times = {impl: [] for impl in IMPLS}
+            for rnd in range(a.rounds):
+                order = IMPLS[rnd % 3:] + IMPLS[:rnd % 3]
+                for impl in order:
+                    times[impl].append(timed_loop(cases[impl], iters[impl], comm, warm=max(1, iters[impl] // 20)))
+            results[f"{coll}|{nbytes}"] = {impl: {"median": statistics.median(t), "all": t, "iters": iters[impl]}
+                                           for impl, t in times.items()}
+            del cases
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+    comm.Barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- driver side
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load():
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_world(world, a):
+    mpirun = shutil.which("mpirun")
+    port = free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    cmd = [mpirun, "-np", str(world), "--oversubscribe", "--bind-to", "none"]
+    if a.nice:
+        # With autogroup scheduling (the Linux default for desktops and VMs) nice only ranks processes
+        # within one session's group: start a session of our own and set that group's niceness.
+        cmd = ["setsid", "sh", "-c", f'echo {a.nice} > /proc/self/autogroup 2>/dev/null; exec nice -n {a.nice} "$@"',
+               "sh"] + cmd
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    for v in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"):
+        cmd += ["-x", v]
+    cmd += [sys.executable, os.path.abspath(__file__), "--worker", "--sizes", a.sizes, "--colls", a.colls,
+            "--rounds", str(a.rounds), "--loop-ms", str(a.loop_ms)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"the {world}-rank run did not finish within {a.timeout:.0f} s (raise --timeout)")
+    out = p.stdout + p.stderr
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"the {world}-rank run (exit {p.returncode}) produced no result:\n{out[-3000:]}")
+
+
+def fmt(s):
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4,8", help="rank counts, comma separated (default 2,4,8)")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"from {','.join(SIZES)}")
+    ap.add_argument("--colls", default=",".join(COLLS), help=f"from {','.join(COLLS)}")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three contenders per case (median)")
+    ap.add_argument("--loop-ms", type=float, default=20.0, help="target duration of one timed loop")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per world size")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="run the ranks at this niceness (e.g. -10, as root): on a machine shared with other "
+                         "jobs, ranks then lose fewer time slices to them, for every contender alike")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    try:
+        worlds = [int(w) for w in a.worlds.split(",")]
+        bad = [s for s in a.sizes.split(",") if s not in SIZES] + [c for c in a.colls.split(",") if c not in COLLS]
+    except ValueError:
+        ap.error("--worlds takes integers, e.g. 2,4,8")
+    if bad or any(w < 2 for w in worlds) or a.rounds < 1 or a.loop_ms <= 0:
+        ap.error(f"--sizes from {','.join(SIZES)}; --colls from {','.join(COLLS)}; --worlds >= 2; "
+                 f"--rounds >= 1; --loop-ms > 0 (got {','.join(bad) or 'bad numbers'})")
+    if a.worker:
+        return worker(a)
+    if shutil.which("mpirun") is None:
+        raise SystemExit("mpirun not found: install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+
+    if a.nice:
+        print(f"# ranks run at niceness {a.nice}")
+    print(f"# {os.cpu_count()} CPUs; float32 sum; time = max over ranks of (loop of back-to-back ops / iters), "
+          f"median of {a.rounds} rounds")
+    print("# MPI/x = Open MPI's time / x's time (>= 1: wirespeed as fast or faster); busbw in GB/s")
+    hdr = (f"{'collective':<14} {'ranks':>5} {'size':>5} | {'ws-native':>10} {'ws-torch':>10} {'Open MPI':>10} | "
+           f"{'bw native':>9} {'bw MPI':>7} | {'MPI/native':>10} {'MPI/torch':>9}")
+    rows = []
+    for w in worlds:
+        print(f"# {w} ranks: {load()} at the start", flush=True)
+        res = run_world(w, a)
+        print(hdr)
+        for coll in a.colls.split(","):
+            for label in a.sizes.split(","):
+                nbytes = SIZES[label]
+                r = res[f"{coll}|{nbytes}"]
+                nat, tor, mpi = (r[i]["median"] for i in IMPLS)
+                f = busbw_factor(coll, w)
+                print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} | "
+                      f"{nbytes / nat * f / 1e9:9.2f} {nbytes / mpi * f / 1e9:7.2f} | {mpi / nat:10.2f} "
+                      f"{mpi / tor:9.2f}", flush=True)
+                rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in IMPLS}))
+        print(f"# {w} ranks: {load()} at the end", flush=True)
+    print("# raw: " + json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+//! Where a one-host collective's time goes, piece by piece, without Python: the building blocks
+//! (a copy, a reduction, a process_vm_readv, a sync point between two ranks) and each collective
+//! through `Comm` directly and through the engine (`Engine::run`, the blocking path the bindings
+//! use). Ranks are threads of one process. docs/small-messages.md reads its output.
+//!     cargo run --release --example shm_costs -- [ranks] [sizes in bytes, comma separated]
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use wirespeed_core::{reduce::reduce_many, sys, Comm, DType, Engine, Op, ReduceOp};
+
+/// Best per-op time of 5 loops of `iters` calls.
+fn best(iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters.min(100) {
+        f();
+    }
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_secs_f64() / iters as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn iters_for(bytes: usize) -> usize {
+    (20_000_000 / (bytes + 4096)).clamp(20, 20_000)
+}
+
+fn us(s: f64) -> String {
+    format!("{:8.2} us", s * 1e6)
+}
+
+fn building_blocks(sizes: &[usize]) {
+    println!("# building blocks, one thread, data in cache (best of 5 loops)");
+    for &b in sizes {
+        let src = vec![1u8; b];
+        let mut dst = vec![0u8; b];
+        let other = vec![2u8; b];
+        let it = iters_for(b);
+        let copy = best(it, || unsafe { sys::copy(dst.as_mut_ptr(), src.as_ptr(), b) });
+        let red = best(it, || unsafe {
+            reduce_many(dst.as_mut_ptr(), &[src.as_ptr(), other.as_ptr()], b / 4, DType::F32, ReduceOp::Sum, 2)
+        });
+        let pid = sys::getpid();
+        let cma = best(it, || unsafe { sys::read_peer(pid, src.as_ptr() as u64, dst.as_mut_ptr(), b).unwrap() });
+        println!(
+            "{:>8} B: copy {} ({:5.1} GB/s)  reduce 2 srcs f32 {} ({:5.1} GB/s)  process_vm_readv {} ({:5.1} GB/s)",
+            b, us(copy), b as f64 / copy / 1e9, us(red), b as f64 / red / 1e9, us(cma), b as f64 / cma / 1e9
+        );
+    }
+}
+
+/// Run `f(rank, comm)` on `world` connected ranks (threads); the slowest rank's result per op.
+fn on_ranks(world: usize, f: impl Fn(Comm) -> Vec<(String, f64)> + Send + Sync + 'static) -> Vec<(String, f64)> {
+    let token = sys::random_token().unwrap();
+    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60)).unwrap()).collect();
+    let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
+    let f = Arc::new(f);
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|mut c| {
+            let (infos, f) = (infos.clone(), f.clone());
+            std::thread::spawn(move || {
+                c.connect(&infos).unwrap();
+                f(c)
+            })
+        })
+        .collect();
+    let all: Vec<Vec<(String, f64)>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    all[0].iter().enumerate().map(|(i, (name, _))| (name.clone(), all.iter().map(|v| v[i].1).fold(0.0, f64::max))).collect()
+}
+
+fn collectives(world: usize, sizes: Vec<usize>) {
+    println!("# {world} rank(s) as threads: time per op, back-to-back loop, slowest rank");
+    let gate = Arc::new(Barrier::new(world));
+    let rows = on_ranks(world, move |mut c| {
+        // SAFETY (every unsafe call below): the buffers are this closure's vectors, alive and
+        // touched by nobody else during each call.
+        let mut out = vec![];
+        let w = c.world;
+        out.push(("barrier".to_string(), best(5000, || c.barrier().unwrap())));
+        for &b in &sizes {
+            let n = b / 4;
+            let mut v = vec![0f32; n];
+            let mut g = vec![0f32; n];
+            let per = n / w * 4;
+            let it = iters_for(b);
+            let p = v.as_mut_ptr() as usize;
+            let q = g.as_mut_ptr() as usize;
+            gate.wait();
+            out.push((format!("all_reduce {b}"), best(it, || unsafe { c.all_reduce(p, n, DType::F32, ReduceOp::Sum).unwrap() })));
+            let recv: Vec<(usize, usize)> = (0..w).map(|r| (q + r * per, per)).collect();
+            out.push((format!("all_gather {b}"), best(it, || unsafe { c.all_gather((p, per), &recv).unwrap() })));
+            let send: Vec<(usize, usize)> = (0..w).map(|r| (p + r * per, per)).collect();
+            out.push((format!("reduce_scatter {b}"), best(it, || unsafe { c.reduce_scatter(&send, q, per / 4, DType::F32, ReduceOp::Sum).unwrap() })));
+            out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
+        }
+        // The same all_reduce through the engine's blocking path (what the bindings call).
+        let e = Engine::new(c).unwrap();
+        for &b in &sizes {
+            let n = b / 4;
+            let mut v = vec![0f32; n];
+            let p = v.as_mut_ptr() as usize;
+            gate.wait();
+            out.push((
+                format!("engine all_reduce {b}"),
+                best(iters_for(b), || {
+                    unsafe { e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }).unwrap() };
+                }),
+            ));
+        }
+        out
+    });
+    for (name, t) in rows {
+        println!("{name:>28}: {}", us(t));
+    }
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().skip(1).collect();
+    let world: usize = a.first().map(|s| s.parse().expect("ranks: an integer")).unwrap_or(2);
+    let sizes: Vec<usize> = a
+        .get(1)
+        .map(|s| s.split(',').map(|x| x.parse().expect("sizes: integers")).collect())
+        .unwrap_or_else(|| vec![4096, 65536, 262144, 1 << 20]);
+    building_blocks(&sizes);
+    collectives(1, sizes.clone());
+    if world > 1 {
+        collectives(world, sizes);
+    }
+}
