@@ -4,7 +4,8 @@
 //! Work goes in blocks of BLOCK elements through an accumulator array on the stack: every source
 //! of a block is read before dst is written, so dst may alias one of the sources at the same
 //! offset (in-place collectives). float16 and bfloat16 accumulate in float32 per block and round
-//! once at the end, as the issue asks; integers wrap like two's-complement hardware.
+//! once at the end, as the issue asks; integers wrap like two's-complement hardware, except that
+//! an 8-bit avg is summed in 32 bits before it divides.
 use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType, ReduceOp};
 
 const BLOCK: usize = 512;
@@ -45,32 +46,37 @@ macro_rules! float_elem {
 float_elem!(f32);
 float_elem!(f64);
 
+// Integers accumulate in `$acc` with wrapping arithmetic and are stored back truncated: for sum,
+// prod, min and max that gives exactly the bits of wrapping in the element type (two's-complement
+// arithmetic modulo 2^8 or 2^32 agrees on the low bits), while avg divides the sum before it is
+// narrowed. 8-bit elements take a 32-bit accumulator, so the mean of up to 2^24 ranks' int8/uint8
+// values is exact where an 8-bit sum would wrap first (4 ranks of 38 gave -26).
 macro_rules! int_elem {
-    ($t:ty) => {
+    ($t:ty, $acc:ty) => {
         impl Elem for $t {
-            type Acc = $t;
+            type Acc = $acc;
             #[inline(always)]
-            fn load(self) -> $t { self }
+            fn load(self) -> $acc { self as $acc }
             #[inline(always)]
-            fn store(a: $t) -> $t { a }
+            fn store(a: $acc) -> $t { a as $t }
             #[inline(always)]
-            fn sum(a: $t, b: $t) -> $t { a.wrapping_add(b) }
+            fn sum(a: $acc, b: $acc) -> $acc { a.wrapping_add(b) }
             #[inline(always)]
-            fn prod(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+            fn prod(a: $acc, b: $acc) -> $acc { a.wrapping_mul(b) }
             #[inline(always)]
-            fn min(a: $t, b: $t) -> $t { if a < b { a } else { b } }
+            fn min(a: $acc, b: $acc) -> $acc { if a < b { a } else { b } }
             #[inline(always)]
-            fn max(a: $t, b: $t) -> $t { if a > b { a } else { b } }
-            // Truncating division of the (wrapped) sum, as integer averages are defined here.
+            fn max(a: $acc, b: $acc) -> $acc { if a > b { a } else { b } }
+            // Truncating division of the sum, as integer averages are defined here.
             #[inline(always)]
-            fn div(a: $t, n: usize) -> $t { a.wrapping_div(n as $t) }
+            fn div(a: $acc, n: usize) -> $acc { a.wrapping_div(n as $acc) }
         }
     };
 }
-int_elem!(i8);
-int_elem!(u8);
-int_elem!(i32);
-int_elem!(i64);
+int_elem!(i8, i32);
+int_elem!(u8, u32);
+int_elem!(i32, i32);
+int_elem!(i64, i64);
 
 #[derive(Clone, Copy)]
 #[repr(transparent)]
@@ -234,5 +240,28 @@ mod tests {
         let bb = vec![f32_to_bf16(3.0); 2];
         let out = run(&[bb.clone(), bb], DType::BF16, ReduceOp::Avg);
         assert_eq!(bf16_to_f32(out[1]), 3.0);
+    }
+
+    #[test]
+    fn eight_bit_avg_sums_wide_before_dividing_and_other_ops_still_wrap() {
+        // 4 ranks of 38: an 8-bit sum wraps to -104 and "averages" to -26; the mean is 38.
+        let v = vec![38i8; 1100];
+        assert_eq!(run(&[v.clone(), v.clone(), v.clone(), v.clone()], DType::I8, ReduceOp::Avg), vec![38i8; 1100]);
+        let lo = vec![-128i8, -127, 127, 5];
+        let hi = vec![-128i8, 126, 127, -6];
+        assert_eq!(run(&[lo.clone(), hi.clone()], DType::I8, ReduceOp::Avg), vec![-128i8, 0, 127, 0]);
+        let u = vec![200u8; 600];
+        assert_eq!(run(&[u.clone(), u.clone(), u.clone()], DType::U8, ReduceOp::Avg), vec![200u8; 600]);
+        // sum and prod keep their two's-complement wrap bit for bit; min and max are unchanged.
+        for (a, b) in [(100i8, 100i8), (-128, -1), (127, 2), (-77, 93)] {
+            let (x, y) = (vec![a; 3], vec![b; 3]);
+            assert_eq!(run(&[x.clone(), y.clone()], DType::I8, ReduceOp::Sum)[0], a.wrapping_add(b));
+            assert_eq!(run(&[x.clone(), y.clone()], DType::I8, ReduceOp::Prod)[0], a.wrapping_mul(b));
+            assert_eq!(run(&[x.clone(), y.clone()], DType::I8, ReduceOp::Min)[0], a.min(b));
+            assert_eq!(run(&[x, y], DType::I8, ReduceOp::Max)[0], a.max(b));
+        }
+        let (x, y) = (vec![250u8; 2], vec![9u8; 2]);
+        assert_eq!(run(&[x.clone(), y.clone()], DType::U8, ReduceOp::Sum)[0], 250u8.wrapping_add(9));
+        assert_eq!(run(&[x, y], DType::U8, ReduceOp::Prod)[0], 250u8.wrapping_mul(9));
     }
 }

@@ -49,6 +49,8 @@ struct Group {
     engine: Option<Engine>,
     rank: usize,
     world: usize,
+    /// Ranks on more than one host: all_reduce then reduces in stages (hier.rs, ring.rs).
+    spans_hosts: bool,
 }
 
 impl Group {
@@ -81,8 +83,9 @@ impl Group {
             return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
         }
         let hosts = hosts.unwrap_or_default();
+        let spans_hosts = hosts.iter().any(|h| h != &hosts[0]);
         let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts).map_err(to_py)?;
-        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world })
+        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts })
     }
 
     /// (pid, memfd number, host id, TCP address or ""): what peers need to connect to this rank.
@@ -113,7 +116,17 @@ impl Group {
 
     #[pyo3(signature = (buf, count, dtype_code, op, blocking=false))]
     fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::AllReduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)? }, blocking)
+        let (dtype, op) = (dtype(dtype_code)?, rop(op)?);
+        // Across hosts the partial sums of an 8-bit avg are stored in 8 bits between stages and
+        // would wrap before the division: refuse rather than return a wrong mean. Every rank
+        // knows the hosts, so every rank refuses the same call and none is left waiting.
+        if self.spans_hosts && op == ReduceOp::Avg && matches!(dtype, DType::I8 | DType::U8) {
+            return Err(UnsupportedError::new_err(format!(
+                "wirespeed: avg of {} across hosts would wrap before dividing; all_reduce a wider \
+                 dtype (e.g. int32) with sum and divide by the world size",
+                dtype.name())));
+        }
+        self.submit(py, Op::AllReduce { buf, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
     fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
