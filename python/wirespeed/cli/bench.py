@@ -12,8 +12,9 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import sizes_from_flags
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
-                              parse_iters_timeout, parse_num, resolve_backend, start_backend)
+from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, first_line,
+                              launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
+                              start_backend)
 from .common import add, positive_int
 
 
@@ -79,6 +80,7 @@ def config_from_args(args) -> BenchConfig:
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
+    check_rank_flags(args)
     cfg = config_from_args(args)
     info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
@@ -94,9 +96,17 @@ def _validate_for_world(cfg: BenchConfig, world: int) -> None:
         raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
 
 
+def check_bench_outputs(cfg: BenchConfig) -> None:
+    """Every file and directory the report will write, proven writable before any rank runs."""
+    from ..report.outputs import check_outputs
+    check_outputs(files={"--json": cfg.json_path, "--csv": cfg.csv_path, "--plot": cfg.plot_path},
+                  dirs={"--save-dir": cfg.save_dir})
+
+
 def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_host=None) -> int:
     from ..backends import create
     from ..launch.memory import check_fits
+    check_bench_outputs(cfg)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
     check_local_gpus(cfg.nproc, cfg.backend)
@@ -119,6 +129,8 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     from ..report.progress import Progress
 
     _validate_for_world(cfg, info.world_size)
+    if info.rank == 0 and os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+        check_bench_outputs(cfg)  # under an outer launcher: rank 0 writes, so rank 0 checks
     if os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,

@@ -11,8 +11,10 @@ def register(sub) -> None:
 
 
 def main(args, argv) -> int:
+    from ..report.outputs import check_output_file
     from ..report.plot import plot_records
     from ..report.records import read_records
+    check_output_file(args.output, "-o")
     records = []
     for path in args.records:
         rs = read_records(path)

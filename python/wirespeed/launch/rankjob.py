@@ -19,6 +19,27 @@ def parse_num(text, name: str, conv=int):
     return v
 
 
+def parse_port(text, name: str = "--master-port") -> int | None:
+    """A TCP port from a flag (1..65535), or None when not given. 0 is refused rather than passed
+    on: every rank would look for the rendezvous at port 0 and none would find it (a hang)."""
+    if text is None:
+        return None
+    port = parse_num(text, name)
+    if not 0 < port < 65536:
+        raise UsageError(f"{name} must be a port from 1 to 65535, got {text!r} (leave it out to "
+                         "pick a free one)")
+    return port
+
+
+def check_rank_flags(args) -> None:
+    """Flags of rank-running commands that make no sense alone or together, refused in one line
+    before anything starts: a port out of range, --ranks-per-host without --cluster."""
+    parse_port(getattr(args, "master_port", None))
+    if getattr(args, "ranks_per_host", None) is not None and not getattr(args, "cluster", None):
+        raise UsageError("--ranks-per-host places ranks on the emulated cluster's hosts: add "
+                         "--cluster, or leave --ranks-per-host out")
+
+
 def parse_iters_timeout(args) -> tuple[int, float]:
     """-n/--iters (at least 1) and -T/--timeout (positive), shared by every rank-running command."""
     iters = parse_num(args.iters, "--iters")
@@ -104,7 +125,9 @@ def launch_ranks(argv: list[str], nproc: int, backend: str, master_port_text,
     """Start nproc ranks of `wirespeed <argv>`: on the emulated cluster's hosts with --cluster,
     else under mpirun for the MPI backend (its ranks rendezvous through MPI), else wirespeed's own
     spawner with torchrun's environment."""
-    port = parse_num(master_port_text, "--master-port") if master_port_text is not None else None
+    from .memory import check_local_ranks
+    port = parse_port(master_port_text)
+    check_local_ranks(nproc)  # the emulated cluster's and mpirun's ranks run here too
     if cluster:
         from .cluster import spawn_on_cluster
         return spawn_on_cluster(argv, nproc, ranks_per_host, cluster, port, backend=backend)
