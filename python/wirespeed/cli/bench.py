@@ -12,8 +12,8 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import sizes_from_flags
-from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, first_line,
-                              launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
+from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
+                              parse_iters_timeout, parse_num, rank_error, resolve_backend,
                               start_backend)
 from .common import add, positive_int
 
@@ -146,6 +146,8 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
     try:
         env["hosts"] = _exchange_hosts(backend, info.world_size)
+        from ..bench.agreement import check_same_settings
+        check_same_settings(backend, cfg, info.rank)  # else a rank would meet the wrong collective
         if lead:
             _print_header(cfg, info, env)
 
@@ -158,7 +160,7 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         raise
     except Exception as e:
         progress.close()
-        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
+        raise rank_error(info.rank, e) from None
     finally:
         progress.close()
     if lead:

@@ -6,6 +6,7 @@ import os
 from contextlib import contextmanager
 
 from ..errors import UsageError, WirespeedError
+from ..faults import first_line, kind_of, rank_error
 
 
 def parse_num(text, name: str, conv=int):
@@ -64,9 +65,6 @@ def default_nproc(text, device: str) -> int:
     return max(2, min(os.cpu_count() or 2, 4))
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
 
 
 @contextmanager
@@ -80,7 +78,7 @@ def guarded_rank(rank: int, timeout_s: float):
     except WirespeedError:
         raise
     except Exception as e:
-        raise WirespeedError(f"rank {rank}: {first_line(e)}") from None
+        raise rank_error(rank, e) from None
     finally:
         watchdog.close()
 
@@ -94,8 +92,8 @@ def start_backend(name: str, device: str, info, timeout_s: float):
     except WirespeedError:
         raise
     except Exception as e:
-        raise WirespeedError(f"rank {info.rank}: {name} could not start the job at "
-                             f"{info.master_addr}:{info.master_port}: {first_line(e)}") from None
+        raise kind_of(e)(f"rank {info.rank}: {name} could not start the job at "
+                         f"{info.master_addr}:{info.master_port}: {first_line(e)}") from None
     return backend
 
 
