@@ -7,7 +7,7 @@ STAMPS := .stamps
 DEB_PACKAGES := openmpi-bin libopenmpi-dev iproute2
 BENCH_ARGS ?=
 
-.PHONY: bench test setup native clean
+.PHONY: bench test setup native plugin clean
 
 bench: setup
 	$(VENV)/bin/wirespeed bench $(BENCH_ARGS)
@@ -16,7 +16,7 @@ test: setup
 	cargo test --workspace --quiet
 	$(PY) -m pytest -q tests
 
-setup: $(STAMPS)/deps native
+setup: $(STAMPS)/deps native plugin
 
 # Debian packages: only what is missing, so a set-up machine is not touched (needs root or sudo).
 $(STAMPS)/debs: Makefile
@@ -41,6 +41,18 @@ $(STAMPS)/deps: requirements.txt $(STAMPS)/debs | $(PY)
 native: $(STAMPS)/deps
 	@command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+
+# The NCCL network plugin (crates/wirespeed-nccl), installed under the name NCCL_NET_PLUGIN=wirespeed
+# looks for, with a libnccl-net.so link (the name NCCL opens when NCCL_NET_PLUGIN is unset) and
+# the driver that tests and benchmarks it. `wirespeed plugin-path` prints where it is.
+PLUGIN_DIR := target/nccl-plugin
+plugin:
+	@command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
+	cargo build --release -q -p wirespeed-nccl
+	@mkdir -p $(PLUGIN_DIR)
+	install -m 0755 target/release/libnccl_net_wirespeed.so $(PLUGIN_DIR)/libnccl-net-wirespeed.so
+	ln -sf libnccl-net-wirespeed.so $(PLUGIN_DIR)/libnccl-net.so
+	install -m 0755 target/release/wirespeed-nccl-driver $(PLUGIN_DIR)/wirespeed-nccl-driver
 
 clean:
 	rm -rf $(STAMPS) target runs

@@ -114,5 +114,7 @@ def record_env() -> dict:
 
 def full_report() -> dict:
     from .backends import availability, names
+    from .netplugin import status as plugin_status
     return {**record_env(), "nics": nics(),
-            "backends": {n: (availability(n) or "available") for n in names()}}
+            "backends": {n: (availability(n) or "available") for n in names()},
+            "nccl_plugin": plugin_status()}

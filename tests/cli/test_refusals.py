@@ -36,7 +36,7 @@ def refused(capsys, *args, env=None) -> str:
 
 
 @pytest.mark.parametrize("cmd", [["bench", "-b", "8", "-e", "8"], ["objects", "-N", "2"],
-                                 ["model", "--model", "resnet18"]])
+                                 ["model", "--model", "resnet18"], ["links", "-N", "2"]])
 @pytest.mark.parametrize("port", ["0", "70000", "-1"])
 def test_master_port_out_of_range(capsys, cmd, port):
     # 0 used to hang (every rank looked for the rendezvous at port 0); 70000 was an OverflowError.
@@ -75,7 +75,8 @@ def test_every_rank_spawning_command_refuses_too_many_ranks_with_one_message(cap
         ["bench", "-N", "1000", "-b", "8", "-e", "8"],
         ["objects", "-N", "2,1000"],
         ["model", "--model", "resnet18", "-N", "1000"],
-        ["batching", "-N", "1000", "--total", "1M"])}
+        ["batching", "-N", "1000", "--total", "1M"],
+        ["links", "-N", "1000"])}
     assert len(lines) == 1, lines
     assert "-N 1000: 1000 ranks on this host need" in lines.pop()
 

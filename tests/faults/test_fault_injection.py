@@ -58,7 +58,7 @@ def test_a_paused_rank_is_no_fault_and_a_killed_one_is_a_lost_peer(tmp_path, bac
     statuses = job.rank_statuses()
     assert statuses.get(victim) == "killed by SIGKILL", statuses
     for r in survivors:
-        assert statuses.get(r, "").startswith("exited with status 4 (peer lost)"), statuses
+        assert statuses.get(r) == "exited with status 4", statuses
     _own_errors(job, survivors)
     _nothing_left(job, shm_before)
 
@@ -82,7 +82,7 @@ def test_a_stopped_rank_times_out_every_rank_and_reports_itself_once_continued(t
     assert code == 3, (code, job.stderr()[-3000:])
     assert took < timeout + 2, took
     statuses = job.rank_statuses()
-    assert statuses.get(1 - victim, "").startswith("exited with status 3 (timeout"), statuses
+    assert statuses.get(1 - victim) == "exited with status 3", statuses
     # Continued, the stopped rank sees its peer gone or its own step overdue: its own error.
     assert statuses.get(victim, "").startswith(("exited with status 3", "exited with status 4")), statuses
     _own_errors(job, [0, 1])
@@ -106,7 +106,9 @@ def test_a_pulled_link_ends_the_job_within_the_timeout_naming_the_link(cluster_n
     code = job.finish(timeout + 15)
     took = job.ended - down_at
     assert code == 3, (code, job.stderr()[-3000:])
-    assert took < timeout + 1.5, took
+    # The timeout plus about a second (each rank's own timeout, its exit, the launcher's poll);
+    # half a second more of slack for a machine shared with other jobs.
+    assert took < timeout + 1.5, (took, job.stderr()[-3000:])
     statuses = job.rank_statuses()
     assert sorted(statuses) == [0, 1, 2] and all(s.startswith("exited with status") for s in
                                                  statuses.values()), statuses

@@ -44,3 +44,37 @@ def test_wrong_elements_are_counted(tmp_path):
     assert by[("all_reduce", "float32", 0, True)] == 0
     assert by[("all_gather", "float32", 4096, False)] == 2
     assert total == sum(by.values()) > 0
+
+
+class CorruptsOneCall(TorchDistBackend):
+    """Swaps two output elements of one numbered all_gather call only."""
+
+    def __init__(self, name, bad_call):
+        super().__init__(name)
+        self.calls = 0
+        self.bad_call = bad_call
+
+    def all_gather(self, send, recv):
+        super().all_gather(send, recv)
+        self.calls += 1
+        if self.calls == self.bad_call and recv.numel() > 1:
+            recv[:2] = recv[:2].flip(0)
+
+
+@pytest.mark.timeout(60)
+def test_the_last_call_of_the_timed_loop_is_checked(tmp_path):
+    # 1 warm-up call, then the loop's 3 calls (calls 2..4): corrupting call 4 only must be caught,
+    # since an out-of-place all_gather's buffers still hold what the last timed call wrote.
+    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
+    backend = CorruptsOneCall("gloo", bad_call=4)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        results = []
+        cfg = BenchConfig(collectives=["all_gather"], sizes=[4096], warmup_iters=1, iters=3,
+                          timeout_s=30, per_op=False)
+        run_rank(cfg, info, backend, "cpu", results.append)
+    finally:
+        dist.destroy_process_group()
+    oop = [r for r in results if not r["inplace"]][0]
+    assert oop["wrong"] == 2 and oop["time_method"] == "loop" and "time_p50_us" not in oop

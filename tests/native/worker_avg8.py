@@ -26,13 +26,18 @@ for name, dtype, values in (("int8", torch.int8, [38, -128, 127, -3 + rank]),
     dist.all_reduce(t, op=dist.ReduceOp.AVG, group=one)
     out[f"{name}_one_host"] = t.tolist()
     t = torch.tensor([38] * 1000, dtype=dtype)
-    dist.reduce_scatter_tensor(s := torch.empty(250, dtype=dtype), t, op=dist.ReduceOp.AVG, group=two)
-    out[f"{name}_rs_two_hosts"] = sorted(set(s.tolist()))
-    try:
-        dist.all_reduce(torch.full((8,), 38, dtype=dtype), op=dist.ReduceOp.AVG, group=two)
-        out[f"{name}_two_hosts"] = "no error"
-    except Exception as e:  # noqa: BLE001
-        out[f"{name}_two_hosts"] = f"{type(e).__name__}: {e}"
+    dist.reduce_scatter_tensor(s := torch.empty(250, dtype=dtype), t, op=dist.ReduceOp.AVG, group=one)
+    out[f"{name}_rs_one_host"] = sorted(set(s.tolist()))
+    calls = {"all_reduce": lambda t: dist.all_reduce(t, op=dist.ReduceOp.AVG, group=two),
+             "reduce": lambda t: dist.reduce(t, dst=1, op=dist.ReduceOp.AVG, group=two),
+             "reduce_scatter": lambda t: dist.reduce_scatter_tensor(torch.empty(2, dtype=dtype), t,
+                                                                    op=dist.ReduceOp.AVG, group=two)}
+    for call, fn in calls.items():
+        try:
+            fn(torch.full((8,), 38, dtype=dtype))
+            out[f"{name}_{call}_two_hosts"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out[f"{name}_{call}_two_hosts"] = f"{type(e).__name__}: {e}"
     t = torch.full((8,), 38, dtype=dtype)
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=two)  # the group is still usable
     out[f"{name}_sum_after"] = sorted(set(t.tolist()))

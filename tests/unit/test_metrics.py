@@ -48,3 +48,29 @@ def test_percentile_nearest_rank():
 def test_cli_help_names_every_collective_in_registry_order():
     from wirespeed.cli.bench import COLLECTIVE_NAMES
     assert COLLECTIVE_NAMES == tuple(COLLECTIVES)
+
+
+def test_loop_time_is_elapsed_over_iters_mean_over_ranks():
+    from wirespeed.bench.harness import summarize_loop
+    s = summarize_loop([0.010, 0.030], iters=10)  # rank 0: 1 ms per call, rank 1: 3 ms
+    assert s["time_us"] == pytest.approx(2000.0)
+    assert s["time_rank_max_us"] == pytest.approx(3000.0)
+
+
+def test_single_calls_keep_the_slowest_rank_distribution():
+    from wirespeed.bench.harness import summarize_ops
+    s = summarize_ops([[1.0, 2.0, 3.0], [4.0, 1.0, 1.0]])
+    assert (s["time_p50_us"], s["time_min_us"], s["time_max_us"]) == pytest.approx((3e6, 2e6, 4e6))
+
+
+@pytest.mark.parametrize("coll,inplace,op,keeps", [
+    ("all_reduce", False, "sum", True), ("all_reduce", True, "sum", False),
+    ("all_reduce", True, "max", True), ("all_reduce", True, "avg", False),
+    ("all_gather", True, None, True), ("broadcast", True, None, True),
+    ("reduce_scatter", True, "min", False), ("reduce", True, "sum", False),
+    ("send_recv", False, None, True)])
+def test_which_results_survive_back_to_back_calls(coll, inplace, op, keeps):
+    from wirespeed.bench.collectives.base import Case
+    from wirespeed.bench.dtypes import DTYPES
+    case = Case(coll, DTYPES["float32"], op, 0, inplace, 4, 4, 4, 0, 2, "cpu")
+    assert COLLECTIVES[coll].repeat_keeps_result(case) is keeps

@@ -63,3 +63,47 @@ def test_plot_writes_a_png(tmp_path):
     plot_records(recs, tmp_path / "p.png", title="t")
     data = (tmp_path / "p.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10000
+
+
+def test_table_adds_single_call_columns_on_request():
+    r = dict(_rec(4096, True, 1.0), time_p50_us=12.25, time_p99_us=40.5)
+    plain, wide = nccl_table([r]), nccl_table([r], per_op=True)
+    assert "p50" not in plain and "12.25" not in plain
+    head = [line for line in wide.splitlines() if "time" in line][0]
+    assert head.count("p50") == 2 and head.count("p99") == 2  # out-of-place and in-place blocks
+    row = [line for line in wide.splitlines() if line.strip().startswith("4096")][0]
+    assert "12.25" in row and "40.50" in row
+    # every row lines up with the header
+    assert len({len(line) for line in wide.splitlines()[1:4] + [row]}) == 1
+
+
+def test_plot_draws_every_record_kind(tmp_path):
+    from wirespeed.report.plot import plot_records
+    from wirespeed.report.records import kind
+    bench = [_rec(1 << k, True, k / 10) for k in range(10, 16)]
+    predicted = [dict(r, predicted=True, time_us=8.0, run_id="p") for r in bench]
+    model = [{"schema": "wirespeed.model/1", "model": "resnet18", "strategy": s, "backend": "gloo",
+              "world_size": 2, "time_us": t, "total_bytes": 1 << 20} for s, t in (("allreduce", 9e4),
+                                                                                   ("sharded-ps", 3e5))]
+    batching = [{"schema": "wirespeed.batching/1", "backend": "gloo", "world_size": 2,
+                 "total_bytes": 1 << 20, "chunks": k, "time_us": 100.0 * k} for k in (1, 10, 100)]
+    objects = [{"schema": "wirespeed.objects/1", "backend": "gloo", "world_size": n, "method": m,
+                "time_us": t * n} for n in (2, 4) for m, t in (("all_gather_object", 80), ("all_reduce", 9))]
+    tune = [{"schema": "wirespeed.tune/1", "backend": "wirespeed", "knobs": ["WIRESPEED_ALGO"],
+             "setting": {}, "min_bytes": 1024, "max_bytes": 2048, "gain": 1.0}]
+    recs = bench + predicted + model + batching + objects + tune
+    assert [kind(r) for r in (bench[0], model[0], batching[0], objects[0], tune[0])] == \
+        ["bench", "model", "batching", "objects", "tune"]
+    drawn = plot_records(recs, tmp_path / "all.png")
+    assert drawn == {"bench": 12, "model": 2, "batching": 3, "objects": 4}
+    assert (tmp_path / "all.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_read_records_takes_workload_kinds_and_checks_their_fields(tmp_path):
+    good = {"schema": "wirespeed.objects/1", "backend": "gloo", "world_size": 2, "method": "all_reduce",
+            "time_us": 5.0}
+    (tmp_path / "o.jsonl").write_text(json.dumps(good) + "\n")
+    assert read_records(tmp_path / "o.jsonl") == [good]
+    (tmp_path / "b.jsonl").write_text(json.dumps({"schema": "wirespeed.model/1", "model": "x"}) + "\n")
+    with pytest.raises(UsageError, match="lacks strategy"):
+        read_records(tmp_path / "b.jsonl")

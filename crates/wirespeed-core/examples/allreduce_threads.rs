@@ -6,7 +6,7 @@ use wirespeed_core::{Comm, DType, ReduceOp};
 fn main() {
     let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("integer arguments")).collect();
     let (world, bytes, iters) = (a.first().copied().unwrap_or(2), a.get(1).copied().unwrap_or(64 << 20), a.get(2).copied().unwrap_or(10));
-    let token = wirespeed_core::sys::random_token();
+    let token = wirespeed_core::sys::random_token().unwrap();
     let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60)).unwrap()).collect();
     let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
     let hs: Vec<_> = comms
@@ -17,12 +17,12 @@ fn main() {
                 c.connect(&infos).unwrap();
                 let n = bytes / 4;
                 let mut v = vec![1.0f32; n];
-                c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum).unwrap();
+                unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum) }.unwrap();
                 let mut times = vec![];
                 for _ in 0..iters {
                     c.barrier().unwrap();
                     let t = Instant::now();
-                    c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum).unwrap();
+                    unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum) }.unwrap();
                     times.push(t.elapsed().as_secs_f64());
                 }
                 times.sort_by(|a, b| a.partial_cmp(b).unwrap());

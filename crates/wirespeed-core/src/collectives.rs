@@ -10,7 +10,7 @@
 //! (it is whenever a rank's memory is read directly, so it must not return and reuse it early).
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
-use crate::algo::AllReduceAlgo;
+use crate::plan::AllReduceAlgo;
 use crate::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -71,7 +71,7 @@ impl Comm {
     }
 
     /// Describe (and, when staging, copy) what this rank contributes to each destination.
-    fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
+    unsafe fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
         let parity = ((self.seq) % 2) as usize;
         let mut uniq: Vec<Buf> = Vec::new();
         for &(a, l) in send {
@@ -133,7 +133,7 @@ impl Comm {
         Ok(())
     }
 
-    fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
+    unsafe fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -153,13 +153,13 @@ impl Comm {
         }
     }
 
-    fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
-        let pieces = self.pieces(send, mode);
+    unsafe fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
+        let pieces = unsafe { self.pieces(send, mode) };
         let parity = self.publish_and_sync(h, &pieces)?;
         self.check_lengths(parity, &|j| recv[j].1, h.kind)?;
         for k in 0..self.world {
             let j = (self.rank + k) % self.world;
-            self.fetch(parity, j, send[self.rank].0, recv[j].0, recv[j].1)?;
+            unsafe { self.fetch(parity, j, send[self.rank].0, recv[j].0, recv[j].1)? };
         }
         if self.any_direct(parity) {
             self.net.sync()?;
@@ -170,8 +170,8 @@ impl Comm {
     /// out[0..count] = op over ranks j of what j contributes to this rank. Returns the parity and
     /// whether a final sync is due (left to the caller, which may have more to do first).
     #[allow(clippy::too_many_arguments)]
-    fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
-        let pieces = self.pieces(send, mode);
+    unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
+        let pieces = unsafe { self.pieces(send, mode) };
         let parity = self.publish_and_sync(h, &pieces)?;
         let esize = dtype.size();
         self.check_lengths(parity, &|_| count * esize, h.kind)?;
@@ -233,7 +233,9 @@ impl Comm {
     }
 
     /// In-place all_reduce of `count` elements at `buf`.
-    pub fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
         self.guarded(|c| {
@@ -241,7 +243,7 @@ impl Comm {
             match algo {
                 AllReduceAlgo::OneShot | AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {
                     let send = vec![(buf, bytes); c.world];
-                    let (_, sync_due) = c.reduce_to_me(h, &send, buf, count, dtype, op, Mode::Stage)?;
+                    let (_, sync_due) = unsafe { c.reduce_to_me(h, &send, buf, count, dtype, op, Mode::Stage)? };
                     if sync_due {
                         c.net.sync()?;
                     }
@@ -252,7 +254,7 @@ impl Comm {
                     let ch = c.chunks(count, es);
                     let send: Vec<Buf> = ch.iter().map(|&(s, n)| (buf + s * es, n * es)).collect();
                     let me = c.rank;
-                    let (parity, _) = c.reduce_to_me(h, &send, send[me].0, ch[me].1, dtype, op, Mode::Direct)?;
+                    let (parity, _) = unsafe { c.reduce_to_me(h, &send, send[me].0, ch[me].1, dtype, op, Mode::Direct)? };
                     c.net.sync()?;
                     // Every rank's own chunk is now reduced, in place in its buffer: gather them.
                     for k in 1..c.world {
@@ -267,11 +269,13 @@ impl Comm {
     }
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
-    pub fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let h = c.header(REDUCE_SCATTER, Some(dtype), Some(op), 0, count as u64, 0);
-            let (_, sync_due) = c.reduce_to_me(h, send, out, count, dtype, op, Mode::Auto)?;
+            let (_, sync_due) = unsafe { c.reduce_to_me(h, send, out, count, dtype, op, Mode::Auto)? };
             if sync_due {
                 c.net.sync()?;
             }
@@ -280,7 +284,9 @@ impl Comm {
     }
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
-    pub fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
         self.guarded(|c| {
@@ -288,7 +294,7 @@ impl Comm {
             let mut send = vec![(0usize, 0usize); c.world];
             send[root] = (buf, bytes);
             let n = if c.rank == root { count } else { 0 };
-            let (_, sync_due) = c.reduce_to_me(h, &send, buf, n, dtype, op, Mode::Auto)?;
+            let (_, sync_due) = unsafe { c.reduce_to_me(h, &send, buf, n, dtype, op, Mode::Auto)? };
             if sync_due {
                 c.net.sync()?;
             }
@@ -297,27 +303,33 @@ impl Comm {
     }
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
-    pub fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
             let sends = vec![send; c.world];
-            c.exchange(h, &sends, recv, Mode::Auto)
+            unsafe { c.exchange(h, &sends, recv, Mode::Auto) }
         })
     }
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
-    pub fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
-            c.exchange(h, send, recv, Mode::Auto)
+            unsafe { c.exchange(h, send, recv, Mode::Auto) }
         })
     }
 
     /// `buf` on every rank = `buf` on `root`.
-    pub fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(BROADCAST, None, None, root, buf.1 as u64, 0);
@@ -328,12 +340,14 @@ impl Comm {
                 (vec![none; c.world], vec![none; c.world])
             };
             recv[root] = buf;
-            c.exchange(h, &send, &recv, Mode::Auto)
+            unsafe { c.exchange(h, &send, &recv, Mode::Auto) }
         })
     }
 
     /// On `root`, recv[j] = rank j's `send`.
-    pub fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(GATHER, None, None, root, send.1 as u64, 0);
@@ -344,12 +358,14 @@ impl Comm {
             if recvs.len() != c.world {
                 return Err(Error::Unsupported(format!("gather needs {} outputs on the root, got {}", c.world, recvs.len())));
             }
-            c.exchange(h, &sends, &recvs, Mode::Auto)
+            unsafe { c.exchange(h, &sends, &recvs, Mode::Auto) }
         })
     }
 
     /// recv = `root`'s send[rank].
-    pub fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+    /// # Safety
+    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    pub unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(SCATTER, None, None, root, recv.1 as u64, 0);
@@ -360,7 +376,7 @@ impl Comm {
             }
             let mut recvs = vec![none; c.world];
             recvs[root] = recv;
-            c.exchange(h, &sends, &recvs, Mode::Auto)
+            unsafe { c.exchange(h, &sends, &recvs, Mode::Auto) }
         })
     }
 
@@ -368,7 +384,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(BARRIER, None, None, 0, 0, 0);
             let none = vec![(0usize, 0usize); c.world];
-            c.exchange(h, &none, &none, Mode::Auto)
+            unsafe { c.exchange(h, &none, &none, Mode::Auto) }
         })
     }
 

@@ -73,9 +73,12 @@ pub struct Comm {
     pub(crate) scratch: Vec<u8>,
     pub(crate) p2p_sent: Vec<u32>,
     pub(crate) p2p_recvd: Vec<u32>,
-    pub(crate) tuning: crate::algo::Tuning,
-    /// CPUs this process may run on, read once at setup (a system call per op would cost ~0.3 us).
+    pub(crate) tuning: crate::plan::Tuning,
+    /// CPUs the planner assumes: the least any rank of the host may run on, agreed at connect
+    /// (read once: a system call per op would cost ~0.3 us).
     pub(crate) cpus: usize,
+    /// Keeps peers allowed to read this process's memory while the group lives.
+    _attach: sys::AttachGuard,
 }
 
 impl Comm {
@@ -84,12 +87,12 @@ impl Comm {
         if world == 0 || rank >= world {
             return Err(Error::Unsupported(format!("rank {rank} is outside a world of {world}")));
         }
-        let tuning = crate::algo::Tuning::from_env()?;
+        let tuning = crate::plan::Tuning::from_env()?;
         let lay = Layout::new(world, tuning.slot_bytes);
         let (fd, map) = sys::memfd_segment(lay.total)?;
         let own = Seg { map: Arc::new(map), lay };
-        own.write_header(&token, rank, world, sys::getpid());
-        sys::allow_peers_to_attach();
+        own.write_header(&token, rank, world, sys::getpid(), sys::cpus_available());
+        let attach = sys::allow_peers_to_attach();
         Ok(Comm {
             rank,
             world,
@@ -112,6 +115,7 @@ impl Comm {
             p2p_recvd: vec![0; world],
             tuning,
             cpus: sys::cpus_available(),
+            _attach: attach,
         })
     }
 
@@ -176,6 +180,8 @@ impl Comm {
             spin: self.net.spin,
         };
         self.net = Arc::new(net);
+        // The planner's CPU input, the same on every rank: the least any rank of the host has.
+        self.cpus = self.net.segs.iter().map(|s| s.cpus()).min().unwrap_or(1).max(1);
         let net = self.net.clone();
         // Cross-memory attach must work for the large-message paths: probe it now, once.
         for r in 0..self.world {

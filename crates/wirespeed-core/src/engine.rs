@@ -66,19 +66,24 @@ pub struct Engine {
 /// How many finished outcomes are kept for late waits (an op older than that completed long ago).
 const KEEP_OUTCOMES: usize = 4096;
 
-fn execute(comm: &mut dyn Collectives, op: Op) -> Result<Option<Ticket>> {
-    match op {
-        Op::AllReduce { buf, count, dtype, op } => comm.all_reduce(buf, count, dtype, op).map(|_| None),
-        Op::ReduceScatter { send, out, count, dtype, op } => comm.reduce_scatter(&send, out, count, dtype, op).map(|_| None),
-        Op::Reduce { buf, count, dtype, op, root } => comm.reduce(buf, count, dtype, op, root).map(|_| None),
-        Op::AllGather { send, recv } => comm.all_gather(send, &recv).map(|_| None),
-        Op::AllToAll { send, recv } => comm.all_to_all(&send, &recv).map(|_| None),
-        Op::Broadcast { buf, root } => comm.broadcast(buf, root).map(|_| None),
-        Op::Gather { send, recv, root } => comm.gather(send, &recv, root).map(|_| None),
-        Op::Scatter { send, recv, root } => comm.scatter(&send, recv, root).map(|_| None),
-        Op::Barrier => comm.barrier().map(|_| None),
-        Op::Send { to, buf, tag } => comm.send_post(to, buf.0, buf.1, tag).map(Some),
-        Op::Recv { from, buf, tag } => comm.recv(from, buf.0, buf.1, tag).map(|_| None),
+/// # Safety
+/// The op's buffers are valid as `Collectives` requires (`Engine::submit`'s contract).
+unsafe fn execute(comm: &mut dyn Collectives, op: Op) -> Result<Option<Ticket>> {
+    // SAFETY: the caller's contract is each method's.
+    unsafe {
+        match op {
+            Op::AllReduce { buf, count, dtype, op } => comm.all_reduce(buf, count, dtype, op).map(|_| None),
+            Op::ReduceScatter { send, out, count, dtype, op } => comm.reduce_scatter(&send, out, count, dtype, op).map(|_| None),
+            Op::Reduce { buf, count, dtype, op, root } => comm.reduce(buf, count, dtype, op, root).map(|_| None),
+            Op::AllGather { send, recv } => comm.all_gather(send, &recv).map(|_| None),
+            Op::AllToAll { send, recv } => comm.all_to_all(&send, &recv).map(|_| None),
+            Op::Broadcast { buf, root } => comm.broadcast(buf, root).map(|_| None),
+            Op::Gather { send, recv, root } => comm.gather(send, &recv, root).map(|_| None),
+            Op::Scatter { send, recv, root } => comm.scatter(&send, recv, root).map(|_| None),
+            Op::Barrier => comm.barrier().map(|_| None),
+            Op::Send { to, buf, tag } => comm.send_post(to, buf.0, buf.1, tag).map(Some),
+            Op::Recv { from, buf, tag } => comm.recv(from, buf.0, buf.1, tag).map(|_| None),
+        }
     }
 }
 
@@ -88,7 +93,14 @@ impl Shared {
         loop {
             let next = self.state.lock().unwrap().queue.pop_front();
             let Some((id, op)) = next else { return };
-            let r = execute(comm, op);
+            // A bug must not unwind into Python (or poison the group's lock): it becomes this
+            // op's error, and the group is broken like after any other failure.
+            // SAFETY: ops were queued by submit/run, whose callers vouched for their buffers.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { execute(&mut *comm, op) }))
+                .unwrap_or_else(|p| {
+                    let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+                    Err(Error::Broken(format!("internal error in wirespeed ({why}); please report it")))
+                });
             {
                 let mut st = self.state.lock().unwrap();
                 match r {
@@ -114,12 +126,12 @@ impl Shared {
 }
 
 impl Engine {
-    pub fn new(comm: Comm) -> Engine {
+    pub fn new(comm: Comm) -> Result<Engine> {
         Engine::with(Box::new(comm))
     }
 
     /// An engine over any group (one host's `Comm`, or a multi-host group from `Setup::connect`).
-    pub fn with(comm: Box<dyn Collectives>) -> Engine {
+    pub fn with(comm: Box<dyn Collectives>) -> Result<Engine> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State { next_id: 1, ..State::default() }),
             work: Condvar::new(),
@@ -131,9 +143,9 @@ impl Engine {
         let worker = std::thread::Builder::new()
             .name("wirespeed-worker".into())
             .spawn(move || worker_loop(&s))
-            .expect("spawning the wirespeed worker thread");
+            .map_err(|e| Error::Unsupported(format!("cannot start wirespeed's worker thread ({e}): raise the process's thread limit")))?;
         let wake_worker = std::env::var("WIRESPEED_WORKER").map(|v| v != "0").unwrap_or(true);
-        Engine { shared, worker: Some(worker), wake_worker }
+        Ok(Engine { shared, worker: Some(worker), wake_worker })
     }
 
     pub fn rank(&self) -> usize {
@@ -141,7 +153,10 @@ impl Engine {
     }
 
     /// Queue an op to progress in the background; returns its id for `wait`/`is_done`.
-    pub fn submit(&self, op: Op) -> u64 {
+    /// # Safety
+    /// The op's buffers stay valid, and untouched by anyone else, until the op completes
+    /// (`wait` or `is_done`), as `Collectives` requires.
+    pub unsafe fn submit(&self, op: Op) -> u64 {
         let id = self.enqueue(op);
         if self.wake_worker {
             self.shared.work.notify_one();
@@ -150,7 +165,9 @@ impl Engine {
     }
 
     /// Run an op to completion in this thread (after any ops queued before it); returns its id.
-    pub fn run(&self, op: Op) -> Result<u64> {
+    /// # Safety
+    /// As `submit`, until this returns.
+    pub unsafe fn run(&self, op: Op) -> Result<u64> {
         let id = self.enqueue(op);
         self.wait(id).map(|_| id)
     }

@@ -8,6 +8,8 @@ pub enum Error {
     PeerDied { rank: usize, pid: i32 },
     /// A peer raised an error of its own and aborted the group; its message is attached.
     PeerAborted { rank: usize, reason: String },
+    /// A connection to a peer that is not a rank of a group (the NCCL plugin's) broke.
+    PeerLost(String),
     /// Nothing happened for `timeout` seconds while waiting for `what`.
     Timeout { what: String, secs: f64 },
     /// Ranks called the same collective with different sizes, dtypes, ops, roots or kinds.
@@ -35,6 +37,7 @@ impl fmt::Display for Error {
         match self {
             Error::PeerDied { rank, pid } => write!(f, "peer rank {rank} (pid {pid}) died"),
             Error::PeerAborted { rank, reason } => write!(f, "peer rank {rank} failed: {reason}"),
+            Error::PeerLost(m) => write!(f, "{m}"),
             Error::Timeout { what, secs } => write!(f, "timed out after {secs:.1} s waiting for {what}"),
             Error::Mismatch(m) => write!(f, "ranks disagree: {m}"),
             Error::Unsupported(m) => write!(f, "{m}"),

@@ -13,57 +13,74 @@ use crate::hosts::{HostsComm, HostsSetup};
 use crate::p2p::Ticket;
 use std::time::Duration;
 
+/// The collectives of a connected group.
+///
+/// # Safety (every method that takes buffers)
+/// Each (address, length) names memory of this process that stays valid for the whole call
+/// (and, for `send_post`, until the returned ticket completes); outputs do not overlap inputs
+/// except where a method says in place; nothing else writes them meanwhile. The bindings
+/// guarantee it by keeping the tensors alive until the work completes.
 pub trait Collectives: Send {
     fn rank(&self) -> usize;
-    fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
-    fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
-    fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;
-    fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()>;
-    fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()>;
-    fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()>;
-    fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()>;
-    fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()>;
+    unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
+    unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
+    unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;
+    unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()>;
+    unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()>;
+    unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()>;
+    unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()>;
+    unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()>;
     fn barrier(&mut self) -> Result<()>;
-    fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
-    fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
+    unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
+    unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
 }
 
 impl Collectives for Comm {
     fn rank(&self) -> usize {
         self.rank
     }
-    fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        Comm::all_reduce(self, buf, count, dtype, op)
+    unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::all_reduce(self, buf, count, dtype, op) }
     }
-    fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        Comm::reduce_scatter(self, send, out, count, dtype, op)
+    unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::reduce_scatter(self, send, out, count, dtype, op) }
     }
-    fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
-        Comm::reduce(self, buf, count, dtype, op, root)
+    unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::reduce(self, buf, count, dtype, op, root) }
     }
-    fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
-        Comm::all_gather(self, send, recv)
+    unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::all_gather(self, send, recv) }
     }
-    fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
-        Comm::all_to_all(self, send, recv)
+    unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::all_to_all(self, send, recv) }
     }
-    fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
-        Comm::broadcast(self, buf, root)
+    unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::broadcast(self, buf, root) }
     }
-    fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
-        Comm::gather(self, send, recv, root)
+    unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::gather(self, send, recv, root) }
     }
-    fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
-        Comm::scatter(self, send, recv, root)
+    unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::scatter(self, send, recv, root) }
     }
     fn barrier(&mut self) -> Result<()> {
         Comm::barrier(self)
     }
-    fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
-        Comm::send_post(self, to, addr, len, tag).map(Ticket::Shm)
+    unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::send_post(self, to, addr, len, tag).map(Ticket::Shm) }
     }
-    fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
-        Comm::recv(self, from, addr, len, tag)
+    unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
+        // SAFETY: this method's contract is Comm's.
+        unsafe { Comm::recv(self, from, addr, len, tag) }
     }
 }
 

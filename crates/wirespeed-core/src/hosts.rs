@@ -2,14 +2,16 @@
 //! form a shared-memory `Comm` (its own local numbering), and every pair of ranks on different
 //! hosts is joined by TCP (tcp.rs). Point-to-point goes over whichever of the two joins a pair.
 //!
-//! Collectives across hosts:
+//! The group is itself a `Transport` (shared memory to peers of its host, TCP to the others), so
+//! the algorithms of algo/ run over it unchanged. Collectives across hosts:
 //! - all_reduce: hierarchical (shm reduce to each host's leader, ring or recursive doubling among
-//!   leaders over TCP, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
-//!   WIRESPEED_ALGO=ring (ring.rs).
-//! - broadcast: the root sends once to one rank per other host, then each host broadcasts in shm,
-//!   so the payload crosses each host's link once.
-//! - the rest: direct exchanges (every rank sends what each peer needs, in pieces, and reduces
-//!   what it receives in rank order). Correct for any placement; each byte crosses a link once.
+//!   leaders, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
+//!   WIRESPEED_ALGO=ring (algo/ring.rs).
+//! - broadcast: a binomial tree over the root and the other hosts' leaders (algo/tree.rs), then a
+//!   shm broadcast inside each host, so the payload crosses each host's link once.
+//! - reduce: a binomial tree over all ranks (algo/tree.rs).
+//! - all_gather, all_to_all, reduce_scatter, barrier: direct exchanges (algo/direct.rs).
+//! - gather, scatter: the root sends or receives one message per rank.
 //!
 //! Every message of a collective carries a tag made of the collective, dtype, op, root and a
 //! sequence number, so ranks that call different collectives (or the same one with a different
@@ -17,15 +19,16 @@
 //! checked by every receive. Such an error is seen by the receiver only, so any error breaks the
 //! group: the local segment says why (local peers raise at once) and the TCP connections are shut
 //! (remote peers raise at once).
-use crate::algo::{AllReduceAlgo, Tuning};
+use crate::plan::{AllReduceAlgo, Tuning};
 use crate::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::p2p::Ticket;
-use crate::reduce::reduce_many;
 use crate::sys;
 use crate::tcp::{Config, Listener, Tcp};
+use crate::algo::direct::Region;
+use crate::transport::{Handle, Transport};
 use std::time::Duration;
 
 /// Ranks grouped by host, hosts ordered by their lowest rank (so every rank computes the same).
@@ -104,7 +107,7 @@ impl HostsSetup {
         let remote: Vec<bool> = (0..world).map(|r| lay.host_of[r] != h).collect();
         let tcp = Tcp::connect(listener, rank, &addrs, &remote, token, cfg, timeout)?;
         let tuning = Tuning::from_env()?;
-        Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new() })
+        Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
     }
 }
 
@@ -118,15 +121,31 @@ pub struct HostsComm {
     broken: Option<Error>,
     pub(crate) tuning: Tuning,
     scratch: Vec<u8>,
+    /// Operations posted through the Transport interface and not yet waited.
+    pend: Vec<Pend>,
 }
 
-/// Bytes per message of a piecewise exchange: the receiver reduces piece k while k+1.. travel.
-pub(crate) const PIECE: usize = 4 << 20;
+/// A posted operation of the Transport interface. Shared-memory receives read the sender's
+/// buffer, so they run when waited (after any earlier receive from the same peer).
+enum Pend {
+    ShmSend(crate::p2p::SendTicket),
+    ShmRecv { from: usize, ptr: *mut u8, len: usize, tag: u64 },
+    TcpSend(crate::tcp::SendTicket),
+    TcpRecv(crate::tcp::RecvTicket),
+    Done,
+}
 
-pub(crate) fn pieces(len: usize, esize: usize) -> Vec<(usize, usize)> {
-    let per = (PIECE / esize).max(1) * esize;
-    let n = len.div_ceil(per).max(1);
-    (0..n).map(|i| (i * per, per.min(len - (i * per).min(len)))).collect()
+// SAFETY: the raw pointer in ShmRecv is a caller's buffer under the Transport contract; a
+// HostsComm is used by one thread at a time (the engine's execution lock).
+unsafe impl Send for Pend {}
+
+/// The tag of every message of one collective call: kind, dtype, op, root and a sequence number,
+/// so ranks that called different collectives meet a Mismatch instead of mixing data.
+fn op_tag(seq: u64, kind: u32, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
+    let d = dtype.map(|d| d as u64).unwrap_or(0xff) & 0xff;
+    let o = op.map(|o| o as u64).unwrap_or(0xff) & 0xff;
+    // Roots up to 2^24 ranks: the tag keeps the root's low 24 bits, the sequence number 24.
+    (1 << 63) | ((kind as u64 & 0x7f) << 56) | (d << 48) | (o << 40) | ((root as u64 & 0xff_ffff) << 16) | (seq & 0xffff)
 }
 
 impl HostsComm {
@@ -135,7 +154,7 @@ impl HostsComm {
     }
     /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO does (`Ring`, `Hier` or
     /// `Doubling`; any other value lets the cost model choose). Every rank must choose the same.
-    pub fn force_all_reduce(&mut self, algo: crate::algo::AllReduceAlgo) {
+    pub fn force_all_reduce(&mut self, algo: crate::plan::AllReduceAlgo) {
         self.tuning.all_reduce = algo;
     }
 
@@ -152,32 +171,27 @@ impl HostsComm {
 
     pub(crate) fn tag(&mut self, kind: u32, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
         self.seq += 1;
-        let d = dtype.map(|d| d as u64).unwrap_or(0xff) & 0xff;
-        let o = op.map(|o| o as u64).unwrap_or(0xff) & 0xff;
-        (1 << 63) | ((kind as u64 & 0x7f) << 56) | (d << 48) | (o << 40) | ((root as u64 & 0xff) << 32) | (self.seq & 0xffff_ffff)
-    }
-
-    pub(crate) fn scratch(&mut self, n: usize) -> usize {
-        if self.scratch.len() < n {
-            self.scratch = vec![0u8; n.next_power_of_two()];
-        }
-        self.scratch.as_mut_ptr() as usize
+        op_tag(self.seq, kind, dtype, op, root)
     }
 
     /// Send to any rank: shared memory inside the host, TCP across.
-    pub(crate) fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
+    /// # Safety
+    /// As `Transport::post_send`.
+    pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
-            self.local.send_post(self.lay.local_of[to], b.0, b.1, tag).map(Ticket::Shm)
+            unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(Ticket::Shm)
         } else {
-            self.tcp.send(to, b.0, b.1, tag).map(Ticket::Tcp)
+            self.tcp.send(to, b.0 as *const u8, b.1, tag).map(Ticket::Tcp)
         }
     }
 
-    pub(crate) fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
+    /// # Safety
+    /// As `Transport::post_recv`, for the call.
+    pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
         if self.lay.host_of[from] == self.my_host() {
-            self.local.recv(self.lay.local_of[from], b.0, b.1, tag)
+            unsafe { self.local.recv(self.lay.local_of[from], b.0, b.1, tag) }
         } else {
-            self.tcp.recv(from, b.0, b.1, tag)
+            self.tcp.recv(from, b.0 as *mut u8, b.1, tag)
         }
     }
 
@@ -186,113 +200,123 @@ impl HostsComm {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
+        self.pend.clear();
         let r = f(self);
         if let Err(e) = &r {
             self.broken = Some(e.clone());
             self.local.fail(e);
+            // Shutting the connections also stops every transfer into or out of the caller's
+            // buffers that the failed op left posted.
             self.tcp.shutdown();
         }
+        self.pend.clear();
         r
     }
 
-    /// recv[j] = what rank j sends to this rank; send[j] goes to rank j. Sends are posted first
-    /// (they never block on the receiver), then receives run from the nearest rank outward.
-    fn exchange(&mut self, tag: u64, send: &[Buf], recv: &[Buf]) -> Result<()> {
-        let me = self.rank;
-        let mut tickets = Vec::new();
-        for k in 1..self.world {
-            let j = (me + k) % self.world;
-            if let Some(&b) = send.get(j) {
-                tickets.push(self.post(j, b, tag)?);
-            }
-        }
-        if let (Some(&s), Some(&r)) = (send.get(me), recv.get(me)) {
-            if s.1 != r.1 {
-                return Err(Error::Mismatch(format!("rank {me} sends {} bytes to itself but receives {}", s.1, r.1)));
-            }
-            if s.0 != r.0 && s.1 > 0 {
-                unsafe { sys::copy(r.0 as *mut u8, s.0 as *const u8, s.1) };
-            }
-        }
-        for k in 1..self.world {
-            let j = (me + self.world - k) % self.world;
-            if let Some(&b) = recv.get(j) {
-                self.take(j, b, tag)?;
-            }
-        }
-        tickets.iter().try_for_each(|t| t.wait())
+    /// Run `f` with the group's scratch buffer taken out (the algorithms borrow both).
+    fn with_scratch<T>(&mut self, f: impl FnOnce(&mut HostsComm, &mut Vec<u8>) -> Result<T>) -> Result<T> {
+        let mut s = std::mem::take(&mut self.scratch);
+        let r = f(self, &mut s);
+        self.scratch = s;
+        r
     }
 
-    /// out = op over ranks j (in rank order) of what j sends to this rank; `send[j]` goes to j
-    /// (to `root` only, if given: then only the root passes `out`).
-    /// Piece by piece: post piece k to everyone, then receive and reduce piece k from everyone.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_direct(&mut self, tag: u64, send: &[Buf], root: Option<usize>, out: Option<usize>, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        let (me, world, es) = (self.rank, self.world, dtype.size());
-        let bytes = count * es;
-        for (j, b) in send.iter().enumerate() {
-            if b.1 != 0 && b.1 != bytes {
-                return Err(Error::Mismatch(format!("rank {me} contributes {} bytes to rank {j}, expected {bytes}", b.1)));
-            }
-        }
-        let ps = pieces(bytes, es);
-        let scratch = if out.is_some() { self.scratch(PIECE * world) } else { 0 };
-        let mut tickets = Vec::new();
-        for &(off, n) in &ps {
-            for k in 1..world {
-                let j = (me + k) % world;
-                if root.is_none_or(|r| r == j) {
-                    tickets.push(self.post(j, (send[j].0 + off, n), tag)?);
-                }
-            }
-            let Some(out) = out else { continue };
-            let mut srcs = Vec::with_capacity(world);
-            for j in 0..world {
-                if j == me {
-                    srcs.push((send[me].0 + off) as *const u8);
-                } else {
-                    let dst = scratch + j * PIECE;
-                    self.take(j, (dst, n), tag)?;
-                    srcs.push(dst as *const u8);
-                }
-            }
-            unsafe { reduce_many((out + off) as *mut u8, &srcs, n / es, dtype, op, world) };
-        }
-        tickets.iter().try_for_each(|t| t.wait())
-    }
-
-    fn all_reduce_impl(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        let algo = self.tuning.pick_across_hosts(count * dtype.size(), self.world, self.lay.hosts.len());
+    fn all_reduce_impl(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let algo = self.tuning.pick_across_hosts(buf.len(), self.world, self.lay.hosts.len());
         let tag = self.tag(crate::collectives::ALL_REDUCE, Some(dtype), Some(op), algo as usize);
+        let world = self.world;
         match algo {
             AllReduceAlgo::Ring => {
-                let members: Vec<usize> = (0..self.world).collect();
-                self.ring_all_reduce(tag, &members, buf, count, dtype, op)
+                let members: Vec<usize> = (0..world).collect();
+                self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &members, tag, buf, dtype, op, world, s))
             }
-            _ => self.hier_all_reduce(tag, buf, count, dtype, op),
+            _ => self.hier_all_reduce(tag, buf, dtype, op),
         }
     }
 
-    fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
+    /// The all_reduce among host leaders inside the hierarchy: the planner's ring or doubling.
+    pub(crate) fn leaders_all_reduce(&mut self, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let leaders: Vec<usize> = self.lay.hosts.iter().map(|h| h[0]).collect();
+        let world = self.world;
+        match self.tuning.pick_among_leaders(buf.len(), leaders.len()) {
+            AllReduceAlgo::Doubling => self.with_scratch(|c, s| crate::algo::doubling::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
+            _ => self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
+        }
+    }
+
+    /// The root's data crosses each other host's link once: a binomial tree over the root and
+    /// the other hosts' leaders, then a shared-memory broadcast inside every host.
+    /// # Safety
+    /// As `Collectives::broadcast`.
+    unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(BROADCAST, None, None, root);
-        let (me, rh) = (self.rank, self.lay.host_of[root]);
-        // One rank per other host receives from the root: its leader.
-        let mut tickets = Vec::new();
-        if me == root {
-            for h in 0..self.lay.hosts.len() {
-                if h != rh {
-                    let to = self.lay.hosts[h][0];
-                    tickets.push(self.post(to, buf, tag)?);
-                }
-            }
-        } else if self.my_host() != rh && self.is_leader() {
-            self.take(root, buf, tag)?;
+        let rh = self.lay.host_of[root];
+        let mut members = vec![root];
+        members.extend((0..self.lay.hosts.len()).filter(|&h| h != rh).map(|h| self.lay.hosts[h][0]));
+        if members.contains(&self.rank) {
+            // SAFETY: the caller keeps `buf` valid for the op (the Collectives contract).
+            let b = unsafe { std::slice::from_raw_parts_mut(buf.0 as *mut u8, buf.1) };
+            crate::algo::tree::broadcast(self, &members, tag, b, root)?;
         }
         let src = if self.my_host() == rh { self.lay.local_of[root] } else { 0 };
         if self.lay.hosts[self.my_host()].len() > 1 {
-            self.local.broadcast(buf, src)?;
+            unsafe { self.local.broadcast(buf, src)? };
         }
-        tickets.iter().try_for_each(|t| t.wait())
+        Ok(())
+    }
+
+    fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
+        bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
+    }
+}
+
+impl Transport for HostsComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
+        check_rank(self.world, to, "send to")?;
+        let p = if self.lay.host_of[to] == self.my_host() {
+            Pend::ShmSend(unsafe { self.local.send_post(self.lay.local_of[to], data as usize, len, tag)? })
+        } else {
+            Pend::TcpSend(self.tcp.send(to, data, len, tag)?)
+        };
+        self.pend.push(p);
+        Ok(Handle(self.pend.len() - 1))
+    }
+    unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
+        check_rank(self.world, from, "receive from")?;
+        let p = if self.lay.host_of[from] == self.my_host() {
+            Pend::ShmRecv { from: self.lay.local_of[from], ptr: data, len, tag }
+        } else {
+            Pend::TcpRecv(self.tcp.post_recv(from, data, len, tag)?)
+        };
+        self.pend.push(p);
+        Ok(Handle(self.pend.len() - 1))
+    }
+    fn wait(&mut self, h: Handle) -> Result<()> {
+        if h.0 >= self.pend.len() {
+            return Err(Error::Unsupported(format!("no operation {} is pending", h.0)));
+        }
+        if let Pend::ShmRecv { from, .. } = self.pend[h.0] {
+            // Messages from one peer match in posting order: run earlier receives from it first.
+            for i in 0..h.0 {
+                if matches!(self.pend[i], Pend::ShmRecv { from: f, .. } if f == from) {
+                    self.wait(Handle(i))?;
+                }
+            }
+        }
+        match std::mem::replace(&mut self.pend[h.0], Pend::Done) {
+            Pend::ShmSend(t) => t.wait(),
+            // SAFETY: posted under post_recv's contract, which holds until this wait.
+            Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv(from, ptr as usize, len, tag) },
+            Pend::TcpSend(t) => t.wait(),
+            Pend::TcpRecv(t) => t.wait(),
+            Pend::Done => Ok(()),
+        }
     }
 }
 
@@ -300,46 +324,58 @@ impl crate::group::Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
-    fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        self.guarded(|c| c.all_reduce_impl(buf, count, dtype, op))
+    unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        // SAFETY: the Collectives contract: `buf` holds `count` elements for the op's duration.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
+        self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
-    fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let tag = c.tag(REDUCE_SCATTER, Some(dtype), Some(op), 0);
-            c.reduce_direct(tag, send, None, Some(out), count, dtype, op)
+            let members: Vec<usize> = (0..c.world).collect();
+            let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+            let world = c.world;
+            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
-    fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+    unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
+        // SAFETY: as for all_reduce.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| {
             let tag = c.tag(REDUCE, Some(dtype), Some(op), root);
-            let mut send = vec![(0usize, 0usize); c.world];
-            send[root] = (buf, count * dtype.size());
-            let out = (c.rank == root).then_some(buf);
-            c.reduce_direct(tag, &send, Some(root), out, count, dtype, op)
+            let members: Vec<usize> = (0..c.world).collect();
+            let world = c.world;
+            c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
-    fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+    unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_GATHER, None, None, 0);
-            c.exchange(tag, &vec![send; c.world], recv)
+            let members: Vec<usize> = (0..c.world).collect();
+            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
-    fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+    unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_TO_ALL, None, None, 0);
-            c.exchange(tag, send, recv)
+            let members: Vec<usize> = (0..c.world).collect();
+            // SAFETY: as above.
+            unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
-    fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+    unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
-        self.guarded(|c| c.broadcast_impl(buf, root))
+        // SAFETY: this method's contract.
+        self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
-    fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+    unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
             check_list(self.world, recv.len(), "gather outputs on the root")?;
@@ -347,11 +383,11 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| {
             let tag = c.tag(GATHER, None, None, root);
             if c.rank != root {
-                return c.post(root, send, tag)?.wait();
+                return unsafe { c.post(root, send, tag)? }.wait();
             }
             for (j, &r) in recv.iter().enumerate() {
                 if j != root {
-                    c.take(j, r, tag)?;
+                    unsafe { c.take(j, r, tag)? };
                 } else if send.1 != r.1 {
                     return Err(Error::Mismatch(format!("gather: the root sends {} bytes but expects {} from itself", send.1, r.1)));
                 } else if send.0 != r.0 && send.1 > 0 {
@@ -361,7 +397,7 @@ impl crate::group::Collectives for HostsComm {
             Ok(())
         })
     }
-    fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+    unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
             check_list(self.world, send.len(), "scatter inputs on the root")?;
@@ -369,12 +405,12 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| {
             let tag = c.tag(SCATTER, None, None, root);
             if c.rank != root {
-                return c.take(root, recv, tag);
+                return unsafe { c.take(root, recv, tag) };
             }
             let mut tickets = Vec::new();
             for (j, &s) in send.iter().enumerate() {
                 if j != root {
-                    tickets.push(c.post(j, s, tag)?);
+                    tickets.push(unsafe { c.post(j, s, tag)? });
                 } else {
                     if s.1 != recv.1 {
                         return Err(Error::Mismatch(format!("scatter: root sends {} bytes to itself but receives {}", s.1, recv.1)));
@@ -390,11 +426,11 @@ impl crate::group::Collectives for HostsComm {
     fn barrier(&mut self) -> Result<()> {
         self.guarded(|c| {
             let tag = c.tag(BARRIER, None, None, 0);
-            let none = vec![(0usize, 0usize); c.world];
-            c.exchange(tag, &none, &none)
+            let members: Vec<usize> = (0..c.world).collect();
+            crate::algo::direct::barrier(c, &members, tag)
         })
     }
-    fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
+    unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
             return Err(Error::Unsupported(format!("rank {to} cannot send to itself")));
@@ -402,7 +438,8 @@ impl crate::group::Collectives for HostsComm {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
-        let r = self.post(to, (addr, len), tag);
+        // SAFETY: this method's contract.
+        let r = unsafe { self.post(to, (addr, len), tag) };
         if let Err(e) = &r {
             self.broken = Some(e.clone());
             self.local.fail(e);
@@ -410,11 +447,12 @@ impl crate::group::Collectives for HostsComm {
         }
         r
     }
-    fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
+    unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {
             return Err(Error::Unsupported(format!("rank {from} cannot receive from itself")));
         }
-        self.guarded(|c| c.take(from, (addr, len), tag))
+        // SAFETY: this method's contract.
+        self.guarded(|c| unsafe { c.take(from, (addr, len), tag) })
     }
 }

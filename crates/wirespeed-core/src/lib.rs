@@ -1,17 +1,23 @@
 //! wirespeed-core: the transport and collective algorithms shared by the Python bindings
 //! (`wirespeed._native`) and the NCCL network plugin. No Python, CUDA or NCCL code here.
 //!
-//! Layers, bottom up: `sys` (Linux calls), `segment` (shared-memory layout), `comm` (connect,
-//! waits, sync points, failure detection), `collectives` and `p2p` (the operations), `algo`
-//! (which algorithm per size), `engine` (ordered background execution). Across hosts: `iface`
-//! (which address to listen on), `tcp` (multi-stream connections with a handshake), `hosts` (ranks
-//! grouped by host; shm inside, TCP across), `ring` (ring and hierarchical all_reduce), and
-//! `group` (one interface over both kinds of group).
+//! Layers, bottom up (docs/architecture.md draws them):
+//! - transport: `transport` (the `Transport` trait; `transport::tcp`, the event-driven
+//!   multi-stream TCP engine; `transport::sim`, the in-memory simulated network), the one-host
+//!   shared-memory transport (`sys` Linux calls, `segment` layout, `comm` connect/waits/sync
+//!   points/failure detection, `p2p` send/recv), `iface` (which address to listen on);
+//! - algorithms: `algo` (ring, doubling, tree, direct: each written once over the trait), the
+//!   one-host shared-memory collectives that read peers' buffers in place (`collectives`), and
+//!   the hierarchical all_reduce (`hier`);
+//! - planner: `plan` (which algorithm per size and layout, with the constants' sources);
+//! - groups: `tcp` (a group's TCP connections), `hosts` (ranks grouped by host: shm inside, TCP
+//!   across, itself a `Transport`), `group` (one interface over both kinds of group), `engine`
+//!   (ordered background execution), which the bindings call.
 pub mod algo;
+pub mod plan;
 pub mod collectives;
 pub mod comm;
 pub mod dtype;
-pub mod doubling;
 pub mod engine;
 pub mod error;
 pub mod group;
@@ -20,10 +26,10 @@ pub mod hosts;
 pub mod iface;
 pub mod p2p;
 pub mod reduce;
-pub mod ring;
 pub mod segment;
 pub mod sys;
 pub mod tcp;
+pub mod transport;
 
 pub use comm::{Comm, RankInfo};
 pub use dtype::{DType, ReduceOp};

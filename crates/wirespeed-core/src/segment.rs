@@ -3,7 +3,8 @@
 //! writers, and a rank's control words fit in separate cache lines.
 //!
 //! ```text
-//! 0     header: magic, job token, rank, world, pid, address of this mapping in its owner
+//! 0     header (`SegHeader`): magic, job token, rank, world, pid, CPUs, address of this mapping
+//!       in its owner
 //! 64    abort word + the owner's error message (peers raise it as PeerAborted)
 //! 320   phase counter (futex word): bumped once per sync point
 //! 384   sleepers: how many peers sleep on a word of this segment (wake only when > 0)
@@ -27,6 +28,30 @@ pub const MODE_NONE: u32 = 0;
 pub const MODE_SLOT: u32 = 1; // at an offset in the owner's staging slot of this op's parity
 pub const MODE_ADDR: u32 = 2; // at an address in the owner's memory (read with process_vm_readv)
 
+/// The first 64 bytes of every segment, written once by the owner before it publishes `magic`.
+#[repr(C)]
+pub struct SegHeader {
+    pub magic: AtomicU64,
+    pub token: [u8; 16],
+    pub rank: u32,
+    pub world: u32,
+    pub pid: i32,
+    /// CPUs the owner may run on: the planner uses the least over a host's ranks, so every rank
+    /// chooses the same algorithm.
+    pub cpus: u32,
+    /// Where the segment is mapped in its owner (for the cross-memory-attach probe).
+    pub owner: u64,
+    reserved: [u64; 2],
+}
+
+// The structs below are read and written in peers' memory: their layout is fixed (repr(C)) and
+// must fit the space the layout gives them.
+const _: () = assert!(std::mem::size_of::<SegHeader>() == 64);
+const _: () = assert!(std::mem::size_of::<DescHeader>() <= 64);
+const _: () = assert!(std::mem::size_of::<Piece>() <= PIECE_BYTES);
+const _: () = assert!(std::mem::size_of::<SendEntry>() <= 32);
+
+#[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DescHeader {
     pub seq: u64,
@@ -38,6 +63,7 @@ pub struct DescHeader {
     pub algo: u32,
 }
 
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Piece {
     pub mode: u32,
@@ -45,6 +71,7 @@ pub struct Piece {
     pub len: u64,
 }
 
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SendEntry {
     pub addr: u64,
@@ -95,41 +122,50 @@ impl Seg {
     fn atomic32(&self, off: usize) -> &AtomicU32 {
         unsafe { &*(self.at::<AtomicU32>(off)) }
     }
-    fn atomic64(&self, off: usize) -> &AtomicU64 {
-        unsafe { &*(self.at::<AtomicU64>(off)) }
+
+    fn header(&self) -> &SegHeader {
+        // SAFETY: offset 0 of a page-aligned mapping of at least 64 bytes; after `magic` is
+        // published (Release) the other fields are never written again, and readers check
+        // `magic` (Acquire) first.
+        unsafe { &*(self.map.ptr() as *const SegHeader) }
     }
 
-    // Header, written once by the owner before the segment is shared.
-    pub fn write_header(&self, token: &[u8; 16], rank: usize, world: usize, pid: i32) {
+    /// Written once by the owner, before the segment is shared.
+    pub fn write_header(&self, token: &[u8; 16], rank: usize, world: usize, pid: i32, cpus: usize) {
+        let h = self.map.ptr() as *mut SegHeader;
+        // SAFETY: as in `header`; no peer has mapped the segment yet, so nothing reads these
+        // fields while they are written.
         unsafe {
-            std::ptr::copy_nonoverlapping(token.as_ptr(), self.at::<u8>(8), 16);
-            *self.at::<u32>(24) = rank as u32;
-            *self.at::<u32>(28) = world as u32;
-            *self.at::<i32>(32) = pid;
-            *self.at::<u64>(40) = self.map.ptr() as u64;
+            std::ptr::addr_of_mut!((*h).token).write(*token);
+            std::ptr::addr_of_mut!((*h).rank).write(rank as u32);
+            std::ptr::addr_of_mut!((*h).world).write(world as u32);
+            std::ptr::addr_of_mut!((*h).pid).write(pid);
+            std::ptr::addr_of_mut!((*h).cpus).write(cpus.min(u32::MAX as usize) as u32);
+            std::ptr::addr_of_mut!((*h).owner).write(self.map.ptr() as u64);
         }
-        self.atomic64(0).store(MAGIC, std::sync::atomic::Ordering::Release);
+        self.header().magic.store(MAGIC, std::sync::atomic::Ordering::Release);
     }
     pub fn magic(&self) -> u64 {
-        self.atomic64(0).load(std::sync::atomic::Ordering::Acquire)
+        self.header().magic.load(std::sync::atomic::Ordering::Acquire)
     }
     pub fn token(&self) -> [u8; 16] {
-        let mut t = [0u8; 16];
-        unsafe { std::ptr::copy_nonoverlapping(self.at::<u8>(8), t.as_mut_ptr(), 16) };
-        t
+        self.header().token
     }
     pub fn rank(&self) -> usize {
-        unsafe { *self.at::<u32>(24) as usize }
+        self.header().rank as usize
     }
     pub fn world(&self) -> usize {
-        unsafe { *self.at::<u32>(28) as usize }
+        self.header().world as usize
     }
     pub fn pid(&self) -> i32 {
-        unsafe { *self.at::<i32>(32) }
+        self.header().pid
+    }
+    pub fn cpus(&self) -> usize {
+        self.header().cpus as usize
     }
     /// Where this segment is mapped in its owner's address space (for a cross-memory-attach probe).
     pub fn owner_addr(&self) -> u64 {
-        unsafe { *self.at::<u64>(40) }
+        self.header().owner
     }
 
     pub fn aborted(&self) -> &AtomicU32 {

@@ -95,9 +95,31 @@ pub fn close_fd(fd: i32) {
 
 /// Allow any process of ours to attach to this one (Yama ptrace_scope=1 otherwise forbids
 /// siblings from using process_vm_readv on each other). Harmless where Yama is absent.
-pub fn allow_peers_to_attach() {
-    unsafe {
-        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
+/// While one lives, processes of this user may read this one's memory (process_vm_readv) even
+/// under Yama's ptrace_scope 1: the shared-memory transport reads peers' buffers in place. The
+/// process-wide setting is reverted when the last group holding one is dropped.
+pub struct AttachGuard(());
+
+static ATTACH_USERS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+
+pub fn allow_peers_to_attach() -> AttachGuard {
+    let mut n = ATTACH_USERS.lock().unwrap_or_else(|p| p.into_inner());
+    if *n == 0 {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+    }
+    *n += 1;
+    AttachGuard(())
+}
+
+impl Drop for AttachGuard {
+    fn drop(&mut self) {
+        let mut n = ATTACH_USERS.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            // SAFETY: as above; 0 restores the default (only ancestors may attach).
+            unsafe { libc::prctl(libc::PR_SET_PTRACER, 0, 0, 0, 0) };
+        }
     }
 }
 
@@ -273,10 +295,21 @@ pub fn host_id() -> String {
 }
 
 /// 16 random bytes from the kernel (a job token).
-pub fn random_token() -> [u8; 16] {
+/// A job's random token. A failed random source is an error of its own, never a fixed token
+/// (a predictable token would let any local process pass the handshake).
+pub fn random_token() -> Result<[u8; 16]> {
     let mut t = [0u8; 16];
-    unsafe {
-        libc::getrandom(t.as_mut_ptr() as *mut libc::c_void, 16, 0);
+    let mut got = 0;
+    while got < t.len() {
+        // SAFETY: writes at most 16 - got bytes into `t` from offset `got`.
+        let n = unsafe { libc::getrandom(t[got..].as_mut_ptr() as *mut libc::c_void, t.len() - got, 0) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(Error::os("getrandom (the kernel's random source, for the job token)"));
+        }
+        got += n as usize;
     }
-    t
+    Ok(t)
 }

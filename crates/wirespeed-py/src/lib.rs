@@ -24,7 +24,7 @@ fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::PeerDied { .. } => PeerDiedError::new_err(msg),
-        Error::PeerAborted { .. } => PeerAbortedError::new_err(msg),
+        Error::PeerAborted { .. } | Error::PeerLost(_) => PeerAbortedError::new_err(msg),
         Error::Timeout { .. } => CollectiveTimeout::new_err(msg),
         Error::Mismatch(_) => MismatchError::new_err(msg),
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
@@ -61,11 +61,32 @@ impl Group {
     /// completion in this thread, GIL released: no thread hand-off, the lowest latency.
     fn submit(&self, py: Python<'_>, op: Op, blocking: bool) -> PyResult<u64> {
         let e = self.engine()?;
+        // SAFETY: Python can only hand addresses over as integers. This module is private
+        // (`wirespeed._native`); its one caller, wirespeed.native's ProcessGroup, passes the
+        // data_ptr() of tensors it checked (size, dtype, contiguity) and keeps them alive in the
+        // Work until the op completes, which is Engine::submit's contract.
         if blocking {
-            py.allow_threads(|| e.run(op)).map_err(to_py)
+            py.allow_threads(|| unsafe { e.run(op) }).map_err(to_py)
         } else {
-            Ok(e.submit(op))
+            Ok(unsafe { e.submit(op) })
         }
+    }
+}
+
+impl Group {
+    /// The dtype of a reduction, refusing an 8-bit avg across hosts: there the algorithms
+    /// (ring, tree, direct exchange) keep partial sums in the element type between stages, so
+    /// the sum would wrap before the division. Every rank knows the hosts, so every rank refuses
+    /// the same call and none is left waiting. (On one host the sum is taken in 32 bits.)
+    fn reducible(&self, dtype_code: u32, op: u32, what: &str) -> PyResult<DType> {
+        let d = dtype(dtype_code)?;
+        if self.spans_hosts && rop(op)? == ReduceOp::Avg && matches!(d, DType::I8 | DType::U8) {
+            return Err(UnsupportedError::new_err(format!(
+                "wirespeed: avg of {} across hosts would wrap before dividing; {what} a wider \
+                 dtype (e.g. int32) with sum and divide by the world size",
+                d.name())));
+        }
+        Ok(d)
     }
 }
 
@@ -101,7 +122,7 @@ impl Group {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
         let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
-        self.engine = Some(Engine::with(group));
+        self.engine = Some(Engine::with(group).map_err(to_py)?);
         Ok(())
     }
 
@@ -116,25 +137,18 @@ impl Group {
 
     #[pyo3(signature = (buf, count, dtype_code, op, blocking=false))]
     fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        let (dtype, op) = (dtype(dtype_code)?, rop(op)?);
-        // Across hosts the partial sums of an 8-bit avg are stored in 8 bits between stages and
-        // would wrap before the division: refuse rather than return a wrong mean. Every rank
-        // knows the hosts, so every rank refuses the same call and none is left waiting.
-        if self.spans_hosts && op == ReduceOp::Avg && matches!(dtype, DType::I8 | DType::U8) {
-            return Err(UnsupportedError::new_err(format!(
-                "wirespeed: avg of {} across hosts would wrap before dividing; all_reduce a wider \
-                 dtype (e.g. int32) with sum and divide by the world size",
-                dtype.name())));
-        }
+        let (dtype, op) = (self.reducible(dtype_code, op, "all_reduce")?, rop(op)?);
         self.submit(py, Op::AllReduce { buf, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
     fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::ReduceScatter { send, out, count, dtype: dtype(dtype_code)?, op: rop(op)? }, blocking)
+        let (dtype, op) = (self.reducible(dtype_code, op, "reduce_scatter")?, rop(op)?);
+        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (buf, count, dtype_code, op, root, blocking=false))]
     fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Reduce { buf, count, dtype: dtype(dtype_code)?, op: rop(op)?, root }, blocking)
+        let (dtype, op) = (self.reducible(dtype_code, op, "reduce")?, rop(op)?);
+        self.submit(py, Op::Reduce { buf, count, dtype, op, root }, blocking)
     }
     #[pyo3(signature = (send, recv, blocking=false))]
     fn all_gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, blocking: bool) -> PyResult<u64> {
@@ -201,8 +215,9 @@ fn host_id() -> String {
 
 /// 16 random bytes from the kernel, for a job token.
 #[pyfunction]
-fn random_token(py: Python<'_>) -> PyObject {
-    pyo3::types::PyBytes::new_bound(py, &wirespeed_core::sys::random_token()).into()
+fn random_token(py: Python<'_>) -> PyResult<PyObject> {
+    let t = wirespeed_core::sys::random_token().map_err(to_py)?;
+    Ok(pyo3::types::PyBytes::new_bound(py, &t).into())
 }
 
 #[pymodule]

@@ -17,6 +17,8 @@ class BenchConfig:
     nproc: int = 2
     root: int = 0
     check: bool = True
+    per_op: bool = True        # also time single calls (p50/p99/min/max in records)
+    per_op_columns: bool = False  # show p50/p99 of single calls in the table
     timeout_s: float = 300.0
     # Outputs (used on rank 0 only).
     format: str = "table"
@@ -25,6 +27,7 @@ class BenchConfig:
     plot_path: str | None = None
     save_dir: str | None = "runs"
     progress: bool = True
+    host_per_rank: bool = False   # each rank its own host id (NCCL_HOSTID, WIRESPEED_HOSTID)
 
     def to_dict(self) -> dict:
         return asdict(self)

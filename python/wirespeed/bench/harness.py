@@ -1,9 +1,19 @@
 """The harness: for each series (collective x dtype x op) and size, warm up, time, check, aggregate.
 
-Timing (as nccl-tests and PARAM do it, stated in docs/metrics.md): every iteration is timed on every
-rank with a host clock that closes on a device sync; the time of an iteration is the slowest rank's;
-the reported time is the median over iterations, with min, max and p99 beside it. Checking runs
-after the timed loop on freshly filled inputs, so it never disturbs the timing, and every rank's
+Timing has two parts (docs/metrics.md says when each is the right figure):
+
+- the loop (the `time_us` of records and the table's time column), as nccl-tests times: after the
+  warm-up and a barrier, `iters` calls back to back with one device sync at the end; a rank's time is
+  elapsed / iters, and the figure is the mean over ranks. Calls may overlap (launches pipeline on a
+  GPU, a fast rank runs ahead), as they do in a training loop;
+- single calls (`time_p50_us`, `time_p99_us`, `time_min_us`, `time_max_us`): each call timed on its
+  own, closed by a device sync; a call's time is the slowest rank's; percentiles over calls. This is
+  the latency of one isolated collective, skew between ranks included. `--no-per-op` skips it.
+
+Every timed call works on verifiable data and is checked: where several calls in a row leave the
+result of one (out of place, copies, min/max), the buffers the last timed call wrote are checked as
+they lie; otherwise (an in-place sum feeds its result into the next call) the inputs are refilled
+and one more call is run and checked. Checking never runs inside a timed region, and every rank's
 count of wrong elements is summed into the `wrong` field.
 """
 from __future__ import annotations
@@ -63,7 +73,7 @@ def percentile(sorted_vals: list[float], q: float) -> float:
 
 
 def summarize(per_rank_times_s: list[list[float]]) -> dict:
-    """Per iteration the slowest rank's time; then median/min/max/p99 over iterations, in us."""
+    """Single calls: per call the slowest rank's time; then median/min/max/p99 over calls, in us."""
     slowest = sorted(max(col) for col in zip(*per_rank_times_s))
     n = len(slowest)
     median = (slowest[(n - 1) // 2] + slowest[n // 2]) / 2
@@ -71,39 +81,84 @@ def summarize(per_rank_times_s: list[list[float]]) -> dict:
             "time_max_us": slowest[-1] * 1e6, "time_p99_us": percentile(slowest, 99) * 1e6}
 
 
+def summarize_loop(per_rank_elapsed_s: list[float], iters: int) -> dict:
+    """The loop: each rank's elapsed / iters, the mean over ranks (nccl-tests' default, `-a 1`),
+    and the slowest rank's beside it, in us."""
+    per_call = [e / iters for e in per_rank_elapsed_s]
+    return {"time_us": sum(per_call) / len(per_call) * 1e6, "time_rank_max_us": max(per_call) * 1e6}
+
+
+def summarize_ops(per_rank_times_s: list[list[float]]) -> dict:
+    """Single calls under the names records give them (time_p50_us, time_p99_us, min, max)."""
+    s = summarize(per_rank_times_s)
+    return {"time_p50_us": s["time_us"], "time_p99_us": s["time_p99_us"],
+            "time_min_us": s["time_min_us"], "time_max_us": s["time_max_us"]}
+
+
+def check_last(backend: Backend, coll: Collective, case: Case, bufs) -> int:
+    """Wrong elements of the last timed call where its result lies in the buffers; else of one more
+    call on freshly filled inputs (see the module's docstring)."""
+    if not coll.repeat_keeps_result(case):
+        coll.fill_inputs(case, bufs)
+        backend.barrier()  # nobody may receive fresh data into a buffer a peer is still refilling
+        coll.run(backend, case, bufs)
+        backend.synchronize()
+    return coll.wrong(case, bufs)
+
+
+def _start_timed(backend: Backend, coll: Collective, case: Case, bufs) -> None:
+    """Fresh inputs, outputs poisoned, every rank at the start line."""
+    coll.fill_inputs(case, bufs)
+    coll.poison_outputs(case, bufs)
+    backend.synchronize()
+    backend.barrier()
+
+
 def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
             watchdog: Watchdog) -> dict:
-    """Time one case on this rank and check it; returns the aggregate over all ranks."""
+    """Time one case on this rank (the loop, then single calls) and check it; returns the
+    aggregate over all ranks."""
     label = f"{case.collective} {case.nbytes} B {case.dtype.name}{' ' + case.op if case.op else ''}"
+    clock = time.perf_counter
     watchdog.step(f"allocating {label}")
     bufs = coll.alloc(case)
     coll.fill_inputs(case, bufs)
     watchdog.step(f"warming up {label}")
     for _ in range(cfg.warmup_iters):
         coll.run(backend, case, bufs)
+    _start_timed(backend, coll, case, bufs)
+    watchdog.step(f"running {label} ({cfg.iters} calls back to back)")
+    t0 = clock()
+    for _ in range(cfg.iters):
+        coll.run(backend, case, bufs)
     backend.synchronize()
-    backend.barrier()
-    times = []
-    clock = time.perf_counter
-    for i in range(cfg.iters):
-        watchdog.step(f"running {label} (iteration {i + 1} of {cfg.iters})")
-        t0 = clock()
-        coll.run(backend, case, bufs)
-        backend.synchronize()
-        times.append(clock() - t0)
-    wrong = 0
+    loop_s = clock() - t0
+    wrong_loop = wrong_ops = 0
     if cfg.check:
-        watchdog.step(f"checking {label}")
-        coll.fill_inputs(case, bufs)
-        backend.barrier()  # nobody may receive fresh data into a buffer a peer is still refilling
-        coll.run(backend, case, bufs)
-        backend.synchronize()
-        wrong = coll.wrong(case, bufs)
+        watchdog.step(f"checking {label} (after the loop)")
+        wrong_loop = check_last(backend, coll, case, bufs)
+    times = []
+    if cfg.per_op:
+        _start_timed(backend, coll, case, bufs)
+        for i in range(cfg.iters):
+            watchdog.step(f"running {label} (single call {i + 1} of {cfg.iters})")
+            t0 = clock()
+            coll.run(backend, case, bufs)
+            backend.synchronize()
+            times.append(clock() - t0)
+        if cfg.check:
+            watchdog.step(f"checking {label} (after the single calls)")
+            wrong_ops = check_last(backend, coll, case, bufs)
     watchdog.step(f"gathering results of {label}")
-    rows = backend.allgather_floats([float(wrong)] + times)
+    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), loop_s] + times)
     del bufs
-    out = summarize([r[1:] for r in rows])
-    out["wrong"] = int(sum(r[0] for r in rows))
+    out = summarize_loop([r[2] for r in rows], cfg.iters)
+    if times:
+        out.update(summarize_ops([r[3:] for r in rows]))
+    # The worse of the two checked results, each summed over ranks (not their sum: one broken
+    # element found twice is one wrong element).
+    out["wrong"] = int(max(sum(r[0] for r in rows), sum(r[1] for r in rows)))
+    out["time_method"] = "loop"
     return out
 
 

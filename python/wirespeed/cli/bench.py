@@ -45,6 +45,10 @@ def register(sub) -> None:
     add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
     add(p, "-r", "--root", default="0", help="root rank of broadcast and reduce")
     add(p, "--no-check", action="store_true", help="skip checking results (the #wrong column shows N/A)")
+    add(p, "-I", "--per-op-stats", action="store_true",
+        help="add the p50 and p99 of single timed calls to the table (records always have them)")
+    add(p, "--no-per-op", action="store_true",
+        help="time only the loop, not single calls too (records then lack p50/p99/min/max)")
     add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
     add(p, "--format", default="table", choices=("table", "md"), help="nccl-tests table or markdown")
     add(p, "--json", default=None, help="write JSON-lines records here")
@@ -58,6 +62,11 @@ def register(sub) -> None:
         help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host round robin")
     add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
         help="with --cluster: place ranks in blocks of this many per host (default -N = hosts x this)")
+    add(p, "--fast-net", action="store_true", help="NCCL only: move inter-host traffic through the "
+        "wirespeed network plugin (multi-stream TCP; `make plugin` builds it)")
+    add(p, "--host-per-rank", action="store_true",
+        help="give every rank a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID): libraries treat "
+        "the ranks as nodes of a cluster, and several NCCL ranks may share one GPU")
     p.set_defaults(func=main)
 
 
@@ -73,15 +82,18 @@ def config_from_args(args) -> BenchConfig:
                        warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                        backend=backend, device=device, nproc=default_nproc(args.nproc, device),
                        root=parse_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
+                       per_op=not args.no_per_op, per_op_columns=args.per_op_stats and not args.no_per_op,
                        format=args.format, json_path=args.json, csv_path=args.csv,
                        plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, host_per_rank=args.host_per_rank)
 
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
     check_rank_flags(args)
     cfg = config_from_args(args)
+    if args.fast_net:
+        _enable_fast_net(cfg.backend)
     info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
         if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
@@ -89,6 +101,19 @@ def main(args, argv) -> int:
             cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
         return launch_local(cfg, argv, args.master_port, args.cluster, args.ranks_per_host)
     return run_as_rank(cfg, info)
+
+
+def _enable_fast_net(backend: str) -> None:
+    """Point NCCL at the wirespeed network plugin for this process and the ranks it starts (they
+    inherit the environment); a rank started by another launcher only needs the absolute path."""
+    if backend != "nccl":
+        raise UsageError(f"--fast-net makes NCCL use the wirespeed network plugin; this run uses "
+                         f"{backend}: add --backend nccl (GPU tensors)")
+    from ..netplugin import fast_net_env
+    env = fast_net_env()
+    if os.environ.get("NCCL_NET_PLUGIN") == env["NCCL_NET_PLUGIN"]:
+        env.pop("LD_LIBRARY_PATH")  # set already by the launching process
+    os.environ.update(env)
 
 
 def _validate_for_world(cfg: BenchConfig, world: int) -> None:
@@ -109,16 +134,37 @@ def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_ho
     check_bench_outputs(cfg)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
-    check_local_gpus(cfg.nproc, cfg.backend)
+    check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, cluster, ranks_per_host))
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
     return launch_ranks(argv, cfg.nproc, cfg.backend, master_port, cluster, ranks_per_host)
 
 
-def _exchange_hosts(backend, world) -> list[str]:
-    import socket
-    name = socket.gethostname().encode()[:63]
+def _ranks_on_one_host(cfg: BenchConfig, cluster, ranks_per_host) -> int:
+    from ..launch.gpus import most_ranks_on_one_host
+    hosts = None
+    if cluster:
+        from ..netem import cluster as C
+        hosts = len(C.require(C.check_name(cluster)).hosts)
+    return most_ranks_on_one_host(cfg.nproc, hosts, ranks_per_host, cfg.host_per_rank)
+
+
+def _exchange_text(backend, text: str) -> list[str]:
+    """Every rank's string (up to 63 bytes), in rank order."""
+    name = text.encode()[:63]
     rows = backend.allgather_floats([float(len(name))] + [float(b) for b in name.ljust(63, b"\0")])
     return [bytes(int(x) for x in row[1:1 + int(row[0])]).decode(errors="replace") for row in rows]
+
+
+def _exchange_hosts(backend, world) -> list[str]:
+    import socket
+    return _exchange_text(backend, socket.gethostname())
+
+
+def _gpu_sharing(backend, device: str, cfg: BenchConfig) -> list[str]:
+    """Header lines when ranks share a GPU (launch/gpus.py); every rank must call it."""
+    from ..launch.gpus import gpu_id, host_id, mps_running, sharing_lines
+    hosts, gpus = _exchange_text(backend, host_id()), _exchange_text(backend, gpu_id(device))
+    return sharing_lines(hosts, gpus, cfg.backend, mps_running())
 
 
 def run_as_rank(cfg: BenchConfig, info) -> int:
@@ -135,6 +181,9 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
                    cfg.device)
+    if cfg.host_per_rank:
+        from ..launch.gpus import set_host_per_rank
+        set_host_per_rank(info.rank)  # before the backend starts: libraries read it at init
     backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
     device = backend.device_for(info, cfg.device)
     lead = info.rank == 0
@@ -148,8 +197,9 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         env["hosts"] = _exchange_hosts(backend, info.world_size)
         from ..bench.agreement import check_same_settings
         check_same_settings(backend, cfg, info.rank)  # else a rank would meet the wrong collective
+        shared = _gpu_sharing(backend, device, cfg) if cfg.device == "cuda" else []
         if lead:
-            _print_header(cfg, info, env)
+            _print_header(cfg, info, env, shared)
 
         def keep(m):
             if lead:
@@ -174,24 +224,38 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     return 0
 
 
-def _print_header(cfg, info, env) -> None:
+def _print_header(cfg, info, env, shared=()) -> None:
     v = env.get("versions", {})
     print(f"# wirespeed {v.get('wirespeed')} bench: backend {cfg.backend}, device {cfg.device}, "
           f"{info.world_size} ranks, torch {v.get('torch')}")
     print(f"# iters {cfg.iters}, warmup {cfg.warmup_iters}, check {'on' if cfg.check else 'off'}, "
-          f"timeout {cfg.timeout_s:g} s; time = median over iterations of the slowest rank; "
-          "GB/s = 1e9 B/s")
+          f"timeout {cfg.timeout_s:g} s; {time_method_text(cfg)}; GB/s = 1e9 B/s")
+    if cfg.backend == "nccl" and os.environ.get("NCCL_NET") == "wirespeed":
+        print(f"# NCCL network: the wirespeed plugin {os.environ.get('NCCL_NET_PLUGIN')} (--fast-net)")
     for r, h in enumerate(env.get("hosts", [])):
         print(f"#  Rank {r:3d} on {h}")
+    if cfg.host_per_rank:
+        print("# --host-per-rank: every rank has a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID), "
+              "so the backends connect the ranks as nodes of a cluster, over the network stack")
+    for line in shared:
+        print(line)
     print("#")
     sys.stdout.flush()
+
+
+def time_method_text(cfg: BenchConfig) -> str:
+    text = (f"time = {cfg.iters} calls back to back, one sync, elapsed / {cfg.iters}, mean over ranks "
+            "(nccl-tests)")
+    if cfg.per_op_columns:
+        text += "; p50/p99 = of single calls, each synced, slowest rank per call"
+    return text
 
 
 def _report(cfg: BenchConfig, records, run_id) -> None:
     from ..report.plot import plot_records
     from ..report.records import write_csv, write_jsonl
     from ..report.table import footer, markdown_table, nccl_table
-    print(markdown_table(records) if cfg.format == "md" else nccl_table(records))
+    print(markdown_table(records) if cfg.format == "md" else nccl_table(records, cfg.per_op_columns))
     print(footer(records))
     from ..launch.cluster import link_summary
     if link_summary(records):

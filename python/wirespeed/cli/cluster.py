@@ -27,6 +27,9 @@ def register(sub) -> None:
     add(u, "--flow-rate", default=None,
         help="cap each TCP flow below the link rate, as cloud networks do (e.g. 300mbit)")
     add(u, "--delay", default=None, help="one-way delay per link, e.g. 100us (needs the netem qdisc)")
+    u.add_argument("--host-rate", action="append", default=[], metavar="hN=RATE",
+                   help="give host N a link of its own rate, e.g. h2=200mbit (repeatable): a slow "
+                   "link for `wirespeed links` to find")
     add(u, "--no-measure", action="store_true", help="skip measuring what the caps really give")
     u.set_defaults(func=cmd_up)
 
@@ -68,13 +71,29 @@ def cmd_up(args, argv) -> int:
     rate = parse_rate(args.rate, "--rate")
     flow = parse_rate(args.flow_rate, "--flow-rate") if args.flow_rate else None
     delay = parse_delay(args.delay) if args.delay else None
+    host_rates = parse_host_rates(args.host_rate)
     C.check_name(args.cluster_name)
     c, removed = C.up(int(args.hosts), rate, flow, delay, name=args.cluster_name,
-                      measure=not args.no_measure)
+                      measure=not args.no_measure, host_rates=host_rates)
     if removed:
         print(f"# removed an earlier cluster's namespaces: {' '.join(removed)}")
     print(describe(c))
     return 0
+
+
+def parse_host_rates(items: list[str]) -> dict[int, int]:
+    """['h2=200mbit', '3=1gbit'] -> {2: 200_000_000, 3: 1_000_000_000}."""
+    from ..netem.units import parse_rate
+    out: dict[int, int] = {}
+    for item in items:
+        host, sep, rate = item.partition("=")
+        index = host.strip()[1:] if host.strip().startswith("h") else host.strip()
+        if not sep or not index.isdigit():
+            raise UsageError(f"--host-rate {item!r}: write HOST=RATE, e.g. h2=200mbit")
+        if int(index) in out:
+            raise UsageError(f"--host-rate names h{index} twice")
+        out[int(index)] = parse_rate(rate, f"--host-rate h{index}")
+    return out
 
 
 def cmd_status(args, argv) -> int:
@@ -126,7 +145,8 @@ def describe(c) -> str:
              f"each way (tc {c.shaper}){flow}, {delay}",
              f"# {'host':<5} {'namespace':<24} {'if':<4} address"]
     for h in c.hosts:
-        lines.append(f"  h{h.index:<4} {h.netns:<24} {h.ifname:<4} {h.addr}")
+        own = f"  link {human_rate(c.rate_of(h.index))}" if str(h.index) in c.host_rates else ""
+        lines.append(f"  h{h.index:<4} {h.netns:<24} {h.ifname:<4} {h.addr}{own}")
     m = c.measured
     if m:
         flow_cap = c.flow_rate_bps or c.rate_bps

@@ -39,6 +39,8 @@ def register(sub) -> None:
     add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
         help="run every combination's ranks on the emulated cluster (`wirespeed cluster up`)")
     add(p, "--ranks-per-host", default=None, help="with --cluster: ranks per host (default 1, round robin)")
+    add(p, "--host-per-rank", action="store_true",
+        help="every rank a host of its own (bench --host-per-rank): NCCL ranks may share GPUs")
     p.add_argument("--from", dest="from_paths", nargs="+", default=None, metavar="RUNDIR",
                    help="rebuild tables, summary and plots from saved records instead of running")
     p.set_defaults(func=main)
@@ -73,7 +75,7 @@ def config_from_args(args):
         warmup_iters=_int(args.warmup_iters, "--warmup-iters", 0), timeout_s=timeout,
         repeat=_int(args.repeat, "--repeat", 1), variant=args.variant, json_path=args.json,
         save_dir=None if args.no_save else args.save_dir, plot_dir=args.plot_dir,
-        cluster=args.cluster,
+        cluster=args.cluster, host_per_rank=args.host_per_rank,
         ranks_per_host=None if args.ranks_per_host is None else _int(args.ranks_per_host, "--ranks-per-host", 1))
 
 

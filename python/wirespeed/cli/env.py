@@ -23,6 +23,7 @@ def main(args, argv) -> int:
     print("backends")
     for name, status in rep["backends"].items():
         print(f"  {name:<10} {status}")
+    print(f"nccl-net  wirespeed plugin {rep['nccl_plugin']}")
     print("nics")
     for n in rep["nics"]:
         speed = f"{n['speed_mbps']} Mb/s" if n["speed_mbps"] else "speed unknown"

@@ -50,6 +50,9 @@ def register(sub) -> None:
         help="the ssh command to reach hosts")
     p.add_argument("-x", "--export", action="append", default=None, metavar="VAR",
                    help="pass this environment variable on to ssh ranks (repeatable), as mpirun -x does")
+    add(p, "--fast-net", action="store_true", help="run NCCL's inter-host traffic through the "
+        "wirespeed network plugin (sets NCCL_NET_PLUGIN, NCCL_NET and LD_LIBRARY_PATH for every "
+        "rank; `make plugin` builds it; on ssh hosts it must sit at the same path)")
     add(p, "--dry-run", action="store_true", help="print each rank's command and exit")
     p.add_argument("command", nargs="*", help="after --: the command each rank runs")
     p.set_defaults(func=main)
@@ -98,8 +101,10 @@ def _link_env(ns_hosts) -> dict:
 
 
 def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None, workdir=None,
-         ssh="ssh", exports=(), environ=None, resolve=_netns_address, free_port=None) -> list[RankLaunch]:
-    """Each rank's full command line, in rank order. Pure but for `resolve` and `free_port`."""
+         ssh="ssh", exports=(), environ=None, resolve=_netns_address, free_port=None,
+         fast_net=None) -> list[RankLaunch]:
+    """Each rank's full command line, in rank order. Pure but for `resolve` and `free_port`.
+    `fast_net`: the plugin's variables (wirespeed.netplugin.fast_net_env) for every rank."""
     from ..launch.cluster import IFNAME_VARS
     environ = os.environ if environ is None else environ
     ns_info = {h.name: resolve(h.name) for h in hosts if h.netns}
@@ -124,14 +129,21 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
             pairs = [f"{k}={v}" for k, v in env.items()]
             if h.netns:
                 pairs += [f"{k}={v}" for k, v in link.items()]
+                pairs += [f"{k}={v}" for k, v in (fast_net or {}).items()]
                 run = cmd
                 if run[0] == "wirespeed":  # the same install as this launcher, PATH or not
                     run = [sys.executable, "-m", "wirespeed.cli.main", *run[1:]]
                 argv = [*ns_info[h.name][2], "env", *pairs, *run]
             else:
                 pairs += [f"{k}={environ[k]}" for k in exports if k in environ]
+                raw = []
+                if fast_net:
+                    pairs += [f"{k}={fast_net[k]}" for k in ("NCCL_NET_PLUGIN", "NCCL_NET")]
+                    # The plugin's folder before the remote host's own library path, expanded there.
+                    libdir = os.path.dirname(fast_net["NCCL_NET_PLUGIN"])
+                    raw = [f"LD_LIBRARY_PATH={shlex.quote(libdir)}\"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\""]
                 remote = (f"cd {shlex.quote(workdir or os.getcwd())} && exec env "
-                          + " ".join(shlex.quote(p) for p in pairs) + " "
+                          + " ".join([*(shlex.quote(p) for p in pairs), *raw]) + " "
                           + " ".join(shlex.quote(a) for a in cmd))
                 argv = [*shlex.split(ssh), h.name, remote]
             out.append(RankLaunch(rank, h.label, argv))
@@ -159,9 +171,13 @@ def main(args, argv) -> int:
     if any(h.netns for h in hosts):
         from ..netem.ns import require_admin
         require_admin("netns: hosts")
+    fast_net = None
+    if args.fast_net:
+        from ..netplugin import fast_net_env
+        fast_net = fast_net_env()
     ranks = plan(hosts, counts, cmd, master_addr=args.master_addr, master_port=args.master_port,
                  ifname=args.ifname, workdir=args.workdir, ssh=args.ssh, exports=args.export or (),
-                 free_port=_free_port)
+                 free_port=_free_port, fast_net=fast_net)
     if args.dry_run:
         for r in ranks:
             print(f"# rank {r.rank} on {r.host}\n{r.shell()}")

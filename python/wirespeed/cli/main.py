@@ -5,10 +5,12 @@ import os
 import sys
 
 from ..errors import WirespeedError
-from . import batching, bench, cluster, compare, env, launch, model, objects, plot
+from . import (batching, bench, cluster, compare, env, launch, links, model, objects, plot, plugin,
+               predict, tune)
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, model, objects, plot)
+SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, plugin,
+               predict, tune)
 
 
 def build_parser() -> Parser:

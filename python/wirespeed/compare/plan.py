@@ -44,6 +44,7 @@ class CompareConfig:
     plot_dir: str | None = None
     cluster: str | None = None          # emulated cluster the benches run on (bench --cluster)
     ranks_per_host: int | None = None
+    host_per_rank: bool = False         # bench --host-per-rank: every rank a host of its own
 
 
 @dataclass
@@ -79,9 +80,12 @@ def parse_nprocs(text: str) -> list[int]:
 
 
 def make_plan(backends: list[str], dtypes: list[str], devices: list[str], nprocs: list[int],
-              entries: dict, gpu_count: int) -> Plan:
+              entries: dict, gpu_count: int, ranks_on_one_host=lambda n: n) -> Plan:
     """Every (backend, device, dtype, nproc) asked for: runnable ones in `runs`, others in `skipped`.
-    `entries` is the backend registry (name -> BackendEntry); `gpu_count` the CUDA GPUs visible."""
+    `entries` is the backend registry (name -> BackendEntry); `gpu_count` the CUDA GPUs visible;
+    `ranks_on_one_host(n)` how many of n ranks share a host (all of them unless on the emulated
+    cluster or each its own host), which decides whether NCCL ranks may share GPUs, as in bench."""
+    from ..launch.gpus import gpu_problem
     for d in devices:
         if d not in DEVICES:
             raise UsageError(f"unknown device {d!r}: choose from {', '.join(DEVICES)}")
@@ -105,9 +109,9 @@ def make_plan(backends: list[str], dtypes: list[str], devices: list[str], nprocs
                 plan.skip(f"{b} on cuda", "no CUDA GPU is visible here")
                 continue
             for n in nprocs:
-                if d == "cuda" and n > gpu_count:
-                    plan.skip(f"{b} on cuda with {n} ranks", f"needs {n} GPUs (one per rank), "
-                              f"{gpu_count} visible")
+                why = gpu_problem(b, n, gpu_count, ranks_on_one_host(n)) if d == "cuda" else None
+                if why:
+                    plan.skip(f"{b} on cuda with {n} ranks", why)
                     continue
                 for dt in dtypes:
                     plan.runs.append(Combo(b, d, dt, n))

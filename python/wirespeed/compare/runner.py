@@ -33,6 +33,8 @@ def bench_argv(combo: Combo, cfg: CompareConfig, json_path: str) -> list[str]:
             "--sizes", ",".join(str(s) for s in cfg.sizes), "-n", str(cfg.iters),
             "-w", str(cfg.warmup_iters), "-T", f"{cfg.timeout_s:g}", "--json", json_path,
             "--no-save", "--no-progress"]
+    if cfg.host_per_rank:
+        argv += ["--host-per-rank"]
     if cfg.cluster:
         argv += ["--cluster", cfg.cluster]
         if cfg.ranks_per_host:

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..report.records import read_records, write_jsonl
+from ..report.records import bench_records, read_records, write_jsonl
 from . import render
 from .plan import CompareConfig, gpu_count, make_plan
 from .plot import plot_compare
@@ -30,9 +30,20 @@ def report(records, variant: str, plot_dir: str | None) -> None:
             _print(f"# plot: {path}")
 
 
+def _placement(cfg: CompareConfig):
+    """n -> the most ranks of an n-rank run on one host, as bench will place them."""
+    from ..launch.gpus import most_ranks_on_one_host
+    hosts = None
+    if cfg.cluster:
+        from ..netem import cluster as C
+        hosts = len(C.require(C.check_name(cfg.cluster)).hosts)
+    return lambda n: most_ranks_on_one_host(n, hosts, cfg.ranks_per_host, cfg.host_per_rank)
+
+
 def run_compare(cfg: CompareConfig) -> int:
     from ..backends.registry import BACKENDS
-    plan = make_plan(cfg.backends, [*cfg.dtypes], cfg.devices, cfg.nprocs, BACKENDS, gpu_count())
+    plan = make_plan(cfg.backends, [*cfg.dtypes], cfg.devices, cfg.nprocs, BACKENDS, gpu_count(),
+                     _placement(cfg))
     compare_id = time.strftime("%Y%m%d-%H%M%S")
     out_dir = None
     if cfg.save_dir:
@@ -77,7 +88,7 @@ def rebuild(paths: list[str], variant: str, plot_dir: str | None) -> int:
     """Tables, summary and plots from saved records (compare or bench runs, any mix)."""
     records = []
     for p in paths:
-        records.extend(read_records(p))
+        records.extend(bench_records(read_records(p)))  # other kinds (model, ...) have no sizes
     if plot_dir is None:
         first = Path(paths[0])
         plot_dir = str(first if first.is_dir() else first.parent)

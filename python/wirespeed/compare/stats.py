@@ -15,7 +15,7 @@ VARIANTS = ("best", "in-place", "out-of-place")
 
 @dataclass(frozen=True)
 class Cell:
-    time_us: float          # median over repeats of the per-run median time
+    time_us: float          # median over repeats of the run's time (bench's loop time)
     time_lo_us: float       # fastest repeat
     time_hi_us: float       # slowest repeat
     busbw_gbps: float       # at the median time
@@ -47,7 +47,8 @@ def fold(records, variant: str = "best") -> dict[Block, dict[Column, dict[int, C
     raw: dict = {}
     for r in records:
         block = (r["collective"], r.get("op"), r["device"], r["world_size"])
-        col = (r["backend"], r["dtype"])
+        # A prediction (`wirespeed predict`) is its own column, never a repeat of the measured one.
+        col = (r["backend"] + (" predicted" if r.get("predicted") else ""), r["dtype"])
         raw.setdefault(block, {}).setdefault(col, {}).setdefault(r["bytes"], []).append(r)
     out: dict = {}
     for block, cols in raw.items():

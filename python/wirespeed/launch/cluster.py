@@ -74,6 +74,8 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     if cluster.flow_rate_bps:
         env["WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
+    if cluster.host_rates:  # hosts with a link of their own rate (cluster up --host-rate)
+        env["WIRESPEED_HOST_RATES_BPS"] = ",".join(f"{i}={r}" for i, r in cluster.host_rates.items())
     for var in IFNAME_VARS:
         env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
     return env
@@ -157,6 +159,10 @@ def link_fields() -> dict:
     flow = os.environ.get("WIRESPEED_FLOW_RATE_BPS")
     if flow and flow.isdigit():
         out["flow_rate_gbps"] = int(flow) / 1e9
+    own = os.environ.get("WIRESPEED_HOST_RATES_BPS")
+    if own:
+        pairs = [p.split("=", 1) for p in own.split(",") if "=" in p]
+        out["host_rates_gbps"] = {f"h{i}": int(r) / 1e9 for i, r in pairs if i.isdigit() and r.isdigit()}
     return out
 
 

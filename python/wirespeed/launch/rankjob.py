@@ -97,21 +97,35 @@ def start_backend(name: str, device: str, info, timeout_s: float):
     return backend
 
 
-def check_local_gpus(nproc: int, backend: str) -> None:
-    """NCCL needs a GPU per rank; other backends may share one (gloo on CUDA tensors)."""
+def check_local_gpus(nproc: int, backend: str, ranks_on_one_host: int | None = None) -> None:
+    """NCCL needs a GPU per rank of a host; ranks on hosts of their own, and other backends (gloo
+    on CUDA tensors), may share one (launch/gpus.py)."""
     if backend == "nccl":
         import torch
-        if nproc > torch.cuda.device_count():
-            raise UsageError(f"-N {nproc} needs {nproc} GPUs but {torch.cuda.device_count()} "
-                             "are visible (NCCL needs one GPU per rank)")
+        from .gpus import gpu_problem
+        why = gpu_problem(backend, nproc, torch.cuda.device_count(),
+                          nproc if ranks_on_one_host is None else ranks_on_one_host)
+        if why:
+            raise UsageError(f"-N {nproc}: {why}")
+
+
+def pick_backend(device: str | None, nccl_usable: bool) -> tuple[str, str]:
+    """(backend, device) when no --backend is given: a device asked for picks a backend that runs
+    on it (--device cpu is gloo even on a GPU box, --device cuda is NCCL); with no device, NCCL on
+    GPUs where it can run, else gloo on CPU."""
+    if device == "cpu":
+        return "gloo", "cpu"
+    if device == "cuda" or nccl_usable:
+        return "nccl", "cuda"
+    return "gloo", "cpu"
 
 
 def resolve_backend(backend: str | None, device: str | None) -> tuple[str, str]:
-    """--backend/--device as given, else NCCL on GPUs where there are any, else gloo on CPU."""
-    from ..backends import default_backend
-    from ..backends.registry import BACKENDS
+    """--backend/--device as given; without --backend, pick_backend's choice."""
+    from ..backends.registry import BACKENDS, availability
     if backend is None:
-        backend, default_device = ("nccl", "cuda") if device == "cuda" else default_backend()
+        nccl_usable = device is None and availability("nccl") is None  # asked only when it decides
+        backend, default_device = pick_backend(device, nccl_usable)
         device = device or default_device
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")

@@ -117,6 +117,11 @@ class Cluster:
     shaper: str = "htb"
     created: float = 0.0
     measured: dict = field(default_factory=dict)
+    host_rates: dict = field(default_factory=dict)   # "index" -> bit/s, hosts slower than rate_bps
+
+    def rate_of(self, index: int) -> int:
+        """Host `index`'s link rate: its own (--host-rate) or the cluster's."""
+        return int(self.host_rates.get(str(index), self.rate_bps))
 
     @property
     def switch_ns(self) -> str:
@@ -238,12 +243,17 @@ def netem_available(name: str) -> bool:
 
 
 def up(hosts: int, rate_bps: int, flow_rate_bps: int | None = None, delay_s: float | None = None,
-       name: str = DEFAULT_NAME, measure: bool = True) -> tuple[Cluster, list[str]]:
-    """Build the cluster (removing any of the same name first); returns it and what was removed."""
+       name: str = DEFAULT_NAME, measure: bool = True,
+       host_rates: dict[int, int] | None = None) -> tuple[Cluster, list[str]]:
+    """Build the cluster (removing any of the same name first); returns it and what was removed.
+    `host_rates` gives some hosts a link of their own rate (a slow NIC or cable to find)."""
     require_admin()
     check_name(name)
     if not 1 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts must be 1..{MAX_HOSTS}, got {hosts}")
+    for i in (host_rates or {}):
+        if not 0 <= i < hosts:
+            raise UsageError(f"--host-rate h{i}: the cluster has hosts h0..h{hosts - 1}")
     if flow_rate_bps and flow_rate_bps > rate_bps:
         raise UsageError("--flow-rate is above --rate: a flow cannot exceed its link; "
                          "give a flow rate below the link rate, or leave --flow-rate out")
@@ -254,7 +264,8 @@ def up(hosts: int, rate_bps: int, flow_rate_bps: int | None = None, delay_s: flo
     c = Cluster(name=name, rate_bps=rate_bps, flow_rate_bps=flow_rate_bps or None,
                 delay_s=delay_s or None, created=time.time(),
                 hosts=[Host(i, host_ns(name, i), IFNAME, f"{SUBNET}.{i + 1}") for i in range(hosts)],
-                shaper="htb+u32 per-flow" if flow_rate_bps else "htb")
+                shaper="htb+u32 per-flow" if flow_rate_bps else "htb",
+                host_rates={str(i): int(r) for i, r in sorted((host_rates or {}).items())})
     try:
         _build(c)
         os.makedirs(STATE_DIR, exist_ok=True)
@@ -302,10 +313,12 @@ def _build(c: Cluster) -> None:
         run(["ip", "-n", sw, "link", "set", port, "up"])
         run(["ip", "-n", h.netns, "addr", "add", f"{h.addr}/24", "dev", h.ifname])
         run(["ip", "-n", h.netns, "link", "set", h.ifname, "up"])
-        tc_batch(h.netns, shaping.host_egress_program(h.ifname, c.rate_bps, c.flow_rate_bps))
+        rate = c.rate_of(h.index)
+        flow = min(c.flow_rate_bps, rate) if c.flow_rate_bps else None
+        tc_batch(h.netns, shaping.host_egress_program(h.ifname, rate, flow))
         # The switch port toward the host caps what the host receives (and carries the delay, so a
         # packet is delayed once per one-way trip: it leaves the switch exactly once).
-        tc_batch(sw, shaping.link_program(port, c.rate_bps, c.delay_s))
+        tc_batch(sw, shaping.link_program(port, rate, c.delay_s))
 
 
 def measure_cluster(c: Cluster, seconds: float = 1.0) -> dict:

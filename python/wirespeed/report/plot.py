@@ -1,9 +1,23 @@
-"""PNG plots of records: busbw and algbw against size (log x), one line per series."""
+"""PNG plots of records of every kind wirespeed writes.
+
+Collective records (bench, compare, tune, and `"predicted": true` ones from predict) fill a row of
+three panels against size: bus bandwidth, algorithm bandwidth and latency (time, log-log), one line
+per series; predictions are dashed, measurements solid. Workload records get a row of their own:
+model (time per step per strategy), batching (total time against the number of calls) and objects
+(time per call against world size). A record of a kind this version does not know is skipped.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
+from .records import kind
 from .table import human_bytes
+
+# The panels of the collective row: (record field, title, y label, log y).
+SIZE_PANELS = (("busbw_gbps", "bus bandwidth", "busbw (GB/s, 1e9 B/s)", False),
+               ("algbw_gbps", "algorithm bandwidth", "algbw (GB/s, 1e9 B/s)", False),
+               ("time_us", "latency", "time (us; loop mean over ranks)", True))
+WORKLOAD_KINDS = ("model", "batching", "objects")
 
 
 def series_label(r: dict, with_run: bool) -> str:
@@ -12,41 +26,131 @@ def series_label(r: dict, with_run: bool) -> str:
         parts.append(r["op"])
     parts.append(f"n={r['world_size']}")
     parts.append("in-place" if r["inplace"] else "out-of-place")
+    if r.get("setting_label"):
+        parts.append(f"[{r['setting_label']}]")  # a tune run's knob setting
+    if r.get("predicted"):
+        parts.append("(predicted)")
     if with_run and r.get("run_id"):
         parts.insert(0, f"[{r['run_id']}]")
     return " ".join(parts)
 
 
-def plot_records(records, path, title: str | None = None) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _size_axis(ax, sizes) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes, as nccl-tests counts it)")
+    ax.grid(True, which="both", alpha=0.3)
+    ticks = sorted(sizes)
+    if ticks:
+        step = max(1, len(ticks) // 8)
+        ax.set_xticks(ticks[::step])
+        ax.set_xticklabels([human_bytes(t) for t in ticks[::step]], rotation=30, fontsize=8)
 
-    data = [r for r in records if r["collective"] != "barrier" and r["bytes"] > 0]
+
+def _collective_row(axes, data: list[dict]) -> None:
     runs = {r.get("run_id") for r in data}
     lines: dict[str, list[dict]] = {}
     for r in data:
         lines.setdefault(series_label(r, len(runs) > 1), []).append(r)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, key, name in ((axes[0], "busbw_gbps", "bus bandwidth"), (axes[1], "algbw_gbps", "algorithm bandwidth")):
+    for ax, (key, name, ylabel, logy) in zip(axes, SIZE_PANELS):
         for label, rs in lines.items():
-            rs = sorted(rs, key=lambda r: r["bytes"])
-            ax.plot([r["bytes"] for r in rs], [r[key] for r in rs], marker="o", markersize=3, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("size (bytes, as nccl-tests counts it)")
-        ax.set_ylabel(f"{name} (GB/s, 1e9 B/s)")
-        ax.grid(True, which="both", alpha=0.3)
-        ticks = sorted({r["bytes"] for r in data})
-        if ticks:
-            step = max(1, len(ticks) // 8)
-            ax.set_xticks(ticks[::step])
-            ax.set_xticklabels([human_bytes(t) for t in ticks[::step]], rotation=30, fontsize=8)
+            rs = sorted((r for r in rs if r.get(key) is not None and (not logy or r[key] > 0)),
+                        key=lambda r: r["bytes"])
+            style = "--" if rs and rs[0].get("predicted") else "-"  # predictions dashed
+            ax.plot([r["bytes"] for r in rs], [r[key] for r in rs], style, marker="o", markersize=3,
+                    label=label)
+        _size_axis(ax, {r["bytes"] for r in data})
+        if logy:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
         ax.set_title(name)
     if lines:
         axes[0].legend(fontsize=7, loc="upper left")
+
+
+def _model_panel(ax, recs: list[dict]) -> None:
+    groups: dict[str, list[dict]] = {}
+    for r in recs:
+        groups.setdefault(f"{r['model']} {r['backend']} n={r['world_size']} [{r.get('run_id', '')}]",
+                          []).append(r)
+    strategies = list(dict.fromkeys(r["strategy"] for r in recs))
+    width = 0.8 / max(len(groups), 1)
+    for i, (label, rs) in enumerate(groups.items()):
+        by = {r["strategy"]: r["time_us"] / 1e3 for r in rs}
+        xs = [j + i * width for j, s in enumerate(strategies) if s in by]
+        ax.bar(xs, [by[s] for s in strategies if s in by], width=width, label=label)
+    ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(strategies))])
+    ax.set_xticklabels(strategies, rotation=20, fontsize=8)
+    ax.set_ylabel("time per step (ms)")
+    ax.set_title("model: gradient sync per step")
+    ax.legend(fontsize=7)
+
+
+def _batching_panel(ax, recs: list[dict]) -> None:
+    lines: dict[str, list[dict]] = {}
+    for r in recs:
+        total = human_bytes(r["total_bytes"])
+        lines.setdefault(f"{r['backend']} {total} n={r['world_size']} [{r.get('run_id', '')}]",
+                         []).append(r)
+    for label, rs in lines.items():
+        rs = sorted(rs, key=lambda r: r["chunks"])
+        ax.plot([r["chunks"] for r in rs], [r["time_us"] / 1e3 for r in rs], marker="o",
+                markersize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("calls (the same total in k chunks)")
+    ax.set_ylabel("total time (ms)")
+    ax.set_title("batching: one buffer in k calls")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _objects_panel(ax, recs: list[dict]) -> None:
+    lines: dict[str, list[dict]] = {}
+    for r in recs:
+        lines.setdefault(f"{r['method']} {r['backend']} [{r.get('run_id', '')}]", []).append(r)
+    for label, rs in lines.items():
+        rs = sorted(rs, key=lambda r: r["world_size"])
+        ax.plot([r["world_size"] for r in rs], [r["time_us"] for r in rs], marker="o", markersize=3,
+                label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("time per call (us)")
+    ax.set_title("objects: 'is every rank done?'")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+_PANELS = {"model": _model_panel, "batching": _batching_panel, "objects": _objects_panel}
+
+
+def plot_records(records, path, title: str | None = None) -> dict[str, int]:
+    """Write one PNG of every plottable record; returns how many records of each kind it drew."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_kind: dict[str, list[dict]] = {}
+    for r in records:
+        by_kind.setdefault(kind(r), []).append(r)
+    sized = [r for r in by_kind.get("bench", []) if r["collective"] != "barrier" and r["bytes"] > 0]
+    workloads = [k for k in WORKLOAD_KINDS if by_kind.get(k)]
+    rows = (1 if sized or not workloads else 0) + (1 if workloads else 0)
+    fig, axes = plt.subplots(rows, 3, figsize=(18, 5 * rows), squeeze=False)
+    row = 0
+    if sized or not workloads:
+        _collective_row(axes[0], sized)
+        row = 1
+    for i, k in enumerate(workloads):
+        _PANELS[k](axes[row][i], by_kind[k])
+    if workloads:
+        for ax in axes[row][len(workloads):]:
+            ax.set_visible(False)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    drawn = {"bench": len(sized)}
+    drawn.update({k: len(by_kind[k]) for k in workloads})
+    return drawn

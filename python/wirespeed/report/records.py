@@ -16,10 +16,21 @@ SCHEMA = "wirespeed.bench/1"
 REQUIRED = ("collective", "backend", "dtype", "op", "device", "world_size", "bytes", "count",
             "inplace", "time_us", "algbw_gbps", "busbw_gbps", "wrong")
 
+# Every kind of record wirespeed writes, by its schema, with the fields a reader needs. bench,
+# compare, tune and predict (`"predicted": true`) all write the bench schema; records without a
+# schema field are bench records of an early version.
+KINDS = {
+    SCHEMA: ("bench", REQUIRED),
+    "wirespeed.model/1": ("model", ("model", "strategy", "backend", "world_size", "time_us", "total_bytes")),
+    "wirespeed.batching/1": ("batching", ("backend", "world_size", "total_bytes", "chunks", "time_us")),
+    "wirespeed.objects/1": ("objects", ("backend", "world_size", "method", "time_us")),
+    "wirespeed.tune/1": ("tune", ("backend", "knobs", "setting", "min_bytes", "max_bytes", "gain")),
+}
+
 # Column order for CSV: required fields first, then the rest as they come.
 CSV_FIELDS = ("schema", "run_id", "collective", "backend", "dtype", "op", "device", "world_size",
-              "root", "bytes", "count", "inplace", "time_us", "time_min_us", "time_max_us",
-              "time_p99_us", "algbw_gbps", "busbw_gbps", "busbw_factor", "wrong", "checked",
+              "root", "bytes", "count", "inplace", "time_us", "time_method", "time_rank_max_us",
+              "time_p50_us", "time_p99_us", "time_min_us", "time_max_us", "algbw_gbps", "busbw_gbps", "busbw_factor", "wrong", "checked",
               "iters", "warmup_iters")
 
 
@@ -39,8 +50,20 @@ def write_csv(path, records) -> None:
             w.writerow(r)
 
 
+def kind(r: dict) -> str:
+    """bench, model, batching, objects or tune; "" for a schema this version does not know."""
+    schema = r.get("schema", SCHEMA)
+    return KINDS[schema][0] if schema in KINDS else ""
+
+
+def bench_records(records) -> list[dict]:
+    """The collective measurements (bench schema) among records of any kind."""
+    return [r for r in records if kind(r) == "bench"]
+
+
 def read_records(path) -> list[dict]:
-    """Records from a JSON-lines file, or from every records.jsonl under a run directory."""
+    """Records of every kind from a JSON-lines file, or from every .jsonl under a run directory.
+    A record of a kind this version does not know is kept as it is (readers skip it)."""
     p = Path(path)
     if p.is_dir():
         files = sorted(p.rglob("*.jsonl"))
@@ -63,7 +86,8 @@ def read_records(path) -> list[dict]:
 
 
 # Fields a renderer does arithmetic on: a record with text there is corrupt, not a record.
-NUMERIC = ("world_size", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps", "wrong")
+NUMERIC = ("world_size", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
+           "total_bytes")
 
 
 def _record(line: str, where: str) -> dict:
@@ -74,10 +98,13 @@ def _record(line: str, where: str) -> dict:
     if not isinstance(r, dict):
         raise UsageError(f"{where}: a JSON {type(r).__name__}, not a record (expected one JSON "
                          "object per line)")
-    missing = [k for k in REQUIRED if k not in r]
+    schema = r.get("schema", SCHEMA)
+    required = KINDS[schema][1] if schema in KINDS else ()  # an unknown kind is kept as it is
+    missing = [k for k in required if k not in r]
     if missing:
         raise UsageError(f"{where}: record lacks {', '.join(missing)}")
-    bad = [k for k in NUMERIC if isinstance(r[k], bool) or not isinstance(r[k], (int, float))]
+    bad = [k for k in required if k in NUMERIC
+           and (isinstance(r[k], bool) or not isinstance(r[k], (int, float)))]
     if bad:
         raise UsageError(f"{where}: record has non-numeric {', '.join(bad)}")
     return r

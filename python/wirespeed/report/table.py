@@ -4,9 +4,10 @@ from __future__ import annotations
 from collections import OrderedDict
 
 _SHORT = {"float32": "float", "float16": "half", "float64": "double"}
-_HEAD = ("#{:>11} {:>12} {:>8} {:>6} {:>5}   {:>36}   {:>36}\n"
-         "#{:>11} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>8} {:>8} {:>8}   {:>9} {:>8} {:>8} {:>8}\n"
-         "#{:>11} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>8} {:>8} {:>8}   {:>9} {:>8} {:>8} {:>8}")
+# The left half of the header (size .. root) and the width of each cell of a variant's block.
+_LEFT = "#{:>11} {:>12} {:>8} {:>6} {:>5}"
+_CELL_W = {"time": 9, "p50": 9, "p99": 9, "algbw": 8, "busbw": 8, "#wrong": 8}
+_UNITS = {"time": "(us)", "p50": "(us)", "p99": "(us)", "algbw": "(GB/s)", "busbw": "(GB/s)", "#wrong": ""}
 
 
 def series_key(r: dict) -> tuple:
@@ -22,37 +23,57 @@ def group(records) -> "OrderedDict[tuple, dict[int, dict[bool, dict]]]":
     return out
 
 
-def _cells(r: dict | None) -> list[str]:
+def _columns(per_op: bool) -> tuple[str, ...]:
+    return ("time", "p50", "p99", "algbw", "busbw", "#wrong") if per_op else ("time", "algbw", "busbw", "#wrong")
+
+
+def _us(r: dict, key: str) -> str:
+    return f"{r[key]:.2f}" if r.get(key) is not None else "-"
+
+
+def _cells(r: dict | None, per_op: bool = False) -> list[str]:
+    cols = _columns(per_op)
     if r is None:
-        return ["n/a", "", "", ""]
+        return ["n/a"] + [""] * (len(cols) - 1)
     wrong = str(r["wrong"]) if r.get("checked", True) else "N/A"
-    if r["collective"] == "barrier":
-        return [f"{r['time_us']:.2f}", "-", "-", wrong]
-    return [f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}", wrong]
+    bw = ["-", "-"] if r["collective"] == "barrier" else [f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+    ops = [_us(r, "time_p50_us"), _us(r, "time_p99_us")] if per_op else []
+    return [f"{r['time_us']:.2f}", *ops, *bw, wrong]
 
 
-def nccl_table(records) -> str:
-    """The nccl-tests table: one block per collective/backend/world, one row per dtype/op/size."""
+def _block(cells: list[str], per_op: bool) -> str:
+    return " ".join(f"{c:>{_CELL_W[k]}}" for c, k in zip(cells, _columns(per_op)))
+
+
+def _head(per_op: bool) -> str:
+    cols = _columns(per_op)
+    width = len(_block(list(cols), per_op))
+    left = [_LEFT.format("", "", "", "", ""), _LEFT.format("size", "count", "type", "redop", "root"),
+            _LEFT.format("(B)", "(elements)", "", "", "")]
+    mid = [f"{'out-of-place':>{width}}   {'in-place':>{width}}",
+           _block(list(cols), per_op) + "   " + _block(list(cols), per_op),
+           _block([_UNITS[c] for c in cols], per_op) + "   " + _block([_UNITS[c] for c in cols], per_op)]
+    return "\n".join(f"{a}   {b}" for a, b in zip(left, mid))
+
+
+def nccl_table(records, per_op: bool = False) -> str:
+    """The nccl-tests table: one block per collective/backend/world, one row per dtype/op/size.
+    per_op adds the p50 and p99 of single calls beside the loop time."""
     lines = []
     blocks: OrderedDict = OrderedDict()
     for key, sizes in group(records).items():
         blocks.setdefault(key[:4], []).append((key, sizes))
     for (coll, backend, device, world), series in blocks.items():
         lines.append(f"# {coll} | backend {backend} | device {device} | {world} ranks")
-        lines.append(_HEAD.format("", "", "", "", "", "out-of-place", "in-place",
-                                  "size", "count", "type", "redop", "root", "time", "algbw", "busbw",
-                                  "#wrong", "time", "algbw", "busbw", "#wrong",
-                                  "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "",
-                                  "(us)", "(GB/s)", "(GB/s)", ""))
+        lines.append(_head(per_op))
         for key, sizes in series:
             dtype, op, root = key[4], key[5], key[6]
             for nbytes, variants in sizes.items():
                 any_r = next(iter(variants.values()))
                 row = [f"{nbytes:>12}", f"{any_r['count']:>12}", f"{_SHORT.get(dtype, dtype):>8}",
                        f"{op or 'none':>6}", f"{root:>5}"]
-                oop, inp = _cells(variants.get(False)), _cells(variants.get(True))
-                lines.append(" ".join(row) + "   " + "{:>9} {:>8} {:>8} {:>8}".format(*oop)
-                             + "   " + "{:>9} {:>8} {:>8} {:>8}".format(*inp))
+                oop, inp = _cells(variants.get(False), per_op), _cells(variants.get(True), per_op)
+                lines.append(" ".join(row) + "   " + _block(oop, per_op) + "   " + _block(inp, per_op))
         lines.append("")
     return "\n".join(lines)
 

@@ -73,6 +73,19 @@ class Collective:
         """Wrong elements on this rank after one call on freshly filled inputs."""
         raise NotImplementedError
 
+    def repeat_keeps_result(self, case: Case) -> bool:
+        """Whether the buffers after several back-to-back calls still hold the result of one call
+        on the filled inputs, so the last call of a timed loop can be checked where it lies. Out of
+        place the inputs are never written, so yes; in place only where a call is idempotent on
+        its own output (copies, min, max); an in-place sum feeds its result into the next call."""
+        return not case.inplace
+
+    def poison_outputs(self, case: Case, bufs: Buffers) -> None:
+        """Poison what only the call writes (out of place: the receive buffer), so a timed loop
+        whose calls left it untouched cannot pass its check on data a warm-up call wrote."""
+        if not case.inplace and bufs.recv is not bufs.send and bufs.recv.numel():
+            poison(bufs.recv)
+
 
 def poison(t: torch.Tensor) -> None:
     """Fill an output buffer with a value verifiable data never holds, so stale output is caught."""

@@ -1,0 +1,56 @@
+//! Collective algorithms, each written once over the `Transport` trait (transport/mod.rs), so the
+//! same code runs over TCP between hosts, over shared memory and TCP mixed (hosts.rs), and over
+//! the in-memory simulator in tests. Each file opens with its protocol, step by step.
+//!
+//! - ring.rs: pipelined ring all_reduce (bandwidth-optimal);
+//! - doubling.rs: recursive doubling all_reduce (latency-optimal, any member count);
+//! - tree.rs: binomial broadcast and reduce;
+//! - direct.rs: every pair at once: all_gather, all_to_all, reduce_scatter, gather, scatter,
+//!   and the dissemination barrier.
+//!
+//! Conventions: `members` lists the global ranks taking part (this rank among them) in a fixed
+//! order every member agrees on; `avg_world` is what avg divides by (the whole group's size,
+//! which is more than the members when the algorithm runs among host leaders). Buffers are
+//! element-aligned byte slices. A reduction combines partial results in an order fixed by
+//! positions, never by arrival, so every rank ends with identical bits.
+use crate::dtype::{DType, ReduceOp};
+use crate::reduce::reduce_many;
+
+pub mod direct;
+pub mod doubling;
+pub mod ring;
+pub mod tree;
+
+/// Position of `rank` in `members`.
+pub(crate) fn position(members: &[usize], rank: usize) -> crate::error::Result<usize> {
+    members.iter().position(|&r| r == rank).ok_or_else(|| crate::error::Error::Unsupported(format!("rank {rank} is not among the members {members:?}")))
+}
+
+/// dst = a (op) b, elementwise, in that order; dst may alias a or b.
+///
+/// # Safety
+/// Each pointer covers `count` elements of `dtype`.
+pub(crate) unsafe fn combine(dst: *mut u8, a: *const u8, b: *const u8, count: usize, dtype: DType, op: ReduceOp) {
+    // SAFETY: forwarded from the caller.
+    unsafe { reduce_many(dst, &[a, b], count, dtype, op, 2) }
+}
+
+/// buf /= n (avg's division, done once on the sum).
+pub(crate) fn divide(buf: &mut [u8], dtype: DType, n: usize) {
+    let p = buf.as_mut_ptr();
+    // SAFETY: one source, the buffer itself, of buf.len() / size elements.
+    unsafe { reduce_many(p, &[p as *const u8], buf.len() / dtype.size(), dtype, ReduceOp::Avg, n) }
+}
+
+/// The op partial results are combined with: avg sums, and divides once at the end.
+pub(crate) fn summing(op: ReduceOp) -> ReduceOp {
+    if op == ReduceOp::Avg { ReduceOp::Sum } else { op }
+}
+
+/// A scratch buffer of at least `n` bytes, kept by the caller between calls.
+pub(crate) fn scratch(s: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if s.len() < n {
+        *s = vec![0u8; n.next_power_of_two()];
+    }
+    &mut s[..n]
+}

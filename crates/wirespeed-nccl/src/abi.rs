@@ -1,0 +1,311 @@
+//! The C ABI of NCCL's network plugin interface, versions 8 to 12, written from the layouts in
+//! NCCL's plugin headers (ext-net/, later plugins/net/, `net_vN.h`). Only what a host-memory TCP
+//! plugin needs is typed precisely; device-offload types are opaque pointers.
+//!
+//! Which NCCL looks for which symbol (newest first): 2.20-2.23 load v8, 2.24-2.25 v9, 2.26-2.27
+//! v10, 2.28-2.29 v11 (PyTorch 2.11 ships 2.28.9), 2.30 v12. What changes between versions:
+//! - v9: sizes become size_t; the properties gain `forceFlush` (before `speed`, which shifts every
+//!   later field), `vProps`, `maxP2pBytes`, `maxCollBytes`; the table gains `makeVDevice`.
+//! - v10: `init` takes a profiler callback; `connect` a per-connection config; isend/irecv an
+//!   opaque profiler handle.
+//! - v11: `init` runs once per communicator and returns a context that `listen`/`connect` receive
+//!   and `finalize` frees; the properties gain `maxMultiRequestSize`; the table gains `finalize`
+//!   and `setNetAttr`.
+//! - v12: `vProps.devs` grows from 4 to 8 entries; the properties gain `railId`/`planeId`.
+//!
+//! The sizes below are checked at compile time against what the C compiler gives for NCCL's
+//! headers on LP64 Linux (64, 104, 104, 112, 128 bytes).
+#![allow(non_camel_case_types, non_snake_case)]
+
+use std::ffi::{c_char, c_int, c_ulong, c_void};
+
+/// ncclResult_t (an int-sized C enum).
+pub type NcclResult = c_int;
+pub const NCCL_SUCCESS: NcclResult = 0;
+pub const NCCL_SYSTEM_ERROR: NcclResult = 2;
+pub const NCCL_INTERNAL_ERROR: NcclResult = 3;
+pub const NCCL_INVALID_ARGUMENT: NcclResult = 4;
+pub const NCCL_INVALID_USAGE: NcclResult = 5;
+pub const NCCL_REMOTE_ERROR: NcclResult = 6;
+
+/// Bytes NCCL reserves for the handle `listen` writes and `connect` reads.
+pub const NCCL_NET_HANDLE_MAXSIZE: usize = 128;
+/// Requests each comm must take in flight at once (per receive of a multi-receive).
+pub const NCCL_NET_MAX_REQUESTS: usize = 32;
+/// What NCCL (v9+) may leave in `*request` before irecv for LL/LL128 receives.
+pub const NCCL_NET_OPTIONAL_RECV_COMPLETION: usize = 0x1;
+pub const NCCL_PTR_HOST: c_int = 0x1;
+pub const NCCL_PTR_CUDA: c_int = 0x2;
+pub const NCCL_NET_DEVICE_HOST: c_int = 0;
+pub const NCCL_NET_DEVICE_INVALID_VERSION: c_int = 0;
+/// NCCL_MAX_NET_SIZE_BYTES: the largest single transfer a plugin may announce (1 TiB).
+pub const NCCL_MAX_NET_SIZE_BYTES: usize = 1 << 40;
+
+// ncclDebugLogLevel and the subsystem flags.
+pub const NCCL_LOG_WARN: c_int = 2;
+pub const NCCL_LOG_INFO: c_int = 3;
+pub const NCCL_LOG_TRACE: c_int = 5;
+pub const NCCL_INIT: c_ulong = 1;
+pub const NCCL_NET: c_ulong = 16;
+pub const NCCL_ENV: c_ulong = 128;
+
+/// ncclDebugLogger_t: `void (*)(level, flags, file, line, fmt, ...)`.
+pub type LogFn = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
+pub type Logger = Option<LogFn>;
+/// ncclProfilerCallback_t (unused: the plugin records no profiler events).
+pub type ProfilerCallback = Option<unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> NcclResult>;
+
+pub const MAX_DEVS_PER_NIC_V9: usize = 4;
+pub const MAX_DEVS_PER_NIC_V12: usize = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct VDeviceProps<const N: usize> {
+    pub ndevs: c_int,
+    pub devs: [c_int; N],
+}
+
+/// ncclNetCommConfig_v10_t .. _v12_t.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CommConfig {
+    pub trafficClass: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PropertiesV8 {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+}
+
+/// v9 and v10 share this layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PropertiesV9 {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub forceFlush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+    pub vProps: VDeviceProps<MAX_DEVS_PER_NIC_V9>,
+    pub maxP2pBytes: usize,
+    pub maxCollBytes: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PropertiesV11 {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub forceFlush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+    pub vProps: VDeviceProps<MAX_DEVS_PER_NIC_V9>,
+    pub maxP2pBytes: usize,
+    pub maxCollBytes: usize,
+    pub maxMultiRequestSize: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PropertiesV12 {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub forceFlush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+    pub vProps: VDeviceProps<MAX_DEVS_PER_NIC_V12>,
+    pub maxP2pBytes: usize,
+    pub maxCollBytes: usize,
+    pub maxMultiRequestSize: c_int,
+    pub railId: i16,
+    pub planeId: i16,
+}
+
+// Layouts as NCCL's headers give them (LP64): a wrong field order or width fails the build.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<PropertiesV8>() == 64);
+    assert!(offset_of!(PropertiesV8, speed) == 32);
+    assert!(offset_of!(PropertiesV8, netDeviceVersion) == 56);
+    assert!(size_of::<PropertiesV9>() == 104);
+    assert!(offset_of!(PropertiesV9, speed) == 36);
+    assert!(offset_of!(PropertiesV9, vProps) == 64);
+    assert!(offset_of!(PropertiesV9, maxP2pBytes) == 88);
+    assert!(size_of::<PropertiesV11>() == 112);
+    assert!(offset_of!(PropertiesV11, maxMultiRequestSize) == 104);
+    assert!(size_of::<PropertiesV12>() == 128);
+    assert!(offset_of!(PropertiesV12, maxP2pBytes) == 104);
+    assert!(offset_of!(PropertiesV12, railId) == 124);
+};
+
+type P = *mut c_void;
+type PP = *mut *mut c_void;
+
+/// Entries every version shares, in table order after `getProperties`/`listen`/`connect`/`accept`.
+pub type RegMr = Option<unsafe extern "C" fn(P, P, usize, c_int, PP) -> NcclResult>;
+pub type RegMrDmaBuf = Option<unsafe extern "C" fn(P, P, usize, c_int, u64, c_int, PP) -> NcclResult>;
+pub type DeregMr = Option<unsafe extern "C" fn(P, P) -> NcclResult>;
+pub type Iflush = Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, PP, PP) -> NcclResult>;
+pub type Test = Option<unsafe extern "C" fn(P, *mut c_int, *mut c_int) -> NcclResult>;
+pub type Close = Option<unsafe extern "C" fn(P) -> NcclResult>;
+pub type GetDeviceMr = Option<unsafe extern "C" fn(P, P, PP) -> NcclResult>;
+pub type IrecvConsumed = Option<unsafe extern "C" fn(P, c_int, P) -> NcclResult>;
+pub type Devices = Option<unsafe extern "C" fn(*mut c_int) -> NcclResult>;
+pub type Accept = Option<unsafe extern "C" fn(P, PP, PP) -> NcclResult>;
+pub type MakeVDevice = Option<unsafe extern "C" fn(*mut c_int, P) -> NcclResult>;
+
+/// ncclNet_v8_t.
+#[repr(C)]
+pub struct NetV8 {
+    pub name: *const c_char,
+    pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
+    pub devices: Devices,
+    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV8) -> NcclResult>,
+    pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
+    pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
+    pub accept: Accept,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: Option<unsafe extern "C" fn(P, P, c_int, c_int, P, PP) -> NcclResult>,
+    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, *mut c_int, PP, PP) -> NcclResult>,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+}
+
+/// ncclNet_v9_t.
+#[repr(C)]
+pub struct NetV9 {
+    pub name: *const c_char,
+    pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
+    pub devices: Devices,
+    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
+    pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
+    pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
+    pub accept: Accept,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, PP) -> NcclResult>,
+    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP) -> NcclResult>,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: MakeVDevice,
+}
+
+/// ncclNet_v10_t.
+#[repr(C)]
+pub struct NetV10 {
+    pub name: *const c_char,
+    pub init: Option<unsafe extern "C" fn(Logger, ProfilerCallback) -> NcclResult>,
+    pub devices: Devices,
+    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
+    pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
+    pub connect: Option<unsafe extern "C" fn(c_int, *mut CommConfig, P, PP, PP) -> NcclResult>,
+    pub accept: Accept,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
+    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: MakeVDevice,
+}
+
+/// ncclNet_v11_t and (with `Props = PropertiesV12`) ncclNet_v12_t: the same table, per-communicator
+/// contexts.
+#[repr(C)]
+pub struct NetV11<Props> {
+    pub name: *const c_char,
+    pub init: Option<unsafe extern "C" fn(PP, u64, *mut CommConfig, Logger, ProfilerCallback) -> NcclResult>,
+    pub devices: Devices,
+    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut Props) -> NcclResult>,
+    pub listen: Option<unsafe extern "C" fn(P, c_int, P, PP) -> NcclResult>,
+    pub connect: Option<unsafe extern "C" fn(P, c_int, P, PP, PP) -> NcclResult>,
+    pub accept: Accept,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
+    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: MakeVDevice,
+    pub finalize: Option<unsafe extern "C" fn(P) -> NcclResult>,
+    pub setNetAttr: Option<unsafe extern "C" fn(P, P) -> NcclResult>,
+}
+
+pub type NetV12 = NetV11<PropertiesV12>;
+
+// The tables are immutable statics that NCCL reads from any thread; the only raw pointer in them
+// is the name, a 'static C string.
+unsafe impl Sync for NetV8 {}
+unsafe impl Sync for NetV9 {}
+unsafe impl Sync for NetV10 {}
+unsafe impl<T> Sync for NetV11<T> {}
+
+const _: () = {
+    use std::mem::size_of;
+    let ptr = size_of::<usize>();
+    assert!(size_of::<NetV8>() == 19 * ptr);
+    assert!(size_of::<NetV9>() == 20 * ptr);
+    assert!(size_of::<NetV10>() == 20 * ptr);
+    assert!(size_of::<NetV11<PropertiesV11>>() == 22 * ptr);
+};

@@ -1,0 +1,298 @@
+//! The plugin's knobs and its devices (the network interfaces it offers NCCL).
+//!
+//! Knobs, read once at the first `init`:
+//! - the engine's: WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES, WIRESPEED_IO_THREADS,
+//!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US (wirespeed_core::transport::tcp::NetConfig);
+//! - which interfaces: WIRESPEED_IFNAME, else NCCL_SOCKET_IFNAME, in NCCL's syntax (a comma list
+//!   of name prefixes; `=` before the list for exact names; `^` for an exclusion list); unset,
+//!   every interface that is up except docker* and loopback, as NCCL's socket transport does;
+//! - WIRESPEED_NET_ALLOW_LOOPBACK=1 lets a loopback interface be a device (one-machine tests:
+//!   every "host" then shares 127.0.0.1, which across real hosts would connect a rank to itself);
+//! - WIRESPEED_SOCKET_FAMILY, else NCCL_SOCKET_FAMILY: AF_INET or AF_INET6 to use only that
+//!   address family; unset, an interface's IPv4 address is preferred over its IPv6 one.
+use std::ffi::CString;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use wirespeed_core::transport::tcp::NetConfig;
+
+/// As many interfaces as NCCL's socket transport offers at most.
+const MAX_DEVICES: usize = 16;
+/// NCCL's socket transport assumes 10 Gbit/s when the kernel reports no speed (veth, lo).
+const DEFAULT_SPEED_MBPS: i32 = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+#[derive(Debug)]
+pub struct PluginConfig {
+    pub net: NetConfig,
+    /// The interface selection and the variable it came from (None: the default).
+    pub ifname: Option<(&'static str, String)>,
+    pub allow_loopback: bool,
+    pub family: Option<Family>,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl PluginConfig {
+    pub fn from_env() -> Result<PluginConfig, String> {
+        let net = NetConfig::from_env().map_err(|e| e.to_string())?;
+        let ifname = ["WIRESPEED_IFNAME", "NCCL_SOCKET_IFNAME"].into_iter().find_map(|v| env(v).map(|s| (v, s)));
+        let allow_loopback = match env("WIRESPEED_NET_ALLOW_LOOPBACK").as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(v) => return Err(format!("WIRESPEED_NET_ALLOW_LOOPBACK={v:?}: give 0 or 1")),
+        };
+        let family = match ["WIRESPEED_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"].into_iter().find_map(|v| env(v).map(|s| (v, s))) {
+            None => None,
+            Some((_, s)) if s.trim().eq_ignore_ascii_case("AF_INET") => Some(Family::V4),
+            Some((_, s)) if s.trim().eq_ignore_ascii_case("AF_INET6") => Some(Family::V6),
+            Some((var, s)) => return Err(format!("{var}={s:?}: give AF_INET or AF_INET6")),
+        };
+        Ok(PluginConfig { net, ifname, allow_loopback, family })
+    }
+
+    /// The effective values, for the one INFO line at init.
+    pub fn describe(&self, devices: &[Device]) -> String {
+        let n = &self.net;
+        let ifs = match &self.ifname {
+            Some((var, v)) => format!("{var}={v}"),
+            None => "default (^docker,lo)".into(),
+        };
+        let devs: Vec<String> = devices.iter().map(|d| format!("{}:{}", d.name.to_string_lossy(), d.addr)).collect();
+        format!(
+            "WIRESPEED_NSTREAMS={} WIRESPEED_CHUNK_BYTES={} WIRESPEED_IO_THREADS={} WIRESPEED_SOCKBUF={} WIRESPEED_NET_SPIN_US={} interfaces {ifs} loopback {} family {} -> devices [{}]",
+            n.nstreams,
+            n.chunk,
+            n.io_threads,
+            if n.sockbuf == 0 { "0 (kernel autotuning)".to_string() } else { n.sockbuf.to_string() },
+            n.spin.as_micros(),
+            if self.allow_loopback { "allowed" } else { "refused" },
+            match self.family {
+                None => "any (IPv4 first)",
+                Some(Family::V4) => "AF_INET",
+                Some(Family::V6) => "AF_INET6",
+            },
+            devs.join(", ")
+        )
+    }
+}
+
+/// One network interface offered to NCCL as a device.
+#[derive(Debug)]
+pub struct Device {
+    pub name: CString,
+    pub addr: IpAddr,
+    /// The IPv6 scope (interface index) for a link-local address, else 0.
+    pub scope_id: u32,
+    pub pci_path: Option<CString>,
+    pub speed_mbps: i32,
+}
+
+/// An interface selection in NCCL's NCCL_SOCKET_IFNAME syntax.
+#[derive(Debug, PartialEq)]
+pub struct IfSpec {
+    pub exclude: bool,
+    pub exact: bool,
+    pub names: Vec<String>,
+}
+
+impl IfSpec {
+    pub fn parse(s: &str) -> IfSpec {
+        let mut s = s.trim();
+        let exclude = s.starts_with('^');
+        if exclude {
+            s = &s[1..];
+        }
+        let exact = s.starts_with('=');
+        if exact {
+            s = &s[1..];
+        }
+        let names = s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+        IfSpec { exclude, exact, names }
+    }
+
+    fn listed(&self, name: &str) -> bool {
+        self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) })
+    }
+
+    pub fn selects(&self, name: &str) -> bool {
+        self.listed(name) != self.exclude
+    }
+}
+
+struct Iface {
+    name: String,
+    index: u32,
+    up: bool,
+    loopback: bool,
+    v4: Vec<Ipv4Addr>,
+    v6: Vec<Ipv6Addr>,
+}
+
+fn interfaces() -> Vec<Iface> {
+    let mut out: Vec<Iface> = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a NUL-terminated name owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let i = match out.iter().position(|f| f.name == name) {
+            Some(i) => i,
+            None => {
+                let cname = CString::new(name.clone()).unwrap_or_default();
+                // SAFETY: a valid C string.
+                let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+                out.push(Iface { name, index, up: false, loopback: false, v4: vec![], v6: vec![] });
+                out.len() - 1
+            }
+        };
+        let f = &mut out[i];
+        f.up |= ifa.ifa_flags & libc::IFF_UP as u32 != 0;
+        f.loopback |= ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
+        match unsafe { (*ifa.ifa_addr).sa_family } as i32 {
+            libc::AF_INET => {
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                f.v4.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            libc::AF_INET6 => {
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                f.v6.push(Ipv6Addr::from(sin6.sin6_addr.s6_addr));
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: the list from getifaddrs, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+fn is_link_local(a: &Ipv6Addr) -> bool {
+    (a.segments()[0] & 0xffc0) == 0xfe80
+}
+
+/// The address to listen on for an interface: IPv4 first unless a family is asked for; a global
+/// IPv6 address before a link-local one (which needs its scope).
+fn pick_addr(f: &Iface, family: Option<Family>) -> Option<(IpAddr, u32)> {
+    let v4 = f.v4.first().map(|a| (IpAddr::V4(*a), 0));
+    let v6 = f.v6.iter().find(|a| !is_link_local(a)).map(|a| (IpAddr::V6(*a), 0))
+        .or_else(|| f.v6.first().map(|a| (IpAddr::V6(*a), f.index)));
+    match family {
+        Some(Family::V4) => v4,
+        Some(Family::V6) => v6,
+        None => v4.or(v6),
+    }
+}
+
+fn sys_attr(name: &str, attr: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/{attr}")).ok().map(|s| s.trim().to_string())
+}
+
+fn device(f: &Iface, addr: IpAddr, scope_id: u32) -> Device {
+    let pci_path = std::fs::canonicalize(format!("/sys/class/net/{}/device", f.name))
+        .ok()
+        .and_then(|p| CString::new(p.to_string_lossy().into_owned()).ok());
+    let speed_mbps = sys_attr(&f.name, "speed").and_then(|s| s.parse::<i32>().ok()).filter(|&s| s > 0).unwrap_or(DEFAULT_SPEED_MBPS);
+    Device { name: CString::new(f.name.clone()).unwrap_or_default(), addr, scope_id, pci_path, speed_mbps }
+}
+
+/// The devices to offer NCCL, or why there are none (the message says what to set).
+pub fn find_devices(cfg: &PluginConfig) -> Result<Vec<Device>, String> {
+    let all = interfaces();
+    let default_spec = IfSpec::parse("^docker,lo");
+    let spec = cfg.ifname.as_ref().map(|(_, v)| IfSpec::parse(v)).unwrap_or(default_spec);
+    let mut out = Vec::new();
+    let mut refused_loopback = Vec::new();
+    for f in &all {
+        if !f.up || !spec.selects(&f.name) {
+            continue;
+        }
+        let Some((addr, scope)) = pick_addr(f, cfg.family) else { continue };
+        if f.loopback && !cfg.allow_loopback {
+            refused_loopback.push(f.name.clone());
+            continue;
+        }
+        out.push(device(f, addr, scope));
+        if out.len() == MAX_DEVICES {
+            break;
+        }
+    }
+    // Nothing else on the machine: a one-machine test may use loopback when it says so.
+    if out.is_empty() && cfg.ifname.is_none() && cfg.allow_loopback {
+        for f in all.iter().filter(|f| f.up && f.loopback) {
+            if let Some((addr, scope)) = pick_addr(f, cfg.family) {
+                out.push(device(f, addr, scope));
+            }
+        }
+    }
+    if out.is_empty() {
+        let which = match &cfg.ifname {
+            Some((var, v)) => format!("{var}={v}"),
+            None => "the default selection (every interface but docker* and lo)".into(),
+        };
+        let hint = if refused_loopback.is_empty() {
+            "set WIRESPEED_IFNAME to an interface that is up and has an address (see `ip addr`)".to_string()
+        } else {
+            format!("{} is loopback: set WIRESPEED_NET_ALLOW_LOOPBACK=1 for a one-machine test", refused_loopback.join(", "))
+        };
+        return Err(format!("no usable network interface for {which}: {hint}"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_interface_syntax() {
+        let s = IfSpec::parse("^docker,lo");
+        assert!(s.exclude && !s.exact);
+        assert!(!s.selects("docker0") && !s.selects("lo") && s.selects("eth0"));
+        let s = IfSpec::parse("=eth0,ib");
+        assert!(s.exact && s.selects("eth0") && !s.selects("eth01") && !s.selects("ib0"));
+        let s = IfSpec::parse("eth");
+        assert!(s.selects("eth1") && !s.selects("veth1"));
+        assert!(!IfSpec::parse("^=lo").selects("lo") && IfSpec::parse("^=lo").selects("lo0"));
+    }
+
+    fn cfg(ifname: Option<&str>, allow_loopback: bool, family: Option<Family>) -> PluginConfig {
+        PluginConfig { net: NetConfig::from_env().unwrap(), ifname: ifname.map(|v| ("WIRESPEED_IFNAME", v.to_string())), allow_loopback, family }
+    }
+
+    #[test]
+    fn loopback_only_when_allowed() {
+        let e = find_devices(&cfg(Some("lo"), false, None)).unwrap_err();
+        assert!(e.contains("WIRESPEED_NET_ALLOW_LOOPBACK=1"), "{e}");
+        let d = find_devices(&cfg(Some("lo"), true, None)).unwrap();
+        assert_eq!(d[0].name.to_str().unwrap(), "lo");
+        assert_eq!(d[0].addr, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(d[0].pci_path.is_none(), "lo has no PCI device");
+        let d = find_devices(&cfg(Some("=lo"), true, Some(Family::V6))).unwrap();
+        assert_eq!(d[0].addr, IpAddr::V6(Ipv6Addr::LOCALHOST));
+    }
+
+    #[test]
+    fn an_unknown_interface_is_a_clear_error() {
+        let e = find_devices(&cfg(Some("=no-such-if9"), true, None)).unwrap_err();
+        assert!(e.contains("WIRESPEED_IFNAME==no-such-if9"), "{e}");
+    }
+}

@@ -1,0 +1,522 @@
+//! The exported `ncclNetPlugin_v8` .. `_v12` tables: thin adapters from each version's C
+//! signatures to `plugin`. Every entry point runs under `guard`, which turns an error into its
+//! NCCL code (logged at WARN through NCCL's logger) and a panic into ncclInternalError, so
+//! nothing unwinds into NCCL.
+use crate::abi::*;
+use crate::log;
+use crate::plugin::{self, internal, Comm, ListenComm, PluginError, Props, Req};
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub const NAME: &std::ffi::CStr = c"wirespeed";
+
+fn guard(what: &str, f: impl FnOnce() -> Result<(), PluginError>) -> NcclResult {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NCCL_SUCCESS,
+        Ok(Err(e)) => {
+            log::warn(&e.msg);
+            e.code
+        }
+        Err(panic) => {
+            let why = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            log::warn(&format!("{what}: internal error (a bug in wirespeed-net: {why})"));
+            NCCL_INTERNAL_ERROR
+        }
+    }
+}
+
+/// `*out = v` for a caller's out-parameter, refusing NULL.
+unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
+    if out.is_null() {
+        return Err(internal(format!("{what}: NULL output pointer")));
+    }
+    // SAFETY: non-NULL, and NCCL passes a valid, aligned pointer for this out-parameter.
+    unsafe { out.write(v) };
+    Ok(())
+}
+
+unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
+    if p.is_null() {
+        return Err(internal(format!("{what}: NULL comm")));
+    }
+    // SAFETY: NCCL passes back a pointer this plugin returned for this kind of object.
+    Ok(unsafe { &*(p as *const T) })
+}
+
+unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE], PluginError> {
+    if h.is_null() {
+        return Err(internal("NULL connection handle"));
+    }
+    // SAFETY: NCCL's handle buffers are NCCL_NET_HANDLE_MAXSIZE bytes (byte alignment suffices).
+    Ok(unsafe { &mut *(h as *mut [u8; NCCL_NET_HANDLE_MAXSIZE]) })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points every version shares
+
+unsafe extern "C" fn init_v8(logger: Logger) -> NcclResult {
+    guard("init", || plugin::init(logger))
+}
+
+unsafe extern "C" fn init_v10(logger: Logger, _prof: ProfilerCallback) -> NcclResult {
+    guard("init", || plugin::init(logger))
+}
+
+/// One context per communicator (v11+). It only names the communicator in logs: every
+/// connection already carries its own state.
+struct Ctx {
+    comm_id: u64,
+}
+
+unsafe extern "C" fn init_v11(ctx: *mut *mut c_void, comm_id: u64, _config: *mut CommConfig, logger: Logger, _prof: ProfilerCallback) -> NcclResult {
+    guard("init", || {
+        // NCCL calls finalize on this context even when init fails: leave it NULL until success.
+        unsafe { put(ctx, std::ptr::null_mut(), "init")? };
+        plugin::init(logger)?;
+        unsafe { put(ctx, Box::into_raw(Box::new(Ctx { comm_id })) as *mut c_void, "init") }
+    })
+}
+
+unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
+    guard("finalize", || {
+        if !ctx.is_null() {
+            // SAFETY: a context init_v11 made; NCCL finalizes each once.
+            let c = unsafe { Box::from_raw(ctx as *mut Ctx) };
+            log::info(NCCL_INIT, &format!("finalized the context of communicator {:#x}", c.comm_id));
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
+    guard("devices", || {
+        let n = plugin::device_count()?;
+        unsafe { put(ndev, n as c_int, "devices") }
+    })
+}
+
+fn fill<T>(dev: c_int, out: *mut T, f: impl FnOnce(Props) -> T) -> Result<(), PluginError> {
+    let p = plugin::properties(dev)?;
+    unsafe { put(out, f(p), "getProperties") }
+}
+
+unsafe extern "C" fn get_properties_v8(dev: c_int, out: *mut PropertiesV8) -> NcclResult {
+    guard("getProperties", || {
+        fill(dev, out, |p| PropertiesV8 {
+            name: p.name,
+            pciPath: p.pci_path,
+            guid: p.guid,
+            ptrSupport: NCCL_PTR_HOST,
+            regIsGlobal: 0,
+            speed: p.speed,
+            port: 0,
+            latency: 0.0,
+            maxComms: plugin::MAX_COMMS,
+            maxRecvs: plugin::MAX_RECVS,
+            netDeviceType: NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,
+        })
+    })
+}
+
+fn props_v9(p: &Props) -> PropertiesV9 {
+    let mut devs = [0; MAX_DEVS_PER_NIC_V9];
+    devs[0] = p.dev;
+    PropertiesV9 {
+        name: p.name,
+        pciPath: p.pci_path,
+        guid: p.guid,
+        ptrSupport: NCCL_PTR_HOST,
+        regIsGlobal: 0,
+        forceFlush: 0,
+        speed: p.speed,
+        port: 0,
+        latency: 0.0,
+        maxComms: plugin::MAX_COMMS,
+        maxRecvs: plugin::MAX_RECVS,
+        netDeviceType: NCCL_NET_DEVICE_HOST,
+        netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,
+        vProps: VDeviceProps { ndevs: 1, devs },
+        maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
+        maxCollBytes: NCCL_MAX_NET_SIZE_BYTES,
+    }
+}
+
+unsafe extern "C" fn get_properties_v9(dev: c_int, out: *mut PropertiesV9) -> NcclResult {
+    guard("getProperties", || fill(dev, out, |p| props_v9(&p)))
+}
+
+unsafe extern "C" fn get_properties_v11(dev: c_int, out: *mut PropertiesV11) -> NcclResult {
+    guard("getProperties", || {
+        fill(dev, out, |p| {
+            let b = props_v9(&p);
+            PropertiesV11 {
+                name: b.name,
+                pciPath: b.pciPath,
+                guid: b.guid,
+                ptrSupport: b.ptrSupport,
+                regIsGlobal: b.regIsGlobal,
+                forceFlush: b.forceFlush,
+                speed: b.speed,
+                port: b.port,
+                latency: b.latency,
+                maxComms: b.maxComms,
+                maxRecvs: b.maxRecvs,
+                netDeviceType: b.netDeviceType,
+                netDeviceVersion: b.netDeviceVersion,
+                vProps: b.vProps,
+                maxP2pBytes: b.maxP2pBytes,
+                maxCollBytes: b.maxCollBytes,
+                maxMultiRequestSize: 1,
+            }
+        })
+    })
+}
+
+/// NCCL_NET_ID_UNDEF: no rail or plane information.
+const NET_ID_UNDEF: i16 = -1;
+
+unsafe extern "C" fn get_properties_v12(dev: c_int, out: *mut PropertiesV12) -> NcclResult {
+    guard("getProperties", || {
+        fill(dev, out, |p| {
+            let b = props_v9(&p);
+            let mut devs = [0; MAX_DEVS_PER_NIC_V12];
+            devs[0] = p.dev;
+            PropertiesV12 {
+                name: b.name,
+                pciPath: b.pciPath,
+                guid: b.guid,
+                ptrSupport: b.ptrSupport,
+                regIsGlobal: b.regIsGlobal,
+                forceFlush: b.forceFlush,
+                speed: b.speed,
+                port: b.port,
+                latency: b.latency,
+                maxComms: b.maxComms,
+                maxRecvs: b.maxRecvs,
+                netDeviceType: b.netDeviceType,
+                netDeviceVersion: b.netDeviceVersion,
+                vProps: VDeviceProps { ndevs: 1, devs },
+                maxP2pBytes: b.maxP2pBytes,
+                maxCollBytes: b.maxCollBytes,
+                maxMultiRequestSize: 1,
+                railId: NET_ID_UNDEF,
+                planeId: NET_ID_UNDEF,
+            }
+        })
+    })
+}
+
+unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+    guard("listen", || {
+        let h = unsafe { handle_bytes(handle)? };
+        let l = plugin::listen(dev, h)?;
+        unsafe { put(listen_comm, Box::into_raw(l) as *mut c_void, "listen") }
+    })
+}
+
+unsafe extern "C" fn listen_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+    unsafe { listen(dev, handle, listen_comm) }
+}
+
+/// The device-offload handle (`sendDevComm`/`recvDevComm`) is left untouched: NCCL only asks for
+/// one when the properties announce a device type other than NCCL_NET_DEVICE_HOST.
+unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
+    guard("connect", || {
+        unsafe { put(send_comm, std::ptr::null_mut(), "connect")? };
+        let h = unsafe { handle_bytes(handle)? };
+        match plugin::connect(dev, h)? {
+            None => Ok(()),
+            Some(c) => unsafe { put(send_comm, Box::into_raw(c) as *mut c_void, "connect") },
+        }
+    })
+}
+
+unsafe extern "C" fn connect_v10(dev: c_int, _config: *mut CommConfig, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
+    unsafe { connect(dev, handle, send_comm, dev_comm) }
+}
+
+unsafe extern "C" fn connect_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
+    unsafe { connect(dev, handle, send_comm, dev_comm) }
+}
+
+unsafe extern "C" fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
+    guard("accept", || {
+        unsafe { put(recv_comm, std::ptr::null_mut(), "accept")? };
+        let l: &ListenComm = unsafe { obj(listen_comm, "accept")? };
+        match plugin::accept(l)? {
+            None => Ok(()),
+            Some(c) => unsafe { put(recv_comm, Box::into_raw(c) as *mut c_void, "accept") },
+        }
+    })
+}
+
+unsafe extern "C" fn reg_mr(_comm: *mut c_void, _data: *mut c_void, _size: usize, ptr_type: c_int, mhandle: *mut *mut c_void) -> NcclResult {
+    guard("regMr", || {
+        let h = plugin::reg_mr(ptr_type)?;
+        unsafe { put(mhandle, h, "regMr") }
+    })
+}
+
+unsafe extern "C" fn reg_mr_dma_buf(_comm: *mut c_void, _data: *mut c_void, _size: usize, _ptr_type: c_int, _offset: u64, _fd: c_int, _mhandle: *mut *mut c_void) -> NcclResult {
+    guard("regMrDmaBuf", || Err(internal("regMrDmaBuf: wirespeed-net does not announce NCCL_PTR_DMABUF")))
+}
+
+unsafe extern "C" fn dereg_mr(_comm: *mut c_void, _mhandle: *mut c_void) -> NcclResult {
+    NCCL_SUCCESS
+}
+
+fn post(request: *mut *mut c_void, r: Option<Box<Req>>) -> Result<(), PluginError> {
+    let p = r.map_or(std::ptr::null_mut(), |b| Box::into_raw(b) as *mut c_void);
+    unsafe { put(request, p, "isend/irecv") }
+}
+
+fn size_of_int(size: c_int, what: &str) -> Result<usize, PluginError> {
+    usize::try_from(size).map_err(|_| internal(format!("{what}: negative size {size}")))
+}
+
+unsafe fn do_isend(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, request: *mut *mut c_void) -> NcclResult {
+    guard("isend", || {
+        if request.is_null() {
+            return Err(internal("isend: NULL request pointer"));
+        }
+        let c: &Comm = unsafe { obj(send_comm, "isend")? };
+        // SAFETY: NCCL keeps the buffer alive and unchanged until the request completes.
+        let r = unsafe { plugin::isend(c, data as *const u8, size, tag)? };
+        post(request, r)
+    })
+}
+
+unsafe extern "C" fn isend_v8(send_comm: *mut c_void, data: *mut c_void, size: c_int, tag: c_int, _mh: *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    match size_of_int(size, "isend") {
+        Ok(n) => unsafe { do_isend(send_comm, data, n, tag, request) },
+        Err(e) => guard("isend", || Err(e)),
+    }
+}
+
+unsafe extern "C" fn isend_v9(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, _mh: *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    unsafe { do_isend(send_comm, data, size, tag, request) }
+}
+
+unsafe extern "C" fn isend_v10(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, _mh: *mut c_void, _ph: *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    unsafe { do_isend(send_comm, data, size, tag, request) }
+}
+
+/// One receive (maxRecvs = 1). For v9+ NCCL may have put NCCL_NET_OPTIONAL_RECV_COMPLETION in
+/// `*request`; the receive is completed normally anyway and `*request` overwritten.
+unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, size: impl FnOnce() -> Result<usize, PluginError>, tags: *mut c_int, request: *mut *mut c_void) -> NcclResult {
+    guard("irecv", || {
+        if n != 1 {
+            return Err(internal(format!("irecv of {n} buffers: wirespeed-net announces maxRecvs = 1")));
+        }
+        if data.is_null() || tags.is_null() || request.is_null() {
+            return Err(internal("irecv: NULL buffer, tag or request pointer"));
+        }
+        let c: &Comm = unsafe { obj(recv_comm, "irecv")? };
+        let cap = size()?;
+        // SAFETY: arrays of n = 1 entries from NCCL.
+        let (buf, tag) = unsafe { (*data, *tags) };
+        // SAFETY: NCCL keeps the buffer alive and leaves it alone until the request completes.
+        let r = unsafe { plugin::irecv(c, buf as *mut u8, cap, tag)? };
+        post(request, r)
+    })
+}
+
+unsafe extern "C" fn irecv_v8(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut c_int, tags: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    let size = || if sizes.is_null() { Err(internal("irecv: NULL sizes")) } else { size_of_int(unsafe { *sizes }, "irecv") };
+    unsafe { do_irecv(recv_comm, n, data, size, tags, request) }
+}
+
+unsafe extern "C" fn irecv_v9(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    let size = || if sizes.is_null() { Err(internal("irecv: NULL sizes")) } else { Ok(unsafe { *sizes }) };
+    unsafe { do_irecv(recv_comm, n, data, size, tags, request) }
+}
+
+unsafe extern "C" fn irecv_v10(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, mh: *mut *mut c_void, _ph: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    unsafe { irecv_v9(recv_comm, n, data, sizes, tags, mh, request) }
+}
+
+/// Host memory written by a socket read is visible to the GPU without a flush: no request.
+unsafe extern "C" fn iflush(_recv_comm: *mut c_void, _n: c_int, _data: *mut *mut c_void, _sizes: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
+    guard("iflush", || unsafe { put(request, std::ptr::null_mut(), "iflush") })
+}
+
+/// Poll a request. Once it reports done (or an error) it is freed: NCCL never tests it again.
+unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, size: *mut c_int) -> NcclResult {
+    guard("test", || {
+        if request.is_null() || done.is_null() {
+            return Err(internal("test: NULL request or done pointer"));
+        }
+        let r: &Req = unsafe { obj(request, "test")? };
+        let outcome = plugin::test(r);
+        let finished = !matches!(outcome, Ok(None));
+        if finished {
+            // SAFETY: the Box this plugin handed out for the request; NCCL drops its pointer
+            // once `done` is set or an error is returned.
+            drop(unsafe { Box::from_raw(request as *mut Req) });
+        }
+        let bytes = outcome?;
+        unsafe { done.write(bytes.is_some() as c_int) };
+        if let (Some(n), false) = (bytes, size.is_null()) {
+            // NCCL's size out-parameter is an int in every version; its steps are far smaller.
+            unsafe { size.write(n.min(c_int::MAX as usize) as c_int) };
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn close_comm(comm: *mut c_void) -> NcclResult {
+    guard("close", || {
+        if !comm.is_null() {
+            // SAFETY: a comm from connect/accept, closed once by NCCL.
+            drop(unsafe { Box::from_raw(comm as *mut Comm) });
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> NcclResult {
+    guard("closeListen", || {
+        if !listen_comm.is_null() {
+            // SAFETY: a comm from listen, closed once by NCCL.
+            drop(unsafe { Box::from_raw(listen_comm as *mut ListenComm) });
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_device_mr(_comm: *mut c_void, _mhandle: *mut c_void, _out: *mut *mut c_void) -> NcclResult {
+    guard("getDeviceMr", || Err(internal("getDeviceMr: wirespeed-net has no device-side networking")))
+}
+
+unsafe extern "C" fn irecv_consumed(_recv_comm: *mut c_void, _n: c_int, _request: *mut c_void) -> NcclResult {
+    guard("irecvConsumed", || Err(internal("irecvConsumed: wirespeed-net has no device-side networking")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tables NCCL dlsyms. makeVDevice (NIC fusion) and setNetAttr are NULL, which NCCL allows.
+
+const NAME_PTR: *const c_char = NAME.as_ptr();
+
+#[no_mangle]
+pub static ncclNetPlugin_v8: NetV8 = NetV8 {
+    name: NAME_PTR,
+    init: Some(init_v8),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v8),
+    listen: Some(listen),
+    connect: Some(connect),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dma_buf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v8),
+    irecv: Some(irecv_v8),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_comm),
+    closeRecv: Some(close_comm),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v9: NetV9 = NetV9 {
+    name: NAME_PTR,
+    init: Some(init_v8),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v9),
+    listen: Some(listen),
+    connect: Some(connect),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dma_buf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v9),
+    irecv: Some(irecv_v9),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_comm),
+    closeRecv: Some(close_comm),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v10: NetV10 = NetV10 {
+    name: NAME_PTR,
+    init: Some(init_v10),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v9),
+    listen: Some(listen),
+    connect: Some(connect_v10),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dma_buf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v10),
+    irecv: Some(irecv_v10),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_comm),
+    closeRecv: Some(close_comm),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v11: NetV11<PropertiesV11> = NetV11 {
+    name: NAME_PTR,
+    init: Some(init_v11),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v11),
+    listen: Some(listen_v11),
+    connect: Some(connect_v11),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dma_buf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v10),
+    irecv: Some(irecv_v10),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_comm),
+    closeRecv: Some(close_comm),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+    finalize: Some(finalize),
+    setNetAttr: None,
+};
+
+#[no_mangle]
+pub static ncclNetPlugin_v12: NetV12 = NetV11 {
+    name: NAME_PTR,
+    init: Some(init_v11),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v12),
+    listen: Some(listen_v11),
+    connect: Some(connect_v11),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dma_buf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v10),
+    irecv: Some(irecv_v10),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_comm),
+    closeRecv: Some(close_comm),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+    finalize: Some(finalize),
+    setNetAttr: None,
+};

@@ -1,0 +1,101 @@
+"""`wirespeed tune`: sweep a backend's knobs over sizes and say what to export (docs/tune.md)."""
+from __future__ import annotations
+
+from .common import add, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="sweep a backend's knobs (NCCL_*, WIRESPEED_*) and say what to export",
+                       description="Run `wirespeed bench` once per knob setting (knobs are read when a "
+                       "library starts), repeats interleaved, every result checked; print each "
+                       "setting's time per size, the best setting per size range with its gain over "
+                       "the defaults, and the export lines.")
+    add(p, "--backend", default=None, help="nccl or wirespeed (default: nccl with GPUs, else wirespeed)")
+    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffers live")
+    add(p, "-N", "--nproc", default="2", help="ranks")
+    add(p, "-c", "--collective", default="all_reduce", help="comma list of collectives")
+    add(p, "-d", "--dtype", default="float32", help="comma list of dtypes")
+    add(p, "-o", "--op", default="sum", help="comma list of reduction ops")
+    add(p, "-b", "--minbytes", default="4K", help="smallest size")
+    add(p, "-e", "--maxbytes", default="64M", help="largest size")
+    add(p, "-f", "--stepfactor", default="4", help="multiply the size by this each step")
+    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    add(p, "-n", "--iters", default="20", help="calls per size in each run")
+    add(p, "-w", "--warmup-iters", default="5", help="untimed calls per size")
+    add(p, "--repeat", default="3", help="run every setting this many times, interleaved")
+    add(p, "-T", "--timeout", default="300", help="seconds without progress before a run fails")
+    add(p, "--knobs", default=None,
+        help="comma list of knobs to sweep (default: the backend's usual subset; --list shows all)")
+    add(p, "--all-knobs", action="store_true", help="sweep every knob of the backend that acts here")
+    p.add_argument("--values", action="append", default=None, metavar="NAME=V1,V2",
+                   help="values to try for a knob instead of the table's (repeatable)")
+    add(p, "--list", action="store_true", help="print the knob table and exit")
+    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
+        help="run on the emulated cluster (`wirespeed cluster up`)")
+    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
+        help="with --cluster: ranks per host (default 1, round robin)")
+    add(p, "--host-per-rank", action="store_true",
+        help="every rank a host of its own (bench --host-per-rank): network knobs act on one machine")
+    add(p, "--json", default=None, help="write every record (JSON lines) here")
+    add(p, "--save-dir", default="runs", help="records, verdict and logs go to SAVE_DIR/tune-<time>/")
+    add(p, "--no-save", action="store_true", help="do not save under --save-dir")
+    p.set_defaults(func=main)
+
+
+def list_knobs() -> int:
+    from ..tune.knobs import KNOBS
+    print(f"{'backend':<10} {'knob':<24} {'acts':<13} {'default':<8} {'group':<8} values  (meaning)")
+    for k in KNOBS:
+        print(f"{k.backend:<10} {k.name:<24} {k.where:<13} {'yes' if k.default else 'no':<8} "
+              f"{k.group or '-':<8} {','.join(k.values)}  ({k.meaning})")
+    return 0
+
+
+def config_from_args(args):
+    from ..backends.registry import BACKENDS, availability
+    from ..bench.collectives import parse_collectives
+    from ..bench.dtypes import parse_dtypes, parse_ops
+    from ..errors import UsageError
+    from ..launch.gpus import most_ranks_on_one_host
+    from ..launch.rankjob import parse_iters_timeout, parse_num
+    from ..sizes import sizes_from_flags
+    from ..tune.knobs import parse_values, select
+    from ..tune.sweep import TuneConfig
+    backend = args.backend or ("nccl" if availability("nccl") is None else "wirespeed")
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    device = args.device or BACKENDS[backend].devices[0]
+    nproc = parse_num(args.nproc, "--nproc")
+    if nproc < 1:
+        raise UsageError("--nproc must be at least 1")
+    repeat = parse_num(args.repeat, "--repeat")
+    if repeat < 1:
+        raise UsageError("--repeat must be at least 1")
+    iters, timeout = parse_iters_timeout(args)
+    hosts = None
+    if args.cluster:
+        from ..netem import cluster as C
+        hosts = len(C.require(C.check_name(args.cluster)).hosts)
+    per_host = most_ranks_on_one_host(nproc, hosts, args.ranks_per_host, args.host_per_rank)
+    names = [n.strip() for n in args.knobs.split(",") if n.strip()] if args.knobs else None
+    knobs, notes = select(backend, names, args.all_knobs, across_hosts=per_host < nproc,
+                          one_host=per_host > 1, values=parse_values(args.values))
+    cfg = TuneConfig(backend=backend, device=device, nproc=nproc,
+                     collectives=[c.name for c in parse_collectives(args.collective)],
+                     dtypes=[d.name for d in parse_dtypes(args.dtype)], ops=parse_ops(args.op),
+                     sizes=sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor),
+                     knobs=knobs, iters=iters, warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"),
+                     repeat=repeat, timeout_s=timeout, cluster=args.cluster,
+                     ranks_per_host=args.ranks_per_host, host_per_rank=args.host_per_rank,
+                     json_path=args.json, save_dir=None if args.no_save else args.save_dir)
+    return cfg, notes
+
+
+def main(args, argv) -> int:
+    if args.list:
+        return list_knobs()
+    from ..backends import create
+    from ..tune.session import run_tune
+    cfg, notes = config_from_args(args)
+    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    return run_tune(cfg, notes)

@@ -1,0 +1,62 @@
+"""One tune end to end: the header, the sweep, the verdict, records and logs saved."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..report.records import write_jsonl
+from . import verdict
+from .sweep import TuneConfig, run_sweep, settings
+
+
+def _print(text: str = "") -> None:
+    print(text)
+    sys.stdout.flush()
+
+
+def run_tune(cfg: TuneConfig, notes: list[str]) -> int:
+    plan = settings(cfg.knobs)
+    tune_id = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = None
+    if cfg.save_dir:
+        out_dir = Path(cfg.save_dir) / f"tune-{tune_id}"
+        if out_dir.exists():
+            out_dir = Path(f"{out_dir}-{os.getpid()}")
+    knobs = ", ".join(dict.fromkeys(k.name for k in cfg.knobs))
+    _print(f"# wirespeed tune: backend {cfg.backend}, device {cfg.device}, {cfg.nproc} ranks"
+           f"{', emulated cluster ' + cfg.cluster if cfg.cluster else ''}"
+           f"{', a host per rank' if cfg.host_per_rank else ''}; knobs {knobs}")
+    _print(f"# {len(plan)} settings (the defaults, then each knob or group over its values, the others "
+           f"at their defaults) x {cfg.repeat} repeat{'s' if cfg.repeat != 1 else ''}, interleaved; "
+           f"each a checked `wirespeed bench` of its own ({len(cfg.sizes)} sizes, {cfg.iters} calls "
+           "per size)")
+    for note in notes:
+        _print(f"# note: {note}")
+    outcome = run_sweep(cfg, plan, tune_id, out_dir / "logs" if out_dir else None, say=_print)
+    failed = {label for label, _ in outcome.failures}
+    usable = [r for r in outcome.records if r["setting_label"] not in failed]
+    _print()
+    if failed:
+        _print("# failed (left out of the verdict; logs kept):")
+        for label, why in dict(outcome.failures).items():
+            _print(f"#   {label}: {why}")
+    text, summary = verdict.render(usable, cfg.repeat)
+    _print(text)
+    for r in summary:
+        r.update(tune_id=tune_id, backend=cfg.backend, knobs=list(dict.fromkeys(k.name for k in cfg.knobs)))
+    records = outcome.records + summary
+    if cfg.json_path:
+        write_jsonl(cfg.json_path, records)
+    if out_dir:
+        write_jsonl(out_dir / "records.jsonl", records)
+        (out_dir / "verdict.txt").write_text(text + "\n")
+        _print(f"# saved records, verdict and logs in {out_dir}/")
+    wrong = sum(int(r["wrong"]) for r in outcome.records)
+    if wrong:
+        sys.stderr.write(f"wirespeed: error: {wrong} wrong elements in the sweep (the WRONG cells)\n")
+    if not any(r["setting_label"] == verdict.DEFAULT_LABEL for r in usable):
+        sys.stderr.write("wirespeed: error: the run at the defaults failed: nothing to compare against\n")
+        return 1
+    return 1 if wrong else 0

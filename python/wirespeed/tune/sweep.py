@@ -1,0 +1,149 @@
+"""Plan and run a tune: the settings (the defaults, then each knob or group of knobs over its
+values), each run as a `wirespeed bench` in processes of its own, because libraries read their
+knobs once at start-up. Repeats are interleaved (every setting once, then every setting again),
+so a slow drift of a shared machine spreads over all settings instead of favouring one.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .knobs import GROUP_RULES, KNOBS, Knob
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: tuple[tuple[str, str], ...] = ()   # () is the libraries' defaults
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.env) or "default"
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+DEFAULT = Setting()
+
+
+@dataclass
+class TuneConfig:
+    backend: str
+    device: str
+    nproc: int
+    collectives: list[str]
+    dtypes: list[str]
+    ops: list[str]
+    sizes: list[int]
+    knobs: list[Knob]
+    iters: int = 20
+    warmup_iters: int = 5
+    repeat: int = 3
+    timeout_s: float = 300.0
+    cluster: str | None = None
+    ranks_per_host: int | None = None
+    host_per_rank: bool = False
+    json_path: str | None = None
+    save_dir: str | None = "runs"
+
+
+def settings(knobs: list[Knob]) -> list[Setting]:
+    """The defaults first, then per group (a knob alone is a group of one) every combination of
+    its values that GROUP_RULES allows, the other knobs left at their defaults."""
+    groups: dict[str, list[Knob]] = {}
+    for k in knobs:
+        groups.setdefault(k.group or k.name, []).append(k)
+    out = [DEFAULT]
+    for gname, members in groups.items():
+        rule = GROUP_RULES.get(gname, lambda s: True)
+        for combo in itertools.product(*(k.values for k in members)):
+            env = {k.name: v for k, v in zip(members, combo)}
+            s = Setting(tuple(env.items()))
+            if rule(env) and s not in out:
+                out.append(s)
+    return out
+
+
+def bench_argv(cfg: TuneConfig, json_path: str) -> list[str]:
+    """One setting's `wirespeed bench` (loop timing only: the single-call phase would double the
+    time and the verdict reads the loop's time)."""
+    argv = ["bench", "--backend", cfg.backend, "--device", cfg.device, "-N", str(cfg.nproc),
+            "-c", ",".join(cfg.collectives), "-d", ",".join(cfg.dtypes), "-o", ",".join(cfg.ops),
+            "--sizes", ",".join(map(str, cfg.sizes)), "-n", str(cfg.iters), "-w", str(cfg.warmup_iters),
+            "-T", f"{cfg.timeout_s:g}", "--json", json_path, "--no-save", "--no-progress", "--no-per-op"]
+    if cfg.host_per_rank:
+        argv.append("--host-per-rank")
+    if cfg.cluster:
+        argv += ["--cluster", cfg.cluster]
+        if cfg.ranks_per_host:
+            argv += ["--ranks-per-host", str(cfg.ranks_per_host)]
+    return argv
+
+
+def setting_env(setting: Setting, base=None) -> dict:
+    """The environment of one setting's run: this one without WIRESPEED_* flag twins (tune's own
+    flags must not leak into bench) and without any knob of the table (so "default" is the
+    libraries' default, not whatever this shell exported), plus the setting."""
+    env = dict(os.environ if base is None else base)
+    for k in [k for k in env if k.startswith("WIRESPEED_") or k in {kn.name for kn in KNOBS}]:
+        del env[k]
+    env.update(setting.env)
+    return env
+
+
+def _why(stderr: str, code: int) -> str:
+    errors = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("wirespeed: error:")]
+    if errors:
+        return errors[0][len("wirespeed: error:"):].strip()
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return (lines[-1] if lines else f"exited with code {code}")[:300]
+
+
+@dataclass
+class Outcome:
+    records: list[dict] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)   # (setting label, why)
+
+
+def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path | None,
+              say: Callable[[str], None] = print) -> Outcome:
+    from ..report.records import read_records
+    out = Outcome()
+    total, step = len(plan) * cfg.repeat, 0
+    with tempfile.TemporaryDirectory(prefix="wirespeed-tune-") as tmp:
+        for rep in range(cfg.repeat):
+            for i, setting in enumerate(plan):
+                step += 1
+                json_path = Path(tmp) / f"s{i}-r{rep}.jsonl"
+                cmd = [sys.executable, "-m", "wirespeed.cli.main", *bench_argv(cfg, str(json_path))]
+                t0 = time.monotonic()
+                proc = subprocess.run(cmd, env=setting_env(setting), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, errors="replace")
+                took = time.monotonic() - t0
+                if log_dir is not None:
+                    log_dir.mkdir(parents=True, exist_ok=True)
+                    (log_dir / f"s{i}-r{rep}.log").write_text(
+                        f"# {setting.label}\n$ {' '.join(cmd)}\n# exit code {proc.returncode}\n"
+                        f"{proc.stdout}\n# stderr\n{proc.stderr}")
+                records = read_records(json_path) if json_path.exists() else []
+                for r in records:
+                    r.update(tune_id=tune_id, repeat=rep, setting=setting.as_dict(),
+                             setting_label=setting.label)
+                out.records.extend(records)
+                tag = f"[{step:>3}/{total}] {setting.label}" + (f" (repeat {rep + 1})" if cfg.repeat > 1 else "")
+                wrong = sum(int(r["wrong"]) for r in records)
+                if proc.returncode != 0 and not wrong:
+                    why = _why(proc.stderr, proc.returncode)
+                    out.failures.append((setting.label, why))
+                    say(f"{tag}: FAILED after {took:.1f} s: {why}")
+                else:
+                    say(f"{tag}: {len(records)} results in {took:.1f} s"
+                        + (f", {wrong} WRONG elements" if wrong else ""))
+    return out
