@@ -1,16 +1,38 @@
-"""Errors a user can cause or meet, each printed as one line by the CLI (never a traceback)."""
+"""Errors a user can cause or meet, each printed as one line by the CLI (never a traceback).
+
+Each kind of failure has its own exit status (docs/failures.md), the same on every rank and for
+the whole job whichever rank saw the fault first:
+
+    0  success
+    1  wrong results (a collective returned wrong data), or a failure of no kind below
+    2  usage error: bad input, refused before anything runs
+    3  timeout: no progress within --timeout (a peer hangs, is stopped, unreachable, never came)
+    4  peer lost: a peer process died or its connection closed
+    5  mismatch: ranks called different collectives, sizes, dtypes or settings
+"""
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+EXIT_PEER_LOST = 4
+EXIT_MISMATCH = 5
+
+# What each status means, for the launcher's last line and the docs.
+EXIT_MEANING = {EXIT_FAILED: "failed", EXIT_USAGE: "usage error",
+                EXIT_TIMEOUT: "timeout: no progress within --timeout", EXIT_PEER_LOST: "peer lost",
+                EXIT_MISMATCH: "ranks disagree"}
 
 
 class WirespeedError(Exception):
     """Base of every error wirespeed reports to a user. `exit_code` is what the CLI exits with."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class UsageError(WirespeedError):
     """Bad input: an unknown name, a size that does not parse, a combination that cannot run here."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class BackendUnavailable(UsageError):
@@ -18,12 +40,26 @@ class BackendUnavailable(UsageError):
 
 
 class PeerTimeout(WirespeedError):
-    """A collective made no progress within the timeout: a peer died, hangs or is unreachable."""
+    """A collective made no progress within the timeout: a peer hangs, is stopped or unreachable,
+    or never joined the job."""
 
-    exit_code = 3
+    exit_code = EXIT_TIMEOUT
+
+
+class PeerLost(WirespeedError):
+    """A peer process died, or closed its connections, while this rank depended on it."""
+
+    exit_code = EXIT_PEER_LOST
+
+
+class RanksDisagree(WirespeedError):
+    """Ranks called different collectives, or the same one with different sizes, dtypes, ops or
+    roots, or run with different settings."""
+
+    exit_code = EXIT_MISMATCH
 
 
 class CheckFailed(WirespeedError):
     """At least one collective produced a wrong element."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED

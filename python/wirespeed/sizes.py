@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from .errors import UsageError
+from .flagvalues import given
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40,
@@ -64,15 +65,27 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float | None = 2.0,
 
 def sizes_from_flags(sizes: str | None, minbytes: str, maxbytes: str, stepfactor: str,
                      stepbytes: str | None = None) -> list[int]:
-    """The sizes a command's flags ask for: --sizes as a list, else the -b/-e/-f (or -i) sweep."""
-    if sizes:
-        out = [parse_size(s) for s in sizes.split(",") if s.strip()]
+    """The sizes a command's flags ask for: --sizes as a list, else the -b/-e/-f (or -i) sweep.
+    Flags that would be silently ignored are refused: -b/-e/-f/-i next to --sizes (which lists every
+    size itself), and -f next to -i (both say how to step)."""
+    if sizes is not None:
+        out = [parse_size(s) for s in str(sizes).split(",") if s.strip()]
         if not out:
-            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M")
+            raise UsageError("--sizes is empty: give a comma list such as 4K,1M,64M, or leave it out "
+                             "to sweep -b/-e")
+        clash = [flag for flag, v in (("-b/--minbytes", minbytes), ("-e/--maxbytes", maxbytes),
+                                      ("-f/--stepfactor", stepfactor), ("-i/--stepbytes", stepbytes))
+                 if given(v)]
+        if clash:
+            raise UsageError(f"--sizes lists every size itself, so {' and '.join(clash)} would be "
+                             "ignored: give --sizes or the sweep flags, not both")
         return out
+    if stepbytes is not None and given(stepfactor):
+        raise UsageError("-f/--stepfactor and -i/--stepbytes both set the step (multiply or add): "
+                         "give one of them")
     try:
         factor = float(stepfactor)
     except (TypeError, ValueError):
         raise UsageError(f"--stepfactor must be a number, got {stepfactor!r}") from None
     return sweep(parse_size(minbytes), parse_size(maxbytes), factor,
-                 parse_size(stepbytes) if stepbytes else None)
+                 parse_size(stepbytes) if stepbytes is not None else None)

@@ -52,8 +52,12 @@ def expected(world: int, n: int, dtype: torch.dtype, op: str, factor: float = 1.
             if op == "avg" and dtype.is_floating_point:
                 s = s / world
             elif op == "avg":
-                # the sum wraps like every integer sum, then divides, truncating toward zero
-                s = _wrap(s, dtype)
+                # the sum wraps at the kernels' accumulator width (32 bits for 8- and 16-bit
+                # integers, the type's own above), then divides, truncating toward zero
+                bits = max(INT_DTYPES[dtype], 32)
+                s &= (1 << bits) - 1
+                if dtype.is_signed and s >= 1 << (bits - 1):
+                    s -= 1 << bits
                 s = abs(s) // world * (1 if s >= 0 else -1)
         elif op == "prod":
             s = 1

@@ -39,11 +39,30 @@ def test_format_size_round_trips():
 
 
 def test_sizes_from_flags_list_or_sweep():
+    from wirespeed.flagvalues import Default
     from wirespeed.sizes import sizes_from_flags
-    assert sizes_from_flags("4K, 1M", "8", "64M", "2") == [4096, 1 << 20]
+    b, e, f = Default("8"), Default("64M"), Default("2")  # the flags' defaults, not given
+    assert sizes_from_flags("4K, 1M", b, e, f) == [4096, 1 << 20]
     assert sizes_from_flags(None, "8", "64", "2") == [8, 16, 32, 64]
-    assert sizes_from_flags(None, "10", "30", "2", "10") == [10, 20, 30]
-    with pytest.raises(UsageError, match="--sizes is empty"):
-        sizes_from_flags(" , ", "8", "64", "2")
+    assert sizes_from_flags(None, "10", "30", f, "10") == [10, 20, 30]
+    for empty in (" , ", ""):
+        with pytest.raises(UsageError, match="--sizes is empty"):
+            sizes_from_flags(empty, b, e, f)
     with pytest.raises(UsageError, match="--stepfactor must be a number"):
         sizes_from_flags(None, "8", "64", "x")
+
+
+def test_flags_that_would_be_ignored_are_refused():
+    from wirespeed.flagvalues import Default
+    from wirespeed.sizes import sizes_from_flags
+    b, e, f = Default("8"), Default("64M"), Default("2")
+    with pytest.raises(UsageError, match=r"-b/--minbytes would be ignored"):
+        sizes_from_flags("4K", "1K", e, f)
+    with pytest.raises(UsageError, match=r"-e/--maxbytes and -f/--stepfactor would be ignored"):
+        sizes_from_flags("4K", b, "1M", "4")
+    with pytest.raises(UsageError, match=r"-i/--stepbytes would be ignored"):
+        sizes_from_flags("4K", b, e, f, "1K")
+    with pytest.raises(UsageError, match="give one of them"):
+        sizes_from_flags(None, b, e, "4", "1K")
+    with pytest.raises(UsageError, match="does not parse"):
+        sizes_from_flags(None, b, e, f, "")  # -i "" is not "no -i"

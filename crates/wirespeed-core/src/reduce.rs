@@ -4,8 +4,9 @@
 //! Work goes in blocks of BLOCK elements through an accumulator array on the stack: every source
 //! of a block is read before dst is written, so dst may alias one of the sources at the same
 //! offset (in-place collectives). float16 and bfloat16 accumulate in float32 per block and round
-//! once at the end, as the issue asks; integers wrap like two's-complement hardware; bool is one
-//! byte of 0 or 1 where sum and max are "any" and prod and min are "all", as torch computes them.
+//! once at the end, as the issue asks; integers wrap like two's-complement hardware, except that
+//! an avg is summed in at least 32 bits before it divides; bool is one byte of 0 or 1 where sum
+//! and max are "any" and prod and min are "all", as torch computes them.
 use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType, ReduceOp};
 
 const BLOCK: usize = 512;
@@ -57,43 +58,50 @@ macro_rules! float_elem {
 float_elem!(f32);
 float_elem!(f64);
 
+// Integers accumulate in `$acc` with wrapping arithmetic and are stored back truncated: for sum,
+// prod, min, max and the bitwise ops that gives exactly the bits of working in the element type
+// (two's-complement arithmetic agrees on the low bits; widening keeps the order), while avg
+// divides the sum before it is narrowed. 8- and 16-bit elements take a 32-bit accumulator, so the
+// mean of up to 2^16 ranks' values is exact where a narrow sum would wrap first (4 ranks of int8
+// 38 gave -26). A multi-stage algorithm stores partial sums in the element type between stages;
+// the bindings refuse 8-bit avg where one runs (across hosts).
 macro_rules! int_elem {
-    ($t:ty) => {
+    ($t:ty, $acc:ty) => {
         impl Elem for $t {
-            type Acc = $t;
+            type Acc = $acc;
             #[inline(always)]
-            fn load(self) -> $t { self }
+            fn load(self) -> $acc { self as $acc }
             #[inline(always)]
-            fn store(a: $t) -> $t { a }
+            fn store(a: $acc) -> $t { a as $t }
             #[inline(always)]
-            fn sum(a: $t, b: $t) -> $t { a.wrapping_add(b) }
+            fn sum(a: $acc, b: $acc) -> $acc { a.wrapping_add(b) }
             #[inline(always)]
-            fn prod(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+            fn prod(a: $acc, b: $acc) -> $acc { a.wrapping_mul(b) }
             #[inline(always)]
-            fn min(a: $t, b: $t) -> $t { if a < b { a } else { b } }
+            fn min(a: $acc, b: $acc) -> $acc { if a < b { a } else { b } }
             #[inline(always)]
-            fn max(a: $t, b: $t) -> $t { if a > b { a } else { b } }
-            // Truncating division of the (wrapped) sum, as integer averages are defined here; in
-            // i128 so a world size wider than the type (300 ranks of int8) still divides right.
+            fn max(a: $acc, b: $acc) -> $acc { if a > b { a } else { b } }
+            // Truncating division of the sum; in i128 so a world size wider than the type still
+            // divides right.
             #[inline(always)]
-            fn div(a: $t, n: usize) -> $t { (a as i128 / n as i128) as $t }
+            fn div(a: $acc, n: usize) -> $acc { (a as i128 / n as i128) as $acc }
             #[inline(always)]
-            fn band(a: $t, b: $t) -> $t { a & b }
+            fn band(a: $acc, b: $acc) -> $acc { a & b }
             #[inline(always)]
-            fn bor(a: $t, b: $t) -> $t { a | b }
+            fn bor(a: $acc, b: $acc) -> $acc { a | b }
             #[inline(always)]
-            fn bxor(a: $t, b: $t) -> $t { a ^ b }
+            fn bxor(a: $acc, b: $acc) -> $acc { a ^ b }
         }
     };
 }
-int_elem!(i8);
-int_elem!(u8);
-int_elem!(i16);
-int_elem!(u16);
-int_elem!(i32);
-int_elem!(u32);
-int_elem!(i64);
-int_elem!(u64);
+int_elem!(i8, i32);
+int_elem!(u8, u32);
+int_elem!(i16, i32);
+int_elem!(u16, u32);
+int_elem!(i32, i32);
+int_elem!(u32, u32);
+int_elem!(i64, i64);
+int_elem!(u64, u64);
 
 /// torch.bool: 0 or 1 in a byte.
 #[derive(Clone, Copy)]
@@ -321,7 +329,8 @@ mod tests {
         assert_eq!(run(&[u.clone(), vec![3u64; 3]], DType::U64, ReduceOp::Sum), vec![1u64; 3]);
         assert_eq!(run(&[u.clone(), vec![3u64; 3]], DType::U64, ReduceOp::Max), u);
         let w = vec![40_000u16; 2];
-        assert_eq!(run(&[w.clone(), w.clone()], DType::U16, ReduceOp::Avg), vec![7_232u16; 2]); // 80000 wraps to 14464, halved
+        // 16-bit avg sums in 32 bits: the exact mean, where a 16-bit sum would wrap to 14464.
+        assert_eq!(run(&[w.clone(), w.clone()], DType::U16, ReduceOp::Avg), vec![40_000u16; 2]);
         let v = vec![3_000_000_000u32; 2];
         assert_eq!(run(&[v.clone(), vec![1u32; 2]], DType::U32, ReduceOp::Min), vec![1u32; 2]);
     }
@@ -341,7 +350,29 @@ mod tests {
     #[test]
     fn int8_average_over_more_ranks_than_the_type_holds() {
         let srcs: Vec<Vec<i8>> = (0..300).map(|_| vec![1i8]).collect();
-        // the wrapped sum of 300 ones is 44 in int8; 44 / 300 truncates to 0, with no overflow
-        assert_eq!(run(&srcs, DType::I8, ReduceOp::Avg), vec![0i8]);
+        // summed in 32 bits: 300 / 300 = 1 (an 8-bit sum would wrap to 44 and give 0)
+        assert_eq!(run(&srcs, DType::I8, ReduceOp::Avg), vec![1i8]);
+    }
+    #[test]
+    fn eight_bit_avg_sums_wide_before_dividing_and_other_ops_still_wrap() {
+        // 4 ranks of 38: an 8-bit sum wraps to -104 and "averages" to -26; the mean is 38.
+        let v = vec![38i8; 1100];
+        assert_eq!(run(&[v.clone(), v.clone(), v.clone(), v.clone()], DType::I8, ReduceOp::Avg), vec![38i8; 1100]);
+        let lo = vec![-128i8, -127, 127, 5];
+        let hi = vec![-128i8, 126, 127, -6];
+        assert_eq!(run(&[lo.clone(), hi.clone()], DType::I8, ReduceOp::Avg), vec![-128i8, 0, 127, 0]);
+        let u = vec![200u8; 600];
+        assert_eq!(run(&[u.clone(), u.clone(), u.clone()], DType::U8, ReduceOp::Avg), vec![200u8; 600]);
+        // sum and prod keep their two's-complement wrap bit for bit; min and max are unchanged.
+        for (a, b) in [(100i8, 100i8), (-128, -1), (127, 2), (-77, 93)] {
+            let (x, y) = (vec![a; 3], vec![b; 3]);
+            assert_eq!(run(&[x.clone(), y.clone()], DType::I8, ReduceOp::Sum)[0], a.wrapping_add(b));
+            assert_eq!(run(&[x.clone(), y.clone()], DType::I8, ReduceOp::Prod)[0], a.wrapping_mul(b));
+            assert_eq!(run(&[x.clone(), y.clone()], DType::I8, ReduceOp::Min)[0], a.min(b));
+            assert_eq!(run(&[x, y], DType::I8, ReduceOp::Max)[0], a.max(b));
+        }
+        let (x, y) = (vec![250u8; 2], vec![9u8; 2]);
+        assert_eq!(run(&[x.clone(), y.clone()], DType::U8, ReduceOp::Sum)[0], 250u8.wrapping_add(9));
+        assert_eq!(run(&[x, y], DType::U8, ReduceOp::Prod)[0], 250u8.wrapping_mul(9));
     }
 }

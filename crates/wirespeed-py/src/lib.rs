@@ -56,6 +56,8 @@ struct Group {
     engine: Option<Engine>,
     rank: usize,
     world: usize,
+    /// Ranks on more than one host: all_reduce then reduces in stages (hier.rs, ring.rs).
+    spans_hosts: bool,
 }
 
 impl Group {
@@ -78,6 +80,24 @@ impl Group {
     }
 }
 
+impl Group {
+    /// The dtype of a reduction, refusing an 8-bit avg across hosts: there the algorithms
+    /// (ring, tree, direct exchange) keep partial sums in the element type between stages, so
+    /// the sum would wrap before the division. Every rank knows the hosts, so every rank refuses
+    /// the same call and none is left waiting. (On one host the sum is taken in 32 bits.)
+    /// The dtype and op of a reduction, refused where the kernels or the algorithm cannot do it.
+    fn reducible(&self, dtype_code: u32, op: u32, what: &str) -> PyResult<(DType, ReduceOp)> {
+        let (d, o) = reduction(dtype_code, op)?;
+        if self.spans_hosts && o == ReduceOp::Avg && matches!(d, DType::I8 | DType::U8) {
+            return Err(UnsupportedError::new_err(format!(
+                "wirespeed: avg of {} across hosts would wrap before dividing; {what} a wider \
+                 dtype (e.g. int32) with sum and divide by the world size",
+                d.name())));
+        }
+        Ok((d, o))
+    }
+}
+
 type Bufs = Vec<(usize, usize)>;
 
 #[pymethods]
@@ -92,8 +112,9 @@ impl Group {
             return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
         }
         let hosts = hosts.unwrap_or_default();
+        let spans_hosts = hosts.iter().any(|h| h != &hosts[0]);
         let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts).map_err(to_py)?;
-        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world })
+        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts })
     }
 
     /// (pid, memfd number, host id, TCP address or ""): what peers need to connect to this rank.
@@ -124,17 +145,17 @@ impl Group {
 
     #[pyo3(signature = (buf, count, dtype_code, op, blocking=false))]
     fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        let (dtype, op) = reduction(dtype_code, op)?;
+        let (dtype, op) = self.reducible(dtype_code, op, "all_reduce")?;
         self.submit(py, Op::AllReduce { buf, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
     fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
-        let (dtype, op) = reduction(dtype_code, op)?;
+        let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
         self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
     }
     #[pyo3(signature = (buf, count, dtype_code, op, root, blocking=false))]
     fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, blocking: bool) -> PyResult<u64> {
-        let (dtype, op) = reduction(dtype_code, op)?;
+        let (dtype, op) = self.reducible(dtype_code, op, "reduce")?;
         self.submit(py, Op::Reduce { buf, count, dtype, op, root }, blocking)
     }
     #[pyo3(signature = (send, recv, blocking=false))]

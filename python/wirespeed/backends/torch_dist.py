@@ -26,8 +26,10 @@ class TorchDistBackend(Backend):
         self._device = self.device_for(info, device)
         if self._device.startswith("cuda"):
             torch.cuda.set_device(self._device)
+        from .rendezvous import roll_call_store
+        store = roll_call_store(info, timeout_s)  # names the ranks that never came, in time
         dist.init_process_group(
-            self.name, init_method=f"tcp://{info.master_addr}:{info.master_port}", rank=info.rank,
+            self.name, store=store, rank=info.rank,
             world_size=info.world_size, timeout=datetime.timedelta(seconds=timeout_s),
             **({"device_id": torch.device(self._device)} if self._device.startswith("cuda") else {}))
 

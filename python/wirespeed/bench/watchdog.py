@@ -13,6 +13,8 @@ import time
 
 from ..errors import PeerTimeout
 
+TICK_S = 0.25
+
 
 class Watchdog:
     def __init__(self, timeout_s: float, rank: int):
@@ -32,10 +34,17 @@ class Watchdog:
         self._stop.set()
 
     def _watch(self) -> None:
-        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+        # A fine tick, so a stalled rank ends within a quarter second of its timeout (the job
+        # must end within the timeout plus about a second); the thread is idle otherwise.
+        while not self._stop.wait(min(TICK_S, self.timeout_s / 8)):
             if time.monotonic() - self._since > self.timeout_s:
                 sys.stderr.write(f"wirespeed: error: rank {self.rank}: no progress for "
-                                 f"{self.timeout_s:g} s while {self._what}: a peer died, hangs or is "
-                                 "unreachable (raise --timeout if the job is just slow)\n")
-                sys.stderr.flush()
-                os._exit(PeerTimeout.exit_code)
+                                 f"{self.timeout_s:g} s while {self._what}: a peer hangs, is "
+                                 "stopped or unreachable (raise --timeout if the job is just slow)\n")
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    # At once, without the interpreter's teardown: torch's takes seconds, and a
+                    # library thread may hold locks a clean exit would wait on.
+                    os._exit(PeerTimeout.exit_code)

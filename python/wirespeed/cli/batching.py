@@ -10,8 +10,9 @@ import sys
 import time
 
 from ..errors import UsageError
-from ..launch.rankjob import (check_local_gpus, default_nproc, guarded_rank, launch_ranks,
-                              parse_iters_timeout, parse_num, resolve_backend, start_backend)
+from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
+                              launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
+                              start_backend)
 from ..sizes import format_size, parse_size
 from .common import add
 
@@ -92,10 +93,15 @@ def pick_total(text, c, ranks_here: int) -> int:
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
+    check_rank_flags(args)
     c = _config(args)
     info = rank_info(need_master=c["backend"] != "mpi")
     if info is None:
         from ..backends import create
+        from ..launch.memory import check_local_ranks
+        from ..report.outputs import check_outputs
+        check_local_ranks(c["nproc"])
+        check_outputs(files={"--json": args.json, "--plot": args.plot})
         create(c["backend"], c["device"])
         check_local_gpus(c["nproc"], c["backend"])
         total = pick_total(args.total, c, c["nproc"])

@@ -12,8 +12,9 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import sizes_from_flags
-from ..launch.rankjob import (check_local_gpus, default_nproc, first_line, launch_ranks,
-                              parse_iters_timeout, parse_num, resolve_backend, start_backend)
+from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
+                              parse_iters_timeout, parse_num, rank_error, resolve_backend,
+                              start_backend)
 from .common import add, positive_int
 
 
@@ -89,6 +90,7 @@ def config_from_args(args) -> BenchConfig:
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
+    check_rank_flags(args)
     cfg = config_from_args(args)
     if args.fast_net:
         _enable_fast_net(cfg.backend)
@@ -119,9 +121,17 @@ def _validate_for_world(cfg: BenchConfig, world: int) -> None:
         raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
 
 
+def check_bench_outputs(cfg: BenchConfig) -> None:
+    """Every file and directory the report will write, proven writable before any rank runs."""
+    from ..report.outputs import check_outputs
+    check_outputs(files={"--json": cfg.json_path, "--csv": cfg.csv_path, "--plot": cfg.plot_path},
+                  dirs={"--save-dir": cfg.save_dir})
+
+
 def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_host=None) -> int:
     from ..backends import create
     from ..launch.memory import check_fits
+    check_bench_outputs(cfg)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
     check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, cluster, ranks_per_host))
@@ -165,6 +175,8 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     from ..report.progress import Progress
 
     _validate_for_world(cfg, info.world_size)
+    if info.rank == 0 and os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+        check_bench_outputs(cfg)  # under an outer launcher: rank 0 writes, so rank 0 checks
     if os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
@@ -183,6 +195,8 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
     try:
         env["hosts"] = _exchange_hosts(backend, info.world_size)
+        from ..bench.agreement import check_same_settings
+        check_same_settings(backend, cfg, info.rank)  # else a rank would meet the wrong collective
         shared = _gpu_sharing(backend, device, cfg) if cfg.device == "cuda" else []
         if lead:
             _print_header(cfg, info, env, shared)
@@ -196,7 +210,7 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         raise
     except Exception as e:
         progress.close()
-        raise WirespeedError(f"rank {info.rank}: {first_line(e)}") from None
+        raise rank_error(info.rank, e) from None
     finally:
         progress.close()
     if lead:

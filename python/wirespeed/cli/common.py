@@ -7,6 +7,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import UsageError
+from ..flagvalues import Default
 
 
 def env_twin(flag: str) -> str:
@@ -24,6 +25,8 @@ def add(parser: argparse.ArgumentParser, *names, default=None, help="", **kw):
             default = raw.strip().lower() in ("1", "true", "yes", "on")
         else:
             default = raw
+    elif isinstance(default, str):
+        default = Default(default)  # so validation can tell it from a value the user gave
     return parser.add_argument(*names, default=default, help=f"{help} [env {twin}]".strip(), **kw)
 
 

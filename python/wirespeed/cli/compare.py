@@ -81,6 +81,12 @@ def config_from_args(args):
 
 def main(args, argv) -> int:
     from ..compare.session import rebuild, run_compare
+    from ..launch.rankjob import check_rank_flags
+    from ..report.outputs import check_outputs
     if args.from_paths:
         return rebuild(args.from_paths, args.variant, args.plot_dir)
-    return run_compare(config_from_args(args))
+    check_rank_flags(args)
+    cfg = config_from_args(args)
+    check_outputs(files={"--json": cfg.json_path}, dirs={"--save-dir": cfg.save_dir,
+                                                          "--plot-dir": cfg.plot_dir})
+    return run_compare(cfg)

@@ -118,8 +118,11 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
     out, rank = [], 0
     for h, n in zip(hosts, counts):
         for local in range(n):
+            # OMP_NUM_THREADS=1 unless set, as torchrun does: ranks sharing a host's cores
+            # otherwise each start a thread per core and fight (20x slower small all_reduces).
             env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": n,
-                   "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
+                   "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
+                   "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", "1")}
             dev = ns_info[h.name][1] if h.netns else ifname
             if dev:
                 env.update({v: dev for v in IFNAME_VARS})

@@ -63,11 +63,15 @@ def config_from_args(args):
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
-    from ..launch.rankjob import default_nproc, launch_ranks
+    from ..launch.rankjob import check_rank_flags, default_nproc, launch_ranks
+    from ..report.outputs import check_outputs
+    check_rank_flags(args)
     cfg = config_from_args(args)
     info = rank_info(need_master=True)
     if info is not None:
         return run_as_rank(cfg, info, args)
+    check_outputs(files={"--json": args.json, "--plot": args.plot},
+                  dirs={"--save-dir": None if args.no_save else args.save_dir})
     nproc = default_nproc(args.nproc, cfg.device)
     if args.cluster:
         from ..launch.cluster import cluster_nproc

@@ -1,6 +1,7 @@
 """`wirespeed`: registers the subcommands; each lives in its own module with `register(sub)`."""
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import WirespeedError
@@ -37,5 +38,27 @@ def main(argv=None) -> int:
         return 130
 
 
+def run() -> None:
+    """The `wirespeed` program (console script and `python -m wirespeed.cli.main`): main(), then
+    leave at once with its status. Once torch is imported, the interpreter's normal teardown takes
+    1.5-2 s on a small machine, and in a rank whose peer is gone a library destructor can wait on
+    a dead socket for longer still: a failed job must end within its timeout, not seconds after.
+    Everything wirespeed writes is closed when main() returns; stdout and stderr are flushed here."""
+    try:
+        code = main()
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            sys.stderr.write(e.code + "\n")
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    code = code or 0
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

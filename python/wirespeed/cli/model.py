@@ -13,9 +13,9 @@ import tempfile
 import time
 
 from ..errors import UsageError
-from ..launch.rankjob import (check_local_gpus, default_nproc, guarded_rank, launch_ranks,
-                              parse_iters_timeout, parse_num, resolve_backend, start_backend,
-                              uses_torch_distributed)
+from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
+                              launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
+                              start_backend, uses_torch_distributed)
 from .common import add
 
 
@@ -110,6 +110,7 @@ def main(args, argv) -> int:
     from ..launch.environment import rank_info
     if args.list:
         return list_models()
+    check_rank_flags(args)
     cfg = config_from_args(args)
     info = rank_info(need_master=cfg.backend != "mpi")
     if info is None:
@@ -132,7 +133,11 @@ def _check_memory(shapes, cfg, ranks_here: int) -> None:
 
 def launch_local(cfg, args, argv) -> int:
     from ..backends import create
+    from ..launch.memory import check_local_ranks
     from ..workloads.runner import validate
+    from ..report.outputs import check_output_file
+    check_local_ranks(cfg.nproc)
+    check_output_file(cfg.json_path, "--json")
     adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_local_gpus(cfg.nproc, cfg.backend)
     validate(cfg, cfg.nproc)

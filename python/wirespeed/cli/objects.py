@@ -14,8 +14,9 @@ import tempfile
 import time
 
 from ..errors import UsageError
-from ..launch.rankjob import (check_local_gpus, guarded_rank, launch_ranks, parse_iters_timeout,
-                              parse_num, resolve_backend, start_backend, uses_torch_distributed)
+from ..launch.rankjob import (check_local_gpus, check_rank_flags, guarded_rank, launch_ranks,
+                              parse_iters_timeout, parse_num, resolve_backend, start_backend,
+                              uses_torch_distributed)
 from .common import add
 
 
@@ -50,6 +51,7 @@ def _config(args):
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
+    check_rank_flags(args)
     c = _config(args)
     info = rank_info()
     if info is not None:
@@ -58,7 +60,11 @@ def main(args, argv) -> int:
     if not uses_torch_distributed(create(c["backend"], c["device"])):
         raise UsageError(f"objects compares with torch.distributed's all_gather_object, which "
                          f"--backend {c['backend']} lacks: use gloo, nccl or wirespeed")
+    from ..launch.memory import check_local_ranks
+    from ..report.outputs import check_output_file
+    check_output_file(args.json, "--json")
     for n in c["worlds"]:
+        check_local_ranks(n)
         check_local_gpus(n, c["backend"])
     records, code = [], 0
     with tempfile.TemporaryDirectory(prefix="wirespeed-objects-") as tmp:

@@ -15,8 +15,10 @@ def register(sub) -> None:
 
 def main(args, argv) -> int:
     from ..errors import UsageError
+    from ..report.outputs import check_output_file
     from ..report.plot import WORKLOAD_KINDS, plot_records
     from ..report.records import kind, read_records
+    check_output_file(args.output, "-o")
     records = []
     for path in args.records:
         rs = read_records(path)

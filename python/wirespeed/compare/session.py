@@ -92,6 +92,8 @@ def rebuild(paths: list[str], variant: str, plot_dir: str | None) -> int:
     if plot_dir is None:
         first = Path(paths[0])
         plot_dir = str(first if first.is_dir() else first.parent)
+    from ..report.outputs import check_output_dir
+    check_output_dir(plot_dir, "--plot-dir")
     _print(f"# wirespeed compare: rebuilt from {len(records)} records in {', '.join(paths)}")
     report(records, variant, plot_dir)
     return 0

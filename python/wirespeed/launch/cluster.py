@@ -120,7 +120,34 @@ def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = N
     envs = rank_envs(cluster, hosts_of, port)
     procs = [subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
              for cmd, env in zip(rank_commands(cluster, hosts_of, argv), envs)]
-    return supervise(procs)
+    return supervise(procs, explain=lambda: link_problems(cluster, hosts_of))
+
+
+def _link_is_up(netns: str, dev: str) -> bool:
+    """Administratively up and with a carrier (`ip -o link` flags UP and LOWER_UP)."""
+    from ..netem.ns import run
+    out = run(["ip", "-n", netns, "-o", "link", "show", "dev", dev], check=False, timeout=5)
+    flags = out[out.find("<") + 1:out.find(">")].split(",") if "<" in out else []
+    return "UP" in flags and "LOWER_UP" in flags
+
+
+def link_problems(cluster: C.Cluster, hosts_of: list[int]) -> list[str]:
+    """After a failed job: every host whose link is down, with the ranks it cut off and how to
+    bring it back (a pulled cable shows to the ranks only as silence, so they cannot say)."""
+    lines = []
+    for h in sorted(set(hosts_of)):
+        host = cluster.hosts[h]
+        if _link_is_up(host.netns, host.ifname) and _link_is_up(cluster.switch_ns, f"h{h}"):
+            continue
+        inside = [r for r, hr in enumerate(hosts_of) if hr == h]
+        outside = [r for r, hr in enumerate(hosts_of) if hr != h]
+        cut = f"rank{'s' if len(inside) > 1 else ''} {', '.join(map(str, inside))} on h{h}"
+        if outside:
+            cut += (f" could not reach rank{'s' if len(outside) > 1 else ''} "
+                    f"{', '.join(map(str, outside))}")
+        lines.append(f"host h{h}'s link is down: {cut} (`wirespeed cluster link --name "
+                     f"{cluster.name} h{h} up` brings it back)")
+    return lines
 
 
 def link_fields() -> dict:

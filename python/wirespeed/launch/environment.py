@@ -96,6 +96,9 @@ def rank_info(env=None, need_master: bool = True) -> RankInfo | None:
     if port is None:
         job = _int(env, "SLURM_JOB_ID", default=None)
         port = DEFAULT_PORT + (job % 10000 if job is not None else 0)
+    elif not 0 < port < 65536:  # 0 would leave every rank looking for a rendezvous at port 0
+        raise UsageError(f"MASTER_PORT={env['MASTER_PORT']!r} is not a port: set it to one from 1 "
+                         "to 65535 (the same on every rank)")
     return RankInfo(rank, world, local, local_world, addr, port)
 
 

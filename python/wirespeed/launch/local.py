@@ -14,10 +14,16 @@ import subprocess
 import sys
 import time
 
+from ..errors import (EXIT_FAILED, EXIT_MEANING, EXIT_MISMATCH, EXIT_PEER_LOST, EXIT_TIMEOUT,
+                      EXIT_USAGE)
 from .environment import check_port_free, free_port
 
-# After the first rank fails, how long the others get to report their own error before being killed.
-SURVIVOR_GRACE_S = 5.0
+# After the first rank fails, how long the others get to report their own error before being
+# killed. Ranks share one --timeout, so a fault that stalls the job makes them all time out within
+# a tick of each other, and a dead peer is seen at once: a rank still silent after this is stopped
+# or stuck, and waiting longer would only push the job's end past its timeout.
+SURVIVOR_GRACE_S = 2.0
+POLL_S = 0.02
 
 
 def _die_with_parent() -> None:
@@ -49,7 +55,56 @@ def spawn(argv: list[str], nproc: int, master_port: int | None = None) -> int:
     return supervise(procs)
 
 
-def supervise(procs: list[subprocess.Popen]) -> int:
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP, a debugger): alive, but it cannot report."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def rank_status(code: int) -> int:
+    """A rank's exit status as the kind of failure it stands for: a rank killed by a signal that
+    the launcher did not send is a lost peer to the others."""
+    return EXIT_PEER_LOST if code < 0 else code
+
+
+def job_status(failures: list[tuple[int, int, int]]) -> int:
+    """The job's exit status from its ranks' failures (poll tick, rank, code), in the order they
+    were seen: the first failure's kind, whichever rank it was. The faults this launcher sees
+    first are causes (a killed rank, a timeout), those after are their echoes (a peer of a rank
+    that timed out sees it leave). Failures seen in the same tick are ranked cause-first."""
+    if not failures:
+        return 0
+    first_tick = min(t for t, _, _ in failures)
+    firsts = [rank_status(c) for t, _, c in failures if t == first_tick]
+    return min(firsts, key=lambda c: _CAUSE_ORDER.index(c) if c in _CAUSE_ORDER else len(_CAUSE_ORDER))
+
+
+# Which of several failures seen at once is the cause: a refusal or a disagreement makes ranks
+# time out or leave, a timeout makes its peers see it leave; never the other way round.
+_CAUSE_ORDER = (EXIT_USAGE, EXIT_MISMATCH, EXIT_TIMEOUT, EXIT_PEER_LOST, EXIT_FAILED)
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"was killed by {_signal_name(-code)}"
+    meaning = EXIT_MEANING.get(code)
+    return f"exited with status {code}" + (f" ({meaning})" if meaning else "")
+
+
+def supervise(procs: list[subprocess.Popen], explain=None) -> int:
+    """Wait for every rank; once one fails, give the others SURVIVOR_GRACE_S to report their own
+    error, then kill the rest. Returns the job's exit status (job_status). `explain`, when given,
+    returns lines saying what in the environment caused a failure (a link that is down)."""
     def kill_all(*_):
         for p in procs:
             if p.poll() is None:
@@ -57,37 +112,64 @@ def supervise(procs: list[subprocess.Popen]) -> int:
 
     old = {s: signal.signal(s, lambda signum, frame: (kill_all(), sys.exit(128 + signum)))
            for s in (signal.SIGINT, signal.SIGTERM)}
+    failures: list[tuple[int, int, int]] = []
+    killed: dict[int, str] = {}
     try:
         failed_at = None
-        killed: set[int] = set()
+        seen: set[int] = set()
+        tick = 0
         while True:
+            tick += 1
             codes = [p.poll() for p in procs]
+            for r, c in enumerate(codes):
+                if c is not None and r not in seen:
+                    seen.add(r)
+                    if c != 0 and r not in killed:
+                        failures.append((tick, r, c))
             if all(c is not None for c in codes):
                 break
-            if failed_at is None:
-                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed:
-                    failed_at = time.monotonic()
-                    r, c = failed[0]
-                    how = f"was killed by signal {-c}" if c < 0 else f"exited with status {c}"
-                    sys.stderr.write(f"wirespeed: error: rank {r} {how}; ending the job\n")
-            elif time.monotonic() - failed_at > SURVIVOR_GRACE_S:
+            if failed_at is None and failures:
+                failed_at = time.monotonic()
+                _, r, c = failures[0]
+                sys.stderr.write(f"wirespeed: error: rank {r} {_how(c)}; ending the job\n")
+            elif failed_at is not None and time.monotonic() - failed_at > SURVIVOR_GRACE_S:
                 for r, p in enumerate(procs):
                     if p.poll() is None and r not in killed:
-                        sys.stderr.write(f"wirespeed: error: rank {r} still running "
-                                         f"{SURVIVOR_GRACE_S:g} s after another rank failed; killing it\n")
+                        why = " (it is stopped, so it cannot)" if _stopped(p.pid) else ""
+                        killed[r] = "stopped" if why else "silent"
+                        sys.stderr.write(f"wirespeed: error: rank {r} did not report an error of "
+                                         f"its own {SURVIVOR_GRACE_S:g} s after another rank failed"
+                                         f"{why}; killing it\n")
                         p.kill()
-                        killed.add(r)
-            time.sleep(0.05)
-        codes = [p.wait() for p in procs]
+            time.sleep(POLL_S)
+        for p in procs:
+            p.wait()
     finally:
         kill_all()
         for s, h in old.items():
             signal.signal(s, h)
-    bad = [c for c in codes if c != 0]
-    if not bad:
-        return 0
-    # A killed rank has a negative code; report the first real failure's code (1 wrong data, 2 usage,
-    # 3 peer timeout), else a generic 1.
-    positive = [c for c in bad if c > 0]
-    return positive[0] if positive else 1
+    code = job_status(failures)
+    if code:
+        _summarize(code, failures, killed, explain)
+    return code
+
+
+def _summarize(code: int, failures, killed: dict[int, str], explain) -> None:
+    """One last line naming every rank by what happened to it, then the environment's part."""
+    groups: dict[str, list[int]] = {}
+    for _, r, c in failures:
+        how = f"killed by {_signal_name(-c)}" if c < 0 else f"exited with status {c}"
+        groups.setdefault(how, []).append(r)
+    for r, why in killed.items():
+        groups.setdefault("killed by the launcher" + (", stopped" if why == "stopped" else ""),
+                          []).append(r)
+    parts = [("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
+             + f": {how}" for how, ranks in groups.items()]
+    lines = [f"wirespeed: error: the job failed with status {code} "
+             f"({EXIT_MEANING.get(code, 'failed')}); {'; '.join(parts)}"]
+    if explain is not None:
+        try:
+            lines += [f"wirespeed: error: {line}" for line in explain()]
+        except Exception:  # noqa: BLE001 (an explanation must never hide the failure itself)
+            pass
+    sys.stderr.write("\n".join(lines) + "\n")

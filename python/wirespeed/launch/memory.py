@@ -24,6 +24,22 @@ def available_bytes(device: str) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
+def check_local_ranks(nproc: int, available: int | None = None) -> None:
+    """Every command that starts ranks on this host refuses, with this one message, more ranks
+    than the host's memory holds for their torch runtimes alone (each rank is a process that
+    imports torch), before any buffer is counted: `-N 1000` on a small machine would start a
+    thousand processes only to have them swap or be killed."""
+    avail = available_bytes("cpu") if available is None else available
+    fit = int(avail * 0.9 // RANK_OVERHEAD_BYTES)
+    if nproc <= fit:
+        return
+    need = nproc * RANK_OVERHEAD_BYTES / (1 << 30)
+    hint = f"use -N {fit} or fewer" if fit >= 1 else "free some memory first"
+    raise UsageError(f"-N {nproc}: {nproc} ranks on this host need {need:.1f} GiB of memory for "
+                     f"their torch runtimes alone ({RANK_OVERHEAD_BYTES >> 20} MiB each) but "
+                     f"{avail / (1 << 30):.1f} GiB is available; {hint}")
+
+
 def rank_bytes(collectives, dtypes, nbytes: int, world: int) -> int:
     """Peak bytes one rank allocates for the largest case at this size: send + receive + checking."""
     peak = 0
@@ -38,6 +54,7 @@ def rank_bytes(collectives, dtypes, nbytes: int, world: int) -> int:
 
 def check_fits(collectives, dtypes, sizes, world: int, ranks_here: int, device: str,
                available: int | None = None) -> None:
+    check_local_ranks(ranks_here, available if device != "cuda" else None)
     if not sizes:
         return
     avail = available_bytes(device) if available is None else available

@@ -6,6 +6,7 @@ import os
 from contextlib import contextmanager
 
 from ..errors import UsageError, WirespeedError
+from ..faults import first_line, kind_of, rank_error
 
 
 def parse_num(text, name: str, conv=int):
@@ -17,6 +18,27 @@ def parse_num(text, name: str, conv=int):
     if v < 0 or v != v:
         raise UsageError(f"{name} must not be negative, got {text!r}")
     return v
+
+
+def parse_port(text, name: str = "--master-port") -> int | None:
+    """A TCP port from a flag (1..65535), or None when not given. 0 is refused rather than passed
+    on: every rank would look for the rendezvous at port 0 and none would find it (a hang)."""
+    if text is None:
+        return None
+    port = parse_num(text, name)
+    if not 0 < port < 65536:
+        raise UsageError(f"{name} must be a port from 1 to 65535, got {text!r} (leave it out to "
+                         "pick a free one)")
+    return port
+
+
+def check_rank_flags(args) -> None:
+    """Flags of rank-running commands that make no sense alone or together, refused in one line
+    before anything starts: a port out of range, --ranks-per-host without --cluster."""
+    parse_port(getattr(args, "master_port", None))
+    if getattr(args, "ranks_per_host", None) is not None and not getattr(args, "cluster", None):
+        raise UsageError("--ranks-per-host places ranks on the emulated cluster's hosts: add "
+                         "--cluster, or leave --ranks-per-host out")
 
 
 def parse_iters_timeout(args) -> tuple[int, float]:
@@ -43,9 +65,6 @@ def default_nproc(text, device: str) -> int:
     return max(2, min(os.cpu_count() or 2, 4))
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
 
 
 @contextmanager
@@ -59,7 +78,7 @@ def guarded_rank(rank: int, timeout_s: float):
     except WirespeedError:
         raise
     except Exception as e:
-        raise WirespeedError(f"rank {rank}: {first_line(e)}") from None
+        raise rank_error(rank, e) from None
     finally:
         watchdog.close()
 
@@ -73,8 +92,8 @@ def start_backend(name: str, device: str, info, timeout_s: float):
     except WirespeedError:
         raise
     except Exception as e:
-        raise WirespeedError(f"rank {info.rank}: {name} could not start the job at "
-                             f"{info.master_addr}:{info.master_port}: {first_line(e)}") from None
+        raise kind_of(e)(f"rank {info.rank}: {name} could not start the job at "
+                         f"{info.master_addr}:{info.master_port}: {first_line(e)}") from None
     return backend
 
 
@@ -118,7 +137,9 @@ def launch_ranks(argv: list[str], nproc: int, backend: str, master_port_text,
     """Start nproc ranks of `wirespeed <argv>`: on the emulated cluster's hosts with --cluster,
     else under mpirun for the MPI backend (its ranks rendezvous through MPI), else wirespeed's own
     spawner with torchrun's environment."""
-    port = parse_num(master_port_text, "--master-port") if master_port_text is not None else None
+    from .memory import check_local_ranks
+    port = parse_port(master_port_text)
+    check_local_ranks(nproc)  # the emulated cluster's and mpirun's ranks run here too
     if cluster:
         from .cluster import spawn_on_cluster
         return spawn_on_cluster(argv, nproc, ranks_per_host, cluster, port, backend=backend)

@@ -73,19 +73,38 @@ def read_records(path) -> list[dict]:
     if not p.exists():
         raise UsageError(f"{path}: no such file")
     out = []
-    with open(p) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                raise UsageError(f"{path}:{lineno}: not a JSON line (expected wirespeed records)") from None
-            if not isinstance(r, dict):
-                raise UsageError(f"{path}:{lineno}: not a record (expected a JSON object per line)")
-            schema = r.get("schema", SCHEMA)
-            missing = [k for k in KINDS[schema][1] if k not in r] if schema in KINDS else []
-            if missing:
-                raise UsageError(f"{path}:{lineno}: record lacks {', '.join(missing)}")
-            out.append(r)
+    try:
+        with open(p, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    out.append(_record(line, f"{path}:{lineno}"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file (wirespeed records are JSON lines, UTF-8)") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
     return out
+
+
+# Fields a renderer does arithmetic on: a record with text there is corrupt, not a record.
+NUMERIC = ("world_size", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
+           "total_bytes")
+
+
+def _record(line: str, where: str) -> dict:
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError:
+        raise UsageError(f"{where}: not a JSON line (expected wirespeed records)") from None
+    if not isinstance(r, dict):
+        raise UsageError(f"{where}: a JSON {type(r).__name__}, not a record (expected one JSON "
+                         "object per line)")
+    schema = r.get("schema", SCHEMA)
+    required = KINDS[schema][1] if schema in KINDS else ()  # an unknown kind is kept as it is
+    missing = [k for k in required if k not in r]
+    if missing:
+        raise UsageError(f"{where}: record lacks {', '.join(missing)}")
+    bad = [k for k in required if k in NUMERIC
+           and (isinstance(r[k], bool) or not isinstance(r[k], (int, float)))]
+    if bad:
+        raise UsageError(f"{where}: record has non-numeric {', '.join(bad)}")
+    return r
