@@ -12,6 +12,7 @@ fn main() {
         let cnt = n * 4 / dt.size();
         let t = Instant::now();
         for _ in 0..5 {
+            // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
             unsafe { reduce_many(b.as_mut_ptr() as *mut u8, &[a.as_ptr() as *const u8, b.as_ptr() as *const u8], cnt, dt, ReduceOp::Sum, 2) };
         }
         let s = t.elapsed().as_secs_f64() / 5.0;
@@ -22,6 +23,7 @@ fn main() {
     let t = Instant::now();
     for _ in 0..5 {
         for off in (0..n).step_by(blk) {
+            // SAFETY: the buffers are locals that outlive the call.
             unsafe {
                 reduce_many(b.as_mut_ptr().add(off) as *mut u8, &[a.as_ptr().add(off) as *const u8, b.as_ptr().add(off) as *const u8], blk, DType::F32, ReduceOp::Sum, 2)
             };
@@ -30,23 +32,27 @@ fn main() {
     println!("reduce f32 in 64 KiB blocks: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
+        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(a.as_ptr(), c.as_mut_ptr(), n) };
     }
     println!("memcpy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
+        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
         unsafe { sys::copy(c.as_mut_ptr() as *mut u8, a.as_ptr() as *const u8, n * 4) };
     }
     println!("nt copy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let pid = sys::getpid();
     let t = Instant::now();
     for _ in 0..5 {
+        // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
         unsafe { sys::read_peer(pid, a.as_ptr() as u64, c.as_mut_ptr() as *mut u8, n * 4) }.unwrap();
     }
     println!("process_vm_readv 32 MiB (self): {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
         for off in (0..n).step_by(blk) {
+            // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
             unsafe { sys::read_peer(pid, a.as_ptr() as u64 + off as u64 * 4, c.as_mut_ptr().add(off) as *mut u8, blk * 4) }.unwrap();
         }
     }

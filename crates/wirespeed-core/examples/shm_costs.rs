@@ -38,11 +38,13 @@ fn building_blocks(sizes: &[usize]) {
         let mut dst = vec![0u8; b];
         let other = vec![2u8; b];
         let it = iters_for(b);
+        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
         let copy = best(it, || unsafe { sys::copy(dst.as_mut_ptr(), src.as_ptr(), b) });
         let red = best(it, || unsafe {
             reduce_many(dst.as_mut_ptr(), &[src.as_ptr(), other.as_ptr()], b / 4, DType::F32, ReduceOp::Sum, 2)
         });
         let pid = sys::getpid();
+        // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
         let cma = best(it, || unsafe { sys::read_peer(pid, src.as_ptr() as u64, dst.as_mut_ptr(), b).unwrap() });
         println!(
             "{:>8} B: copy {} ({:5.1} GB/s)  reduce 2 srcs f32 {} ({:5.1} GB/s)  process_vm_readv {} ({:5.1} GB/s)",
@@ -89,10 +91,12 @@ fn collectives(world: usize, sizes: Vec<usize>) {
             let p = v.as_mut_ptr() as usize;
             let q = g.as_mut_ptr() as usize;
             gate.wait();
+            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
             out.push((format!("all_reduce {b}"), best(it, || unsafe { c.all_reduce(p, n, DType::F32, ReduceOp::Sum).unwrap() })));
             let recv: Vec<(usize, usize)> = (0..w).map(|r| (q + r * per, per)).collect();
             out.push((format!("all_gather {b}"), best(it, || unsafe { c.all_gather((p, per), &recv).unwrap() })));
             let send: Vec<(usize, usize)> = (0..w).map(|r| (p + r * per, per)).collect();
+            // SAFETY: the buffers are locals that outlive the call.
             out.push((format!("reduce_scatter {b}"), best(it, || unsafe { c.reduce_scatter(&send, q, per / 4, DType::F32, ReduceOp::Sum).unwrap() })));
             out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
         }
@@ -106,6 +110,7 @@ fn collectives(world: usize, sizes: Vec<usize>) {
             out.push((
                 format!("engine all_reduce {b}"),
                 best(iters_for(b), || {
+                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                     unsafe { e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }).unwrap() };
                 }),
             ));

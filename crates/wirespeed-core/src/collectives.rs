@@ -71,6 +71,7 @@ impl Comm {
     }
 
     /// Describe (and, when staging, copy) what this rank contributes to each destination.
+    // SAFETY: callers uphold the contract stated in this function's doc comment.
     unsafe fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
         let parity = ((self.seq) % 2) as usize;
         let mut uniq: Vec<Buf> = Vec::new();
@@ -92,6 +93,7 @@ impl Comm {
         let mut offs = Vec::with_capacity(uniq.len());
         let mut off = 0usize;
         for &(a, l) in &uniq {
+            // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
             unsafe { sys::copy(slot.add(off), a as *const u8, l) };
             offs.push(off);
             off += l.next_multiple_of(64);
@@ -133,12 +135,14 @@ impl Comm {
         Ok(())
     }
 
+    // SAFETY: callers uphold the contract stated in this function's doc comment.
     unsafe fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         if j == self.rank {
             if own_src != dst {
+                // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
                 unsafe { sys::copy(dst as *mut u8, own_src as *const u8, len) };
             }
             return Ok(());
@@ -146,6 +150,7 @@ impl Comm {
         let p = self.net.segs[j].piece(parity, self.rank);
         match p.mode {
             MODE_SLOT => {
+                // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
                 unsafe { sys::copy(dst as *mut u8, self.net.segs[j].slot(parity).add(p.loc as usize), len) };
                 Ok(())
             }
@@ -153,12 +158,14 @@ impl Comm {
         }
     }
 
+    // SAFETY: callers uphold the contract stated in this function's doc comment.
     unsafe fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
         let pieces = unsafe { self.pieces(send, mode) };
         let parity = self.publish_and_sync(h, &pieces)?;
         self.check_lengths(parity, &|j| recv[j].1, h.kind)?;
         for k in 0..self.world {
             let j = (self.rank + k) % self.world;
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { self.fetch(parity, j, send[self.rank].0, recv[j].0, recv[j].1)? };
         }
         if self.any_direct(parity) {
@@ -170,6 +177,7 @@ impl Comm {
     /// out[0..count] = op over ranks j of what j contributes to this rank. Returns the parity and
     /// whether a final sync is due (left to the caller, which may have more to do first).
     #[allow(clippy::too_many_arguments)]
+    // SAFETY: callers uphold the contract stated in this function's doc comment.
     unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
         let pieces = unsafe { self.pieces(send, mode) };
         let parity = self.publish_and_sync(h, &pieces)?;
@@ -193,6 +201,7 @@ impl Comm {
                     } else {
                         let p = self.net.segs[j].piece(parity, self.rank);
                         if p.mode == MODE_SLOT {
+                            // SAFETY: the offset lies inside the peer's staging slot: the piece's location and length were checked against the slot size.
                             unsafe { self.net.segs[j].slot(parity).add(p.loc as usize + b) as *const u8 }
                         } else {
                             let dst = scratch + j * stride + (p.loc as usize + b) % 4096;
@@ -201,6 +210,7 @@ impl Comm {
                         }
                     };
                 }
+                // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
                 unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / esize, dtype, op, self.world) };
                 b += nb;
             }
@@ -247,6 +257,7 @@ impl Comm {
             match algo {
                 AllReduceAlgo::OneShot | AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {
                     let send = vec![(buf, bytes); c.world];
+                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                     let (_, sync_due) = unsafe { c.reduce_to_me(h, &send, buf, count, dtype, op, Mode::Stage)? };
                     if sync_due {
                         c.net.sync()?;
@@ -267,17 +278,21 @@ impl Comm {
                     c.check_lengths(parity, &|_| bytes, h.kind)?;
                     let ch = c.chunks(count, es);
                     let base: Vec<*mut u8> = (0..c.world)
+                        // SAFETY: the offset lies inside the peer's staging slot: the piece's location and length were checked against the slot size.
                         .map(|j| unsafe { c.net.segs[j].slot(parity).add(c.net.segs[j].piece(parity, me).loc as usize) })
                         .collect();
                     let (s, n) = ch[me];
                     if n > 0 {
+                        // SAFETY: each peer's slot holds its chunk; s * es stays inside it (s < chunk length).
                         let srcs: Vec<*const u8> = base.iter().map(|&b| unsafe { b.add(s * es) } as *const u8).collect();
+                        // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
                         unsafe { reduce_many(base[me].add(s * es), &srcs, n, dtype, op, c.world) };
                     }
                     c.net.sync()?;
                     for k in 0..c.world {
                         let j = (me + k) % c.world;
                         let (s, n) = ch[j];
+                        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
                         unsafe { sys::copy((buf + s * es) as *mut u8, base[j].add(s * es), n * es) };
                     }
                     Ok(())
@@ -287,6 +302,7 @@ impl Comm {
                     let ch = c.chunks(count, es);
                     let send: Vec<Buf> = ch.iter().map(|&(s, n)| (buf + s * es, n * es)).collect();
                     let me = c.rank;
+                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                     let (parity, _) = unsafe { c.reduce_to_me(h, &send, send[me].0, ch[me].1, dtype, op, Mode::Direct)? };
                     c.net.sync()?;
                     // Every rank's own chunk is now reduced, in place in its buffer: gather them.
@@ -327,6 +343,7 @@ impl Comm {
             let mut send = vec![(0usize, 0usize); c.world];
             send[root] = (buf, bytes);
             let n = if c.rank == root { count } else { 0 };
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             let (_, sync_due) = unsafe { c.reduce_to_me(h, &send, buf, n, dtype, op, Mode::Auto)? };
             if sync_due {
                 c.net.sync()?;
@@ -374,6 +391,7 @@ impl Comm {
             };
             recv[root] = buf;
             let mode = if c.tuning.broadcast_stages(buf.1, c.world) { Mode::Stage } else { Mode::Direct };
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { c.exchange(h, &send, &recv, mode) }
         })
     }
@@ -392,6 +410,7 @@ impl Comm {
             if recvs.len() != c.world {
                 return Err(Error::Unsupported(format!("gather needs {} outputs on the root, got {}", c.world, recvs.len())));
             }
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { c.exchange(h, &sends, &recvs, Mode::Auto) }
         })
     }
@@ -410,6 +429,7 @@ impl Comm {
             }
             let mut recvs = vec![none; c.world];
             recvs[root] = recv;
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { c.exchange(h, &sends, &recvs, Mode::Auto) }
         })
     }
@@ -418,6 +438,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(BARRIER, None, None, 0, 0, 0);
             let none = vec![(0usize, 0usize); c.world];
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { c.exchange(h, &none, &none, Mode::Auto) }
         })
     }

@@ -187,6 +187,7 @@ impl Comm {
         for r in 0..self.world {
             if r != self.rank {
                 let mut probe = 0u64;
+                // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
                 if let Err(errno) = unsafe { sys::read_peer(net.pids[r], net.segs[r].owner_addr(), &mut probe as *mut u64 as *mut u8, 8) } {
                     return Err(if errno == libc::ESRCH {
                         Error::PeerDied { rank: r, pid: net.pids[r] }
@@ -366,6 +367,7 @@ impl Net {
         if len == 0 {
             return Ok(());
         }
+        // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
         unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| {
             if errno == libc::ESRCH {
                 Error::PeerDied { rank: r, pid: self.pids[r] }

@@ -24,13 +24,16 @@ pub trait Collectives: Send {
     fn rank(&self) -> usize;
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()>;
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()>;
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()>;
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()>;
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()>;
     fn barrier(&mut self) -> Result<()>;
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
 }
@@ -39,6 +42,7 @@ impl Collectives for Comm {
     fn rank(&self) -> usize {
         self.rank
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: this method's contract is Comm's.
         unsafe { Comm::all_reduce(self, buf, count, dtype, op) }
@@ -74,6 +78,7 @@ impl Collectives for Comm {
     fn barrier(&mut self) -> Result<()> {
         Comm::barrier(self)
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         // SAFETY: this method's contract is Comm's.
         unsafe { Comm::send_post(self, to, addr, len, tag).map(Ticket::Shm) }

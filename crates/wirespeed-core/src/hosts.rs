@@ -260,6 +260,7 @@ impl HostsComm {
         }
         let src = if self.my_host() == rh { self.lay.local_of[root] } else { 0 };
         if self.lay.hosts[self.my_host()].len() > 1 {
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { self.local.broadcast(buf, src)? };
         }
         Ok(())
@@ -277,9 +278,11 @@ impl Transport for HostsComm {
     fn world(&self) -> usize {
         self.world
     }
+    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
         let p = if self.lay.host_of[to] == self.my_host() {
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             Pend::ShmSend(unsafe { self.local.send_post(self.lay.local_of[to], data as usize, len, tag)? })
         } else {
             Pend::TcpSend(self.tcp.send(to, data, len, tag)?)
@@ -287,6 +290,7 @@ impl Transport for HostsComm {
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
     }
+    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, from, "receive from")?;
         let p = if self.lay.host_of[from] == self.my_host() {
@@ -324,11 +328,13 @@ impl crate::group::Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: the Collectives contract: `buf` holds `count` elements for the op's duration.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -340,6 +346,7 @@ impl crate::group::Collectives for HostsComm {
             c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce.
@@ -351,6 +358,7 @@ impl crate::group::Collectives for HostsComm {
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -360,6 +368,7 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -370,6 +379,7 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: this method's contract.
@@ -383,20 +393,24 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| {
             let tag = c.tag(GATHER, None, None, root);
             if c.rank != root {
+                // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                 return unsafe { c.post(root, send, tag)? }.wait();
             }
             for (j, &r) in recv.iter().enumerate() {
                 if j != root {
+                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                     unsafe { c.take(j, r, tag)? };
                 } else if send.1 != r.1 {
                     return Err(Error::Mismatch(format!("gather: the root sends {} bytes but expects {} from itself", send.1, r.1)));
                 } else if send.0 != r.0 && send.1 > 0 {
+                    // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
                     unsafe { sys::copy(r.0 as *mut u8, send.0 as *const u8, send.1) };
                 }
             }
             Ok(())
         })
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -405,17 +419,20 @@ impl crate::group::Collectives for HostsComm {
         self.guarded(|c| {
             let tag = c.tag(SCATTER, None, None, root);
             if c.rank != root {
+                // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                 return unsafe { c.take(root, recv, tag) };
             }
             let mut tickets = Vec::new();
             for (j, &s) in send.iter().enumerate() {
                 if j != root {
+                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
                     tickets.push(unsafe { c.post(j, s, tag)? });
                 } else {
                     if s.1 != recv.1 {
                         return Err(Error::Mismatch(format!("scatter: root sends {} bytes to itself but receives {}", s.1, recv.1)));
                     }
                     if s.0 != recv.0 && s.1 > 0 {
+                        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
                         unsafe { sys::copy(recv.0 as *mut u8, s.0 as *const u8, s.1) };
                     }
                 }
@@ -430,6 +447,7 @@ impl crate::group::Collectives for HostsComm {
             crate::algo::direct::barrier(c, &members, tag)
         })
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -447,6 +465,7 @@ impl crate::group::Collectives for HostsComm {
         }
         r
     }
+    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {

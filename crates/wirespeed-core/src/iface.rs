@@ -51,6 +51,7 @@ fn route_to(host: &str, port: u16) -> Option<IpAddr> {
 /// The first IPv4 address of interface `name` (else its first IPv6 one).
 pub fn iface_addr(name: &str) -> Option<IpAddr> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
         return None;
     }
@@ -58,27 +59,32 @@ pub fn iface_addr(name: &str) -> Option<IpAddr> {
     let mut v6 = None;
     let mut p = head;
     while !p.is_null() {
+        // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
         let ifa = unsafe { &*p };
         p = ifa.ifa_next;
         if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
             continue;
         }
+        // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
         let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
         if n != name {
             continue;
         }
+        // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
         match unsafe { (*ifa.ifa_addr).sa_family } as i32 {
             libc::AF_INET if v4.is_none() => {
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                 v4 = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
             }
             libc::AF_INET6 if v6.is_none() => {
+                // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                 v6 = Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
             }
             _ => {}
         }
     }
+    // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
     unsafe { libc::freeifaddrs(head) };
     v4.or(v6)
 }

@@ -178,17 +178,20 @@ fn combine<T: Elem>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) ->
 }
 
 #[inline(always)]
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, op: ReduceOp, avg_n: usize) {
     let mut acc = [T::Acc::default(); BLOCK];
     let mut start = 0;
     while start < count {
         let n = BLOCK.min(count - start);
         let acc = &mut acc[..n];
+        // SAFETY: the pointers cover count elements of T (reduce_many's contract) and start + n <= count.
         let first = unsafe { std::slice::from_raw_parts((srcs[0] as *const T).add(start), n) };
         for (a, s) in acc.iter_mut().zip(first) {
             *a = s.load();
         }
         for &p in &srcs[1..] {
+            // SAFETY: the pointers cover count elements of T (reduce_many's contract) and start + n <= count.
             let src = unsafe { std::slice::from_raw_parts((p as *const T).add(start), n) };
             match op {
                 ReduceOp::Sum | ReduceOp::Avg => combine::<T>(acc, src, T::sum),
@@ -205,6 +208,7 @@ unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, 
                 *a = T::div(*a, avg_n);
             }
         }
+        // SAFETY: the pointers cover count elements of T (reduce_many's contract) and start + n <= count.
         let out = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), n) };
         for (o, a) in out.iter_mut().zip(acc.iter()) {
             *o = T::store(*a);
@@ -228,20 +232,24 @@ pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype:
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
             unsafe { reduce_avx2(dst, srcs, count, dtype, op, avg_n) };
             return;
         }
     }
+    // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn reduce_avx2(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
 }
 
 #[inline(always)]
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn reduce_dispatch(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     unsafe {
         match dtype {
@@ -269,6 +277,7 @@ mod tests {
     fn run<T: Copy>(srcs: &[Vec<T>], dtype: DType, op: ReduceOp) -> Vec<T> {
         let mut out = srcs[0].clone();
         let ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr() as *const u8).collect();
+        // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
         unsafe { reduce_many(out.as_mut_ptr() as *mut u8, &ptrs, out.len(), dtype, op, srcs.len()) };
         out
     }

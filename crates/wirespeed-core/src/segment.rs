@@ -117,9 +117,11 @@ pub struct Seg {
 impl Seg {
     fn at<T>(&self, off: usize) -> *mut T {
         debug_assert!(off + std::mem::size_of::<T>() <= self.map.len());
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe { self.map.ptr().add(off) as *mut T }
     }
     fn atomic32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe { &*(self.at::<AtomicU32>(off)) }
     }
 
@@ -174,12 +176,14 @@ impl Seg {
     pub fn set_reason(&self, msg: &str) {
         let b = msg.as_bytes();
         let n = b.len().min(REASON_MAX);
+        // SAFETY: the reason area (offsets 68..72+REASON_MAX) lies inside the mapping's first page, written only by its owner.
         unsafe {
             std::ptr::copy_nonoverlapping(b.as_ptr(), self.at::<u8>(72), n);
             *self.at::<u32>(68) = n as u32;
         }
     }
     pub fn reason(&self) -> String {
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         let n = unsafe { *self.at::<u32>(68) as usize }.min(REASON_MAX);
         let mut v = vec![0u8; n];
         unsafe { std::ptr::copy_nonoverlapping(self.at::<u8>(72), v.as_mut_ptr(), n) };
@@ -197,6 +201,7 @@ impl Seg {
     }
     pub fn write_desc(&self, parity: usize, h: &DescHeader, pieces: &[Piece]) {
         let off = self.desc_off(parity);
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe {
             std::ptr::write_volatile(self.at::<DescHeader>(off), *h);
             for (j, p) in pieces.iter().enumerate() {
@@ -205,9 +210,11 @@ impl Seg {
         }
     }
     pub fn desc(&self, parity: usize) -> DescHeader {
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe { std::ptr::read_volatile(self.at::<DescHeader>(self.desc_off(parity))) }
     }
     pub fn piece(&self, parity: usize, to: usize) -> Piece {
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe { std::ptr::read_volatile(self.at::<Piece>(self.desc_off(parity) + 64 + to * PIECE_BYTES)) }
     }
 
@@ -221,10 +228,12 @@ impl Seg {
     }
     pub fn write_send(&self, to: usize, n: u32, e: SendEntry) {
         let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe { std::ptr::write_volatile(self.at::<SendEntry>(off), e) };
     }
     pub fn send_entry(&self, to: usize, n: u32) -> SendEntry {
         let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
+        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
         unsafe { std::ptr::read_volatile(self.at::<SendEntry>(off)) }
     }
 

@@ -13,6 +13,7 @@ pub struct Mapping {
 
 // The mapping is plain shared memory; all concurrent access goes through atomics or through
 // byte ranges the protocol hands to exactly one writer at a time.
+// SAFETY: the type holds plain memory reached only through atomics or through ranges the protocol gives to one writer at a time.
 unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
@@ -30,6 +31,7 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
         unsafe {
             libc::munmap(self.ptr as *mut libc::c_void, self.len);
         }
@@ -37,6 +39,7 @@ impl Drop for Mapping {
 }
 
 fn map_fd(fd: i32, len: usize) -> Result<Mapping> {
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     let p = unsafe {
         libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
     };
@@ -50,10 +53,12 @@ fn map_fd(fd: i32, len: usize) -> Result<Mapping> {
 /// it through /proc/<pid>/fd/<fd>; it vanishes with the last process that maps it, crash or not.
 pub fn memfd_segment(len: usize) -> Result<(i32, Mapping)> {
     let name = b"wirespeed\0";
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     let fd = unsafe { libc::memfd_create(name.as_ptr() as *const libc::c_char, libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(Error::os("memfd_create"));
     }
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
         let e = Error::os("ftruncate");
         unsafe { libc::close(fd) };
@@ -62,6 +67,7 @@ pub fn memfd_segment(len: usize) -> Result<(i32, Mapping)> {
     match map_fd(fd, len) {
         Ok(m) => Ok((fd, m)),
         Err(e) => {
+            // SAFETY: closes a descriptor this code owns, exactly once.
             unsafe { libc::close(fd) };
             Err(e)
         }
@@ -72,22 +78,27 @@ pub fn memfd_segment(len: usize) -> Result<(i32, Mapping)> {
 /// cross-memory attach, so one permission check covers both).
 pub fn map_peer_segment(pid: i32, fd: i32) -> Result<Mapping> {
     let path = format!("/proc/{pid}/fd/{fd}\0");
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     let pfd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDWR | libc::O_CLOEXEC) };
     if pfd < 0 {
         return Err(Error::os("open(/proc/<peer>/fd/<memfd>)"));
     }
+    // SAFETY: a plain C struct for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(pfd, &mut st) } != 0 {
         let e = Error::os("fstat");
+        // SAFETY: closes a descriptor this code owns, exactly once.
         unsafe { libc::close(pfd) };
         return Err(e);
     }
     let r = map_fd(pfd, st.st_size as usize);
+    // SAFETY: closes a descriptor this code owns, exactly once.
     unsafe { libc::close(pfd) };
     r
 }
 
 pub fn close_fd(fd: i32) {
+    // SAFETY: closes a descriptor this code owns, exactly once.
     unsafe {
         libc::close(fd);
     }
@@ -124,11 +135,13 @@ impl Drop for AttachGuard {
 }
 
 pub fn getpid() -> i32 {
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     unsafe { libc::getpid() }
 }
 
 /// CPUs this process may run on: decides whether waits may spin or must yield.
 pub fn cpus_available() -> usize {
+    // SAFETY: cpu_set_t is plain data for which all-zero bytes are valid, and sched_getaffinity writes only into this local.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
@@ -142,6 +155,7 @@ pub fn cpus_available() -> usize {
 }
 
 pub fn sched_yield() {
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     unsafe {
         libc::sched_yield();
     }
@@ -151,6 +165,7 @@ pub fn sched_yield() {
 /// memory mapped by several processes.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -165,6 +180,7 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 }
 
 pub fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     unsafe {
         libc::syscall(libc::SYS_futex, word as *const AtomicU32 as *const u32, libc::FUTEX_WAKE, i32::MAX,
             std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0u32);
@@ -176,6 +192,7 @@ pub struct PidFd(i32);
 
 impl PidFd {
     pub fn open(pid: i32) -> Result<PidFd> {
+        // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
         if fd < 0 {
             return Err(Error::os("pidfd_open"));
@@ -186,6 +203,7 @@ impl PidFd {
 
 impl Drop for PidFd {
     fn drop(&mut self) {
+        // SAFETY: closes a descriptor this code owns, exactly once.
         unsafe { libc::close(self.0) };
     }
 }
@@ -203,6 +221,7 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
     if polls.is_empty() {
         return None;
     }
+    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
     let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
     if n <= 0 {
         return None;
@@ -245,6 +264,7 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
             return;
         }
     }
+    // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
 }
 
@@ -252,11 +272,13 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 pub const NT_THRESHOLD: usize = 1 << 20;
 
 #[cfg(target_arch = "x86_64")]
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Align the destination to 16 bytes with a plain copy, stream the body, copy the tail.
     let head = (16 - (dst as usize & 15)) & 15;
     let head = head.min(len);
+    // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, head);
         let mut d = dst.add(head);

@@ -43,6 +43,7 @@ fn all_reduce_sums_exactly_for_every_size_and_algorithm() {
         for &n in &[0usize, 1, 3, 17, 1000, 70_000, 300_001] {
             let out = with_ranks(world, move |c| {
                 let mut v = input(c.rank, n);
+                // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
                 unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum) }.unwrap();
                 v
             });
@@ -65,19 +66,23 @@ fn gather_family_and_p2p_move_the_right_bytes() {
         let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
         let mut all = vec![0i32; n * world];
         let recv: Vec<(usize, usize)> = (0..world).map(|j| (all.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         unsafe { c.all_gather((mine.as_ptr() as usize, n * 4), &recv) }.unwrap();
         // all_to_all: chunk j of rank r holds r*100+j
         let send: Vec<i32> = (0..world * 3).map(|k| (me * 100 + k / 3) as i32).collect();
         let mut got = vec![0i32; world * 3];
         let s: Vec<_> = (0..world).map(|j| (send.as_ptr() as usize + j * 12, 12)).collect();
         let r: Vec<_> = (0..world).map(|j| (got.as_mut_ptr() as usize + j * 12, 12)).collect();
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         unsafe { c.all_to_all(&s, &r) }.unwrap();
         // broadcast from 2
         let mut b = vec![me as u8; 5000];
+        // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
         unsafe { c.broadcast((b.as_mut_ptr() as usize, 5000), 2) }.unwrap();
         // send/recv ring: post the send first, then receive, then wait for the ack
         let msg = vec![me as u64 + 7; 333];
         let mut inbox = vec![0u64; 333];
+        // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
         let t = unsafe { c.send_post((me + 1) % world, msg.as_ptr() as usize, 333 * 8, 0) }.unwrap();
         unsafe { c.recv((me + world - 1) % world, inbox.as_mut_ptr() as usize, 333 * 8, 0) }.unwrap();
         t.wait().unwrap();
@@ -99,6 +104,7 @@ fn mismatched_counts_raise_on_every_rank_and_the_group_survives() {
     let out = with_ranks(3, |c| {
         let n = if c.rank == 1 { 10 } else { 12 };
         let mut v = vec![1.0f32; 12];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let e = unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum) }.unwrap_err();
         let mut w = vec![1.0f32; 4];
         unsafe { c.all_reduce(w.as_mut_ptr() as usize, 4, DType::F32, ReduceOp::Sum) }.unwrap();
@@ -119,6 +125,7 @@ fn engine_runs_async_ops_in_order_in_the_background() {
         let e = Engine::new(comm).unwrap();
         let mut a = vec![e.rank() as f64 + 1.0; 100_000];
         let mut b = vec![2.0f64; 10];
+        // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
         let ia = unsafe { e.submit(Op::AllReduce { buf: a.as_mut_ptr() as usize, count: a.len(), dtype: DType::F64, op: ReduceOp::Sum }) };
         let ib = unsafe { e.submit(Op::AllReduce { buf: b.as_mut_ptr() as usize, count: b.len(), dtype: DType::F64, op: ReduceOp::Prod }) };
         // Nobody waits: the worker must finish both.

@@ -174,6 +174,7 @@ fn interfaces() -> Vec<Iface> {
                 f.v4.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
             }
             libc::AF_INET6 => {
+                // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                 f.v6.push(Ipv6Addr::from(sin6.sin6_addr.s6_addr));
             }

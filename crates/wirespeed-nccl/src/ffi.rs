@@ -26,6 +26,7 @@ fn guard(what: &str, f: impl FnOnce() -> Result<(), PluginError>) -> NcclResult 
 }
 
 /// `*out = v` for a caller's out-parameter, refusing NULL.
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
     if out.is_null() {
         return Err(internal(format!("{what}: NULL output pointer")));
@@ -35,6 +36,7 @@ unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
     Ok(())
 }
 
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
     if p.is_null() {
         return Err(internal(format!("{what}: NULL comm")));
@@ -43,6 +45,7 @@ unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
     Ok(unsafe { &*(p as *const T) })
 }
 
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE], PluginError> {
     if h.is_null() {
         return Err(internal("NULL connection handle"));
@@ -54,10 +57,12 @@ unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDL
 // ---------------------------------------------------------------------------------------------
 // Entry points every version shares
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn init_v8(logger: Logger) -> NcclResult {
     guard("init", || plugin::init(logger))
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn init_v10(logger: Logger, _prof: ProfilerCallback) -> NcclResult {
     guard("init", || plugin::init(logger))
 }
@@ -68,15 +73,18 @@ struct Ctx {
     comm_id: u64,
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn init_v11(ctx: *mut *mut c_void, comm_id: u64, _config: *mut CommConfig, logger: Logger, _prof: ProfilerCallback) -> NcclResult {
     guard("init", || {
         // NCCL calls finalize on this context even when init fails: leave it NULL until success.
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         unsafe { put(ctx, std::ptr::null_mut(), "init")? };
         plugin::init(logger)?;
         unsafe { put(ctx, Box::into_raw(Box::new(Ctx { comm_id })) as *mut c_void, "init") }
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     guard("finalize", || {
         if !ctx.is_null() {
@@ -88,18 +96,22 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     guard("devices", || {
         let n = plugin::device_count()?;
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         unsafe { put(ndev, n as c_int, "devices") }
     })
 }
 
 fn fill<T>(dev: c_int, out: *mut T, f: impl FnOnce(Props) -> T) -> Result<(), PluginError> {
     let p = plugin::properties(dev)?;
+    // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
     unsafe { put(out, f(p), "getProperties") }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn get_properties_v8(dev: c_int, out: *mut PropertiesV8) -> NcclResult {
     guard("getProperties", || {
         fill(dev, out, |p| PropertiesV8 {
@@ -142,10 +154,12 @@ fn props_v9(p: &Props) -> PropertiesV9 {
     }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn get_properties_v9(dev: c_int, out: *mut PropertiesV9) -> NcclResult {
     guard("getProperties", || fill(dev, out, |p| props_v9(&p)))
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn get_properties_v11(dev: c_int, out: *mut PropertiesV11) -> NcclResult {
     guard("getProperties", || {
         fill(dev, out, |p| {
@@ -176,6 +190,7 @@ unsafe extern "C" fn get_properties_v11(dev: c_int, out: *mut PropertiesV11) -> 
 /// NCCL_NET_ID_UNDEF: no rail or plane information.
 const NET_ID_UNDEF: i16 = -1;
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn get_properties_v12(dev: c_int, out: *mut PropertiesV12) -> NcclResult {
     guard("getProperties", || {
         fill(dev, out, |p| {
@@ -207,67 +222,83 @@ unsafe extern "C" fn get_properties_v12(dev: c_int, out: *mut PropertiesV12) -> 
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     guard("listen", || {
         let h = unsafe { handle_bytes(handle)? };
         let l = plugin::listen(dev, h)?;
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         unsafe { put(listen_comm, Box::into_raw(l) as *mut c_void, "listen") }
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn listen_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     unsafe { listen(dev, handle, listen_comm) }
 }
 
 /// The device-offload handle (`sendDevComm`/`recvDevComm`) is left untouched: NCCL only asks for
 /// one when the properties announce a device type other than NCCL_NET_DEVICE_HOST.
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
     guard("connect", || {
         unsafe { put(send_comm, std::ptr::null_mut(), "connect")? };
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         let h = unsafe { handle_bytes(handle)? };
         match plugin::connect(dev, h)? {
             None => Ok(()),
+            // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
             Some(c) => unsafe { put(send_comm, Box::into_raw(c) as *mut c_void, "connect") },
         }
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn connect_v10(dev: c_int, _config: *mut CommConfig, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
     unsafe { connect(dev, handle, send_comm, dev_comm) }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn connect_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
     unsafe { connect(dev, handle, send_comm, dev_comm) }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
     guard("accept", || {
         unsafe { put(recv_comm, std::ptr::null_mut(), "accept")? };
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         let l: &ListenComm = unsafe { obj(listen_comm, "accept")? };
         match plugin::accept(l)? {
             None => Ok(()),
+            // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
             Some(c) => unsafe { put(recv_comm, Box::into_raw(c) as *mut c_void, "accept") },
         }
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn reg_mr(_comm: *mut c_void, _data: *mut c_void, _size: usize, ptr_type: c_int, mhandle: *mut *mut c_void) -> NcclResult {
     guard("regMr", || {
         let h = plugin::reg_mr(ptr_type)?;
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         unsafe { put(mhandle, h, "regMr") }
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn reg_mr_dma_buf(_comm: *mut c_void, _data: *mut c_void, _size: usize, _ptr_type: c_int, _offset: u64, _fd: c_int, _mhandle: *mut *mut c_void) -> NcclResult {
     guard("regMrDmaBuf", || Err(internal("regMrDmaBuf: wirespeed-net does not announce NCCL_PTR_DMABUF")))
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn dereg_mr(_comm: *mut c_void, _mhandle: *mut c_void) -> NcclResult {
     NCCL_SUCCESS
 }
 
 fn post(request: *mut *mut c_void, r: Option<Box<Req>>) -> Result<(), PluginError> {
     let p = r.map_or(std::ptr::null_mut(), |b| Box::into_raw(b) as *mut c_void);
+    // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
     unsafe { put(request, p, "isend/irecv") }
 }
 
@@ -275,11 +306,13 @@ fn size_of_int(size: c_int, what: &str) -> Result<usize, PluginError> {
     usize::try_from(size).map_err(|_| internal(format!("{what}: negative size {size}")))
 }
 
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn do_isend(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, request: *mut *mut c_void) -> NcclResult {
     guard("isend", || {
         if request.is_null() {
             return Err(internal("isend: NULL request pointer"));
         }
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         let c: &Comm = unsafe { obj(send_comm, "isend")? };
         // SAFETY: NCCL keeps the buffer alive and unchanged until the request completes.
         let r = unsafe { plugin::isend(c, data as *const u8, size, tag)? };
@@ -287,6 +320,7 @@ unsafe fn do_isend(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: 
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn isend_v8(send_comm: *mut c_void, data: *mut c_void, size: c_int, tag: c_int, _mh: *mut c_void, request: *mut *mut c_void) -> NcclResult {
     match size_of_int(size, "isend") {
         Ok(n) => unsafe { do_isend(send_comm, data, n, tag, request) },
@@ -294,16 +328,19 @@ unsafe extern "C" fn isend_v8(send_comm: *mut c_void, data: *mut c_void, size: c
     }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn isend_v9(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, _mh: *mut c_void, request: *mut *mut c_void) -> NcclResult {
     unsafe { do_isend(send_comm, data, size, tag, request) }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn isend_v10(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, _mh: *mut c_void, _ph: *mut c_void, request: *mut *mut c_void) -> NcclResult {
     unsafe { do_isend(send_comm, data, size, tag, request) }
 }
 
 /// One receive (maxRecvs = 1). For v9+ NCCL may have put NCCL_NET_OPTIONAL_RECV_COMPLETION in
 /// `*request`; the receive is completed normally anyway and `*request` overwritten.
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, size: impl FnOnce() -> Result<usize, PluginError>, tags: *mut c_int, request: *mut *mut c_void) -> NcclResult {
     guard("irecv", || {
         if n != 1 {
@@ -312,6 +349,7 @@ unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, siz
         if data.is_null() || tags.is_null() || request.is_null() {
             return Err(internal("irecv: NULL buffer, tag or request pointer"));
         }
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         let c: &Comm = unsafe { obj(recv_comm, "irecv")? };
         let cap = size()?;
         // SAFETY: arrays of n = 1 entries from NCCL.
@@ -322,31 +360,37 @@ unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, siz
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn irecv_v8(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut c_int, tags: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     let size = || if sizes.is_null() { Err(internal("irecv: NULL sizes")) } else { size_of_int(unsafe { *sizes }, "irecv") };
     unsafe { do_irecv(recv_comm, n, data, size, tags, request) }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn irecv_v9(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     let size = || if sizes.is_null() { Err(internal("irecv: NULL sizes")) } else { Ok(unsafe { *sizes }) };
     unsafe { do_irecv(recv_comm, n, data, size, tags, request) }
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn irecv_v10(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, mh: *mut *mut c_void, _ph: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     unsafe { irecv_v9(recv_comm, n, data, sizes, tags, mh, request) }
 }
 
 /// Host memory written by a socket read is visible to the GPU without a flush: no request.
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn iflush(_recv_comm: *mut c_void, _n: c_int, _data: *mut *mut c_void, _sizes: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     guard("iflush", || unsafe { put(request, std::ptr::null_mut(), "iflush") })
 }
 
 /// Poll a request. Once it reports done (or an error) it is freed: NCCL never tests it again.
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, size: *mut c_int) -> NcclResult {
     guard("test", || {
         if request.is_null() || done.is_null() {
             return Err(internal("test: NULL request or done pointer"));
         }
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         let r: &Req = unsafe { obj(request, "test")? };
         let outcome = plugin::test(r);
         let finished = !matches!(outcome, Ok(None));
@@ -356,15 +400,18 @@ unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, size: *mut c_i
             drop(unsafe { Box::from_raw(request as *mut Req) });
         }
         let bytes = outcome?;
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         unsafe { done.write(bytes.is_some() as c_int) };
         if let (Some(n), false) = (bytes, size.is_null()) {
             // NCCL's size out-parameter is an int in every version; its steps are far smaller.
+            // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
             unsafe { size.write(n.min(c_int::MAX as usize) as c_int) };
         }
         Ok(())
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn close_comm(comm: *mut c_void) -> NcclResult {
     guard("close", || {
         if !comm.is_null() {
@@ -375,6 +422,7 @@ unsafe extern "C" fn close_comm(comm: *mut c_void) -> NcclResult {
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> NcclResult {
     guard("closeListen", || {
         if !listen_comm.is_null() {
@@ -385,10 +433,12 @@ unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> NcclResult {
     })
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn get_device_mr(_comm: *mut c_void, _mhandle: *mut c_void, _out: *mut *mut c_void) -> NcclResult {
     guard("getDeviceMr", || Err(internal("getDeviceMr: wirespeed-net has no device-side networking")))
 }
 
+// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 unsafe extern "C" fn irecv_consumed(_recv_comm: *mut c_void, _n: c_int, _request: *mut c_void) -> NcclResult {
     guard("irecvConsumed", || Err(internal("irecvConsumed: wirespeed-net has no device-side networking")))
 }

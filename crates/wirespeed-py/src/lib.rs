@@ -73,6 +73,7 @@ impl Group {
         // data_ptr() of tensors it checked (size, dtype, contiguity) and keeps them alive in the
         // Work until the op completes, which is Engine::submit's contract.
         if blocking {
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             py.allow_threads(|| unsafe { e.run(op) }).map_err(to_py)
         } else {
             Ok(unsafe { e.submit(op) })

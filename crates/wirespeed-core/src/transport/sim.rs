@@ -320,9 +320,11 @@ impl Transport for SimRank {
     fn world(&self) -> usize {
         self.world
     }
+    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(true, to, data as usize, len, tag)
     }
+    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(false, from, data as usize, len, tag)
     }

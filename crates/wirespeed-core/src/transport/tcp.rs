@@ -1412,6 +1412,7 @@ mod tests {
         let bufs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
         let mut outs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n + 8]).collect();
         // Receives posted after the sends for half the messages: those streams park, then resume.
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let sends: Vec<Request> = bufs.iter().enumerate().map(|(i, v)| unsafe { a.isend(v.as_ptr(), v.len(), i as u64) }.unwrap()).collect();
         let recvs: Vec<Request> = outs.iter_mut().enumerate().map(|(i, v)| unsafe { b.irecv(v.as_mut_ptr(), v.len(), i as u64) }.unwrap()).collect();
         for (i, r) in recvs.iter().enumerate() {
@@ -1433,9 +1434,11 @@ mod tests {
         let y = pattern(3 << 20, 2);
         let mut xo = vec![0u8; x.len()];
         let mut yo = vec![0u8; y.len()];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let r1 = unsafe { b.irecv(xo.as_mut_ptr(), xo.len(), 9) }.unwrap();
         let r2 = unsafe { a.irecv(yo.as_mut_ptr(), yo.len(), 9) }.unwrap();
         let s1 = unsafe { a.isend(x.as_ptr(), x.len(), 9) }.unwrap();
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let s2 = unsafe { b.isend(y.as_ptr(), y.len(), 9) }.unwrap();
         for r in [&r1, &r2, &s1, &s2] {
             r.wait(Duration::from_secs(10)).unwrap();
@@ -1457,11 +1460,13 @@ mod tests {
         let msgs: Vec<Vec<Vec<u8>>> = (0..2u8).map(|t| (0..n as u8).map(|i| vec![t * 100 + i; 70_000]).collect()).collect();
         let msgs = std::sync::Arc::new(msgs);
         let mut outs: Vec<Vec<u8>> = (0..2 * n).map(|_| vec![0u8; 70_000]).collect();
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let recvs: Vec<Request> = outs.iter_mut().map(|v| unsafe { b.irecv(v.as_mut_ptr(), v.len(), 5) }.unwrap()).collect();
         let senders: Vec<_> = (0..2)
             .map(|t| {
                 let (a, msgs) = (a.clone(), msgs.clone());
                 std::thread::spawn(move || {
+                    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
                     let reqs: Vec<Request> = msgs[t].iter().map(|m| unsafe { a.isend(m.as_ptr(), m.len(), 5) }.unwrap()).collect();
                     reqs.iter().for_each(|r| { r.wait(Duration::from_secs(10)).unwrap(); });
                 })
@@ -1484,6 +1489,7 @@ mod tests {
         let (a, b, _l) = pair(2);
         let x = pattern(100_000, 3);
         let mut out = vec![0u8; 1000];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let _s = unsafe { a.isend(x.as_ptr(), x.len(), 1) }.unwrap();
         let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 1) }.unwrap();
         let e = r.wait(Duration::from_secs(5)).unwrap_err();
@@ -1496,6 +1502,7 @@ mod tests {
         let (a, b, _l) = pair(1);
         let x = [1u8; 64];
         let mut out = [0u8; 64];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let _s = unsafe { a.isend(x.as_ptr(), x.len(), 1) }.unwrap();
         let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 2) }.unwrap();
         assert!(matches!(r.wait(Duration::from_secs(5)), Err(Error::Mismatch(_))));
@@ -1505,6 +1512,7 @@ mod tests {
     fn a_closed_peer_fails_pending_receives_promptly() {
         let (a, b, _l) = pair(4);
         let mut out = vec![0u8; 1 << 20];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 0) }.unwrap();
         let t = Instant::now();
         drop(a);
@@ -1517,6 +1525,7 @@ mod tests {
     fn a_silent_receiver_times_out() {
         let (_a, b, _l) = pair(1);
         let mut out = [0u8; 8];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let r = unsafe { b.irecv(out.as_mut_ptr(), 8, 0) }.unwrap();
         assert!(matches!(r.wait(Duration::from_millis(200)), Err(Error::Timeout { .. })));
     }

@@ -73,6 +73,7 @@ macro_rules! f {
     };
 }
 
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn cstr(p: *const c_char) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
@@ -87,6 +88,7 @@ impl Net {
             return Err(format!("dlopen {lib}: {why}"));
         }
         let sym = CString::new(format!("ncclNetPlugin_v{version}")).unwrap();
+        // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
         let p = unsafe { libc::dlsym(h, sym.as_ptr()) };
         if p.is_null() {
             return Err(format!("{lib} exports no {}", sym.to_string_lossy()));
@@ -103,6 +105,7 @@ impl Net {
             }
         };
         // `name` is the first field of every version's table.
+        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
         let name = unsafe { cstr(*(p as *const *const c_char)) }.unwrap_or_default();
         Ok(Net { lib: h, t, version, name, ctxs: vec![] })
     }
@@ -119,6 +122,7 @@ impl Net {
     /// init as NCCL does it: once per process before v11, once per communicator from v11 on.
     pub fn init(&mut self, comm_id: u64) -> Result<(), Rc> {
         let logger: Logger = Some(driver_log);
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.init)(logger)),
@@ -130,9 +134,11 @@ impl Net {
         }
     }
 
+    // SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
     unsafe fn init_ctx(&mut self, init: unsafe extern "C" fn(*mut Ptr, u64, *mut CommConfig, Logger, ProfilerCallback) -> Rc, comm_id: u64, logger: Logger) -> Result<(), Rc> {
         let mut ctx: Ptr = 1 as Ptr; // garbage in: the plugin must overwrite it
         let mut cfg = CommConfig { trafficClass: -1 };
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         rc(unsafe { init(&mut ctx, comm_id, &mut cfg, logger, None) })?;
         if ctx.is_null() {
             return Err(NCCL_INTERNAL_ERROR);
@@ -152,6 +158,7 @@ impl Net {
             _ => None,
         };
         for ctx in self.ctxs.drain(..) {
+            // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
             rc(unsafe { fin.expect("finalize is NULL")(ctx) })?;
         }
         Ok(())
@@ -159,6 +166,7 @@ impl Net {
 
     pub fn devices(&self) -> Result<c_int, Rc> {
         let mut n = -1;
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.devices)(&mut n) }))?;
         Ok(n)
     }
@@ -178,6 +186,7 @@ impl Net {
                 }
             };
         }
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         unsafe {
             match self.t {
                 Table::V8(t) => {
@@ -212,6 +221,7 @@ impl Net {
     pub fn listen(&self, dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Ptr, Rc> {
         let mut l: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr() as Ptr;
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.listen)(dev, h, &mut l))?,
@@ -230,6 +240,7 @@ impl Net {
         let mut devh: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr() as Ptr;
         let mut cfg = CommConfig { trafficClass: -1 };
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.connect)(dev, h, &mut c, &mut devh))?,
@@ -245,17 +256,20 @@ impl Net {
     pub fn accept(&self, l: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut c: Ptr = std::ptr::null_mut();
         let mut devh: Ptr = std::ptr::null_mut();
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.accept)(l, &mut c, &mut devh) }))?;
         Ok(opt(c))
     }
 
     pub fn reg_mr(&self, comm: Ptr, data: *mut u8, size: usize, ptr_type: c_int) -> Result<Ptr, Rc> {
         let mut mh: Ptr = std::ptr::null_mut();
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.regMr)(comm, data as Ptr, size, ptr_type, &mut mh) }))?;
         Ok(mh)
     }
 
     pub fn dereg_mr(&self, comm: Ptr, mh: Ptr) -> Result<(), Rc> {
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.deregMr)(comm, mh) }))
     }
 
@@ -288,6 +302,7 @@ impl Net {
         let mut mhs = [mh];
         let mut szs = [cap];
         let mut phs: [Ptr; 1] = [std::ptr::null_mut()];
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         unsafe {
             match self.t {
                 Table::V8(t) => {
@@ -310,6 +325,7 @@ impl Net {
     pub fn test(&self, req: Ptr) -> Result<Option<usize>, Rc> {
         let mut done: c_int = 0;
         let mut size: c_int = -1;
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.test)(req, &mut done, &mut size) }))?;
         if done == 0 {
             return Ok(None);
@@ -323,19 +339,23 @@ impl Net {
         let mut d = data as Ptr;
         let mut s = [size];
         let mut m = [mh];
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.iflush)(recv_comm, 1, &mut d, s.as_mut_ptr(), m.as_mut_ptr(), &mut r) }))?;
         Ok(r.is_null())
     }
 
     pub fn close_send(&self, c: Ptr) -> Result<(), Rc> {
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.closeSend)(c) }))
     }
 
     pub fn close_recv(&self, c: Ptr) -> Result<(), Rc> {
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.closeRecv)(c) }))
     }
 
     pub fn close_listen(&self, c: Ptr) -> Result<(), Rc> {
+        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
         each!(self, t => rc(unsafe { f!(t.closeListen)(c) }))
     }
 }

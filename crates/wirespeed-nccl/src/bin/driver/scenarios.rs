@@ -332,6 +332,7 @@ fn limit(p: &mut Peer) -> R<String> {
             (false, Some(_)) => return Err(format!("irecv {} beyond the limit returned a request", max + 1)),
             (false, None) => {}
         }
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let s = nccl("isend", unsafe { p.net.isend(p.send, sbufs[i].as_ptr(), 16, peer as i32, std::ptr::null_mut()) })?;
         match (i < max, s) {
             (true, Some(s)) => sreqs.push(s),
@@ -359,6 +360,7 @@ fn limit(p: &mut Peer) -> R<String> {
         wait(*s, "test (send)")?;
     }
     // The slots are free again: one more of each goes through.
+    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
     let r = nccl("irecv", unsafe { p.net.irecv(p.recv, rbufs[max].as_mut_ptr(), 16, p.rank as i32, std::ptr::null_mut()) })?.ok_or("irecv still NULL after the slots were freed")?;
     let s = nccl("isend", unsafe { p.net.isend(p.send, sbufs[max].as_ptr(), 16, peer as i32, std::ptr::null_mut()) })?.ok_or("isend still NULL after the slots were freed")?;
     wait(r, "test (receive)")?;
@@ -375,6 +377,7 @@ fn oversize(p: &mut Peer) -> R<String> {
     let out = if p.rank == 1 {
         let mut buf = vec![0u8; SENT];
         fill(&mut buf, seed(1, 0));
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let s = nccl("isend", unsafe { p.net.isend(p.send, buf.as_ptr(), SENT, 0, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
         // The sender may see its bytes leave (done) or the receiver's refusal (an error).
         let how = loop {
@@ -390,6 +393,7 @@ fn oversize(p: &mut Peer) -> R<String> {
         format!("oversize: sent {SENT} bytes into a {CAP}-byte receive; the send {how}")
     } else {
         let mut buf = vec![UNTOUCHED; CAP + 4096];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let r = nccl("irecv", unsafe { p.net.irecv(p.recv, buf.as_mut_ptr(), CAP, 0, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
         let t = Instant::now();
         let rc = loop {
@@ -417,6 +421,7 @@ fn kill(p: &mut Peer) -> R<String> {
     if p.rank == 1 {
         let buf = vec![0xABu8; BIG]; // never zero, so rank 0 can count what arrived
         barrier()?; // rank 0 has posted its receive and send
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let s = nccl("isend", unsafe { p.net.isend(p.send, buf.as_ptr(), BIG, 0, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
         let _ = p.net.test(s);
         say("KILLING myself mid-transfer");
@@ -426,6 +431,7 @@ fn kill(p: &mut Peer) -> R<String> {
     }
     let mut rbuf = vec![0u8; BIG];
     let sbuf = vec![0xCDu8; BIG];
+    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
     let r = nccl("irecv", unsafe { p.net.irecv(p.recv, rbuf.as_mut_ptr(), BIG, 0, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
     let s = nccl("isend", unsafe { p.net.isend(p.send, sbuf.as_ptr(), BIG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
     barrier()?;
@@ -477,10 +483,12 @@ fn close_in_flight(p: &mut Peer) -> R<()> {
         let data = vec![0x77u8; MSG];
         let mut pending = 0;
         for _ in 0..NRECV {
+            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
             nccl("isend", unsafe { p.net.isend(p.send, data.as_ptr(), MSG, 0, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
             pending += 1;
         }
         let mut big = vec![0u8; BIG];
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         nccl("irecv", unsafe { p.net.irecv(p.recv, big.as_mut_ptr(), BIG, 1, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
         pending += 1;
         barrier()?; // rank 0 closes now, mid-stream
@@ -498,9 +506,11 @@ fn close_in_flight(p: &mut Peer) -> R<()> {
     let mut rbufs: Vec<Vec<u8>> = (0..NRECV).map(|_| vec![0u8; MSG]).collect();
     let sbuf = vec![0xABu8; BIG];
     for b in rbufs.iter_mut() {
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         nccl("irecv", unsafe { p.net.irecv(p.recv, b.as_mut_ptr(), MSG, 0, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
     }
     for _ in 0..4 {
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         nccl("isend", unsafe { p.net.isend(p.send, sbuf.as_ptr(), BIG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
     }
     barrier()?;
@@ -542,6 +552,7 @@ fn early_close(p: &mut Peer) -> R<()> {
         let bufs: Vec<Vec<u8>> = (0..N).map(|i| { let mut b = vec![0u8; MSG]; fill(&mut b, seed(0, i)); b }).collect();
         let mut reqs = VecDeque::new();
         for b in &bufs {
+            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
             reqs.push_back(nccl("isend", unsafe { p.net.isend(p.send, b.as_ptr(), MSG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?);
             while reqs.len() >= NCCL_NET_MAX_REQUESTS {
                 if nccl("test (send)", p.net.test(*reqs.front().unwrap()))?.is_some() {
@@ -563,6 +574,7 @@ fn early_close(p: &mut Peer) -> R<()> {
     let mut buf = vec![0u8; MSG];
     for i in 0..N {
         std::thread::sleep(Duration::from_millis(2));
+        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
         let r = nccl("irecv", unsafe { p.net.irecv(p.recv, buf.as_mut_ptr(), MSG, 1, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
         loop {
             match p.net.test(r) {
@@ -605,6 +617,7 @@ fn bench(p: &mut Peer, a: &Args) -> R<String> {
         p.check_deadline(&format!("bench: {ds}/{ns_total} sent, {dr}/{nr_total} received"))?;
         while sq.len() < window && ns < ns_total {
             let slot = ns % window;
+            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
             match nccl("isend", unsafe { p.net.isend(p.send, sbufs[slot].as_ptr(), a.msg, peer as i32, smh[slot]) })? {
                 Some(r) => sq.push_back((slot, r)),
                 None => break,
@@ -613,6 +626,7 @@ fn bench(p: &mut Peer, a: &Args) -> R<String> {
         }
         while rq.len() < window && nr < nr_total {
             let slot = nr % window;
+            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
             match nccl("irecv", unsafe { p.net.irecv(p.recv, rbufs[slot].as_mut_ptr(), a.msg, p.rank as i32, rmh[slot]) })? {
                 Some(r) => rq.push_back((slot, r)),
                 None => break,
