@@ -142,7 +142,7 @@ impl Request {
     /// `None` while in flight; the connection's error if it failed.
     pub fn test(&self) -> Result<Option<usize>> {
         if !self.st.done.load(Acquire) {
-            self.conn.progress(false);
+            self.conn.progress();
         }
         self.outcome()
     }
@@ -170,7 +170,7 @@ impl Request {
             if let Some(n) = self.outcome()? {
                 return Ok(n);
             }
-            c.progress(false);
+            c.progress();
             std::hint::spin_loop();
         }
         loop {
@@ -181,7 +181,7 @@ impl Request {
             if left.is_zero() {
                 return Err(Error::Timeout { what: what(), secs: timeout.as_secs_f64() });
             }
-            c.progress(false);
+            c.progress();
             c.sleepers.fetch_add(1, SeqCst);
             {
                 let g = c.wake_lock.lock().unwrap();
@@ -348,6 +348,14 @@ fn would_block(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::WouldBlock
 }
 
+/// Complete `r` with error `e`, unless it already completed.
+fn fail_req(r: &ReqState, e: &Error) {
+    if !r.done.load(Acquire) {
+        *r.error.lock().unwrap() = Some(e.clone());
+        r.done.store(true, SeqCst);
+    }
+}
+
 impl ConnInner {
     fn peer_name(&self) -> String {
         match self.peer_rank.load(Relaxed) {
@@ -386,20 +394,14 @@ impl ConnInner {
             *g = Some(e.clone());
         }
         self.failed.store(true, SeqCst);
-        let fail_req = |r: &ReqState| {
-            if !r.done.load(Acquire) {
-                *r.error.lock().unwrap() = Some(e.clone());
-                r.done.store(true, SeqCst);
-            }
-        };
         for p in self.recv.lock().unwrap().posted.values() {
-            fail_req(&p.req);
+            fail_req(&p.req, &e);
         }
         for s in &self.streams {
             let _ = s.sock.shutdown(Shutdown::Both);
             // try_lock: the holder is mid-I/O on this very stream and will see the shut socket.
             if let Ok(tx) = s.tx.try_lock() {
-                tx.queue.iter().for_each(|c| fail_req(&c.req));
+                tx.queue.iter().for_each(|c| fail_req(&c.req, &e));
             }
         }
         self.notify();
@@ -410,7 +412,7 @@ impl ConnInner {
     }
 
     /// Move bytes on every stream whose lock is free (a caller's opportunistic progress).
-    fn progress(&self, _block: bool) {
+    fn progress(&self) {
         if self.failed.load(Acquire) {
             // Fail what `fail` could not reach (queues whose lock was held at the time).
             for s in &self.streams {
@@ -439,10 +441,7 @@ impl ConnInner {
     fn fail_queue(&self, tx: &mut TxState) {
         let e = self.error().unwrap_or_else(|| Error::Broken("the connection failed".into()));
         for c in tx.queue.drain(..) {
-            if !c.req.done.load(Acquire) {
-                *c.req.error.lock().unwrap() = Some(e.clone());
-                c.req.done.store(true, SeqCst);
-            }
+            fail_req(&c.req, &e);
         }
         self.notify();
     }
@@ -666,10 +665,7 @@ impl Conn {
             c.flush(st, &mut tx);
         }
         if let Some(e) = c.error() {
-            if !req.done.load(Acquire) {
-                *req.error.lock().unwrap() = Some(e);
-                req.done.store(true, SeqCst);
-            }
+            fail_req(&req, &e);
         }
         Ok(Request { st: req, conn: self.inner.clone() })
     }
@@ -701,10 +697,7 @@ impl Conn {
             c.read(st, &mut rx);
         }
         if let Some(e) = c.error() {
-            if !req.done.load(Acquire) {
-                *req.error.lock().unwrap() = Some(e);
-                req.done.store(true, SeqCst);
-            }
+            fail_req(&req, &e);
         }
         Ok(Request { st: req, conn: self.inner.clone() })
     }
@@ -717,13 +710,7 @@ impl Conn {
         for s in &c.streams {
             // Taking each lock once waits out any I/O in progress; `failed` stops later ones.
             let mut tx = s.tx.lock().unwrap();
-            let e = c.error().unwrap();
-            for ch in tx.queue.drain(..) {
-                if !ch.req.done.load(Acquire) {
-                    *ch.req.error.lock().unwrap() = Some(e.clone());
-                    ch.req.done.store(true, SeqCst);
-                }
-            }
+            c.fail_queue(&mut tx);
             drop(tx);
             drop(s.rx.lock().unwrap());
             c.reactor.forget(s.reactor, s.token, s.sock.as_raw_fd());
