@@ -2,7 +2,7 @@
 //!
 //! Knobs, read once at the first `init`:
 //! - the engine's: WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES, WIRESPEED_IO_THREADS,
-//!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US (wirespeed_core::transport::tcp::NetConfig);
+//!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT (wirespeed_core::transport::tcp::NetConfig);
 //! - which interfaces: WIRESPEED_IFNAME, else NCCL_SOCKET_IFNAME, in NCCL's syntax (a comma list
 //!   of name prefixes; `=` before the list for exact names; `^` for an exclusion list); unset,
 //!   every interface that is up except docker* and loopback, as NCCL's socket transport does;
@@ -65,12 +65,13 @@ impl PluginConfig {
         };
         let devs: Vec<String> = devices.iter().map(|d| format!("{}:{}", d.name.to_string_lossy(), d.addr)).collect();
         format!(
-            "WIRESPEED_NSTREAMS={} WIRESPEED_CHUNK_BYTES={} WIRESPEED_IO_THREADS={} WIRESPEED_SOCKBUF={} WIRESPEED_NET_SPIN_US={} interfaces {ifs} loopback {} family {} -> devices [{}]",
+            "WIRESPEED_NSTREAMS={} WIRESPEED_CHUNK_BYTES={} WIRESPEED_IO_THREADS={} WIRESPEED_SOCKBUF={} WIRESPEED_NET_SPIN_US={} WIRESPEED_NOTSENT_LOWAT={} interfaces {ifs} loopback {} family {} -> devices [{}]",
             n.nstreams,
             n.chunk,
             n.io_threads,
             if n.sockbuf == 0 { "0 (kernel autotuning)".to_string() } else { n.sockbuf.to_string() },
             n.spin.as_micros(),
+            n.notsent_lowat,
             if self.allow_loopback { "allowed" } else { "refused" },
             match self.family {
                 None => "any (IPv4 first)",

@@ -11,12 +11,19 @@
 //! pay two thread hand-offs.
 //!
 //! Framing. A message is cut into chunks; each chunk travels with a 40-byte header (magic, chunk
-//! length, message sequence number, tag, message length, offset) on the stream that has the fewest
-//! bytes queued, so a slow or capped flow gets fewer chunks instead of an equal share. The chunk
-//! size is the message over the streams, between `MIN_SPLIT` and `chunk`: a 1 MiB message spreads
-//! over 8 streams in 128 KiB chunks, a 64 MiB one goes in `chunk`-sized pieces, a 4 KiB one is a
-//! single chunk. A stream carries chunks in the order they were queued, so its chunks of message k
-//! precede its chunks of message k+1.
+//! length, message sequence number, tag, message length, offset). The chunk size is the message
+//! over the streams, between `MIN_SPLIT` and `chunk`: a 1 MiB message spreads over 8 streams in
+//! 128 KiB chunks, a 64 MiB one goes in `chunk`-sized pieces, a 4 KiB one is a single chunk.
+//!
+//! Streams pull chunks. The chunks of every send wait in one queue per connection, in posting
+//! order; a stream takes the next one only when it has finished writing its current one, and the
+//! kernel takes only `notsent_lowat` bytes beyond what is on the wire (TCP_NOTSENT_LOWAT), so a
+//! stream's share is what its flow really carries. Why: flows are not equal. A per-flow cap
+//! shared by two flows whose ports hash alike, or one flow that lost a packet, runs at half speed;
+//! when chunks were pushed to streams at posting time the kernel's multi-megabyte socket buffers
+//! hid that, the slow stream got as many chunks as the fast ones, and every message waited for its
+//! last chunk on the slow one (a 2-host all_reduce fell from 0.83 to 0.44-0.53 of the link). A
+//! stream pulls in queue order, so its chunks of message k precede its chunks of message k+1.
 //!
 //! Receiving. Each stream's reader reads a header, finds the posted receive with that sequence
 //! number, checks the tag and that the message fits the posted buffer (a larger message is an
@@ -83,6 +90,9 @@ pub struct NetConfig {
     pub sockbuf: usize,
     /// How long a waiting caller moves bytes itself before it sleeps (WIRESPEED_NET_SPIN_US).
     pub spin: Duration,
+    /// TCP_NOTSENT_LOWAT for every stream: unsent bytes the kernel holds beyond what is on the
+    /// wire; 0 leaves the kernel's default (WIRESPEED_NOTSENT_LOWAT).
+    pub notsent_lowat: usize,
 }
 
 pub(crate) fn env_usize(name: &str, default: usize, min: usize, max: usize) -> Result<usize> {
@@ -97,23 +107,30 @@ pub(crate) fn env_usize(name: &str, default: usize, min: usize, max: usize) -> R
 
 impl NetConfig {
     /// Defaults (the measurements behind them are in docs/transport.md):
-    /// - 8 streams: clouds and the emulated cluster cap each flow (e.g. 250 Mbit/s flows on a
-    ///   2 Gbit/s link); 8 flows fill such a link where 4 reached 39% of it, and on an uncapped link
-    ///   8 cost nothing measurable against 4.
+    /// - 12 streams: clouds and the emulated cluster cap each flow (e.g. 250 Mbit/s flows on a
+    ///   2 Gbit/s link). 8 such flows can carry at most 0.89 of that link (TCP's headers, and htb
+    ///   never quite gives every class its full share), 10-12 carry 0.94; the all_reduce reached
+    ///   0.83-0.86 with 8 and 0.88-0.89 with 12, and on an uncapped link 12 cost nothing
+    ///   measurable against 8 (docs/transport.md has the runs).
     /// - 512 KiB chunks: a header and a system call per chunk are noise, and a 4 MiB piece still
     ///   spreads over every stream.
     /// - 1 reactor thread up to 4 CPUs, 2 above: the callers move most bytes themselves, and a
     ///   second thread on a 2-core machine only competes with the ranks.
     /// - 50 us of spinning: a sleeping waiter's wake-up costs ~30 us here; spinning much longer
     ///   steals the core a peer rank on the same host needs.
+    /// - 64 KiB of unsent bytes per stream (beyond what is in flight): enough to keep a
+    ///   5 Gbit/s flow busy across a ~100 us wake-up, small enough that a half-speed flow holds
+    ///   back little (see "Streams pull chunks" above); 64 KiB gave 0.88-0.89 of the capped
+    ///   link where 128 and 256 KiB gave 0.79-0.92.
     pub fn from_env() -> Result<NetConfig> {
         let cpus = crate::sys::cpus_available();
         Ok(NetConfig {
-            nstreams: env_usize("WIRESPEED_NSTREAMS", 8, 1, 64)?,
+            nstreams: env_usize("WIRESPEED_NSTREAMS", 12, 1, 64)?,
             chunk: env_usize("WIRESPEED_CHUNK_BYTES", 512 << 10, 4096, 1 << 30)?,
             io_threads: env_usize("WIRESPEED_IO_THREADS", if cpus > 4 { 2 } else { 1 }, 1, 16)?,
             sockbuf: env_usize("WIRESPEED_SOCKBUF", 0, 0, 1 << 30)?,
             spin: Duration::from_micros(env_usize("WIRESPEED_NET_SPIN_US", 50, 0, 1_000_000)? as u64),
+            notsent_lowat: env_usize("WIRESPEED_NOTSENT_LOWAT", 64 << 10, 0, 1 << 30)?,
         })
     }
 }
@@ -215,9 +232,18 @@ struct TxChunk {
 // until the request completes; only the thread holding the stream's lock reads through it.
 unsafe impl Send for TxChunk {}
 
+/// A stream's send side: the chunk it is writing, if any.
 #[derive(Default)]
 struct TxState {
-    queue: VecDeque<TxChunk>,
+    cur: Option<TxChunk>,
+}
+
+/// The connection's chunks waiting for a stream, and which streams wait for a chunk.
+struct SendQueue {
+    chunks: VecDeque<TxChunk>,
+    /// `idle[i]`: stream i has no chunk and found this queue empty. No socket event will come for
+    /// it (it is not blocked on a full socket), so whoever queues a chunk must kick it.
+    idle: Vec<bool>,
 }
 
 #[derive(Clone, Copy)]
@@ -268,8 +294,6 @@ struct Stream {
     conn: Weak<ConnInner>,
     tx: Mutex<TxState>,
     rx: Mutex<RxState>,
-    /// Bytes queued and not yet written: the least-loaded choice reads it without the lock.
-    queued: AtomicUsize,
     token: usize,
     reactor: usize,
 }
@@ -309,7 +333,7 @@ struct ConnInner {
     /// Who is at the other end, for errors: a rank when the owner set one, else the address.
     peer_rank: AtomicUsize,
     peer_addr: String,
-    rr: AtomicUsize,
+    sendq: Mutex<SendQueue>,
     wake_lock: Mutex<()>,
     wake: Condvar,
     sleepers: AtomicUsize,
@@ -401,9 +425,10 @@ impl ConnInner {
             let _ = s.sock.shutdown(Shutdown::Both);
             // try_lock: the holder is mid-I/O on this very stream and will see the shut socket.
             if let Ok(tx) = s.tx.try_lock() {
-                tx.queue.iter().for_each(|c| fail_req(&c.req, &e));
+                tx.cur.iter().for_each(|c| fail_req(&c.req, &e));
             }
         }
+        self.sendq.lock().unwrap().chunks.drain(..).for_each(|c| fail_req(&c.req, &e));
         self.notify();
     }
 
@@ -417,7 +442,7 @@ impl ConnInner {
             // Fail what `fail` could not reach (queues whose lock was held at the time).
             for s in &self.streams {
                 if let Ok(mut tx) = s.tx.try_lock() {
-                    if !tx.queue.is_empty() {
+                    if tx.cur.is_some() {
                         self.fail_queue(&mut tx);
                     }
                 }
@@ -426,7 +451,7 @@ impl ConnInner {
         }
         for s in &self.streams {
             if let Ok(mut tx) = s.tx.try_lock() {
-                if !tx.queue.is_empty() {
+                if tx.cur.is_some() {
                     self.flush(s, &mut tx);
                 }
             }
@@ -436,22 +461,37 @@ impl ConnInner {
         }
     }
 
-    /// Fail every queued chunk's send with the connection's error (the caller holds the lock:
-    /// `fail` could not take it, so this queue is failed by whoever holds it next).
+    /// Fail the stream's chunk and every queued one with the connection's error (the caller holds
+    /// the stream's lock: `fail` could not take it, so this chunk is failed by whoever holds it next).
     fn fail_queue(&self, tx: &mut TxState) {
         let e = self.error().unwrap_or_else(|| Error::Broken("the connection failed".into()));
-        for c in tx.queue.drain(..) {
+        for c in tx.cur.take().into_iter().chain(self.sendq.lock().unwrap().chunks.drain(..)) {
             fail_req(&c.req, &e);
         }
         self.notify();
     }
 
-    /// Write queued chunks until the queue is empty or the socket would block.
+    /// Write the stream's chunk, then pull the next from the connection's queue, until the queue
+    /// is empty (the stream is then marked idle) or the socket would block (an event follows).
     fn flush(&self, s: &Stream, tx: &mut TxState) {
-        if self.failed.load(Acquire) {
-            return self.fail_queue(tx);
-        }
-        while let Some(c) = tx.queue.front_mut() {
+        loop {
+            if self.failed.load(Acquire) {
+                return self.fail_queue(tx);
+            }
+            if tx.cur.is_none() {
+                let mut q = self.sendq.lock().unwrap();
+                match q.chunks.pop_front() {
+                    Some(c) => {
+                        q.idle[s.idx] = false;
+                        tx.cur = Some(c);
+                    }
+                    None => {
+                        q.idle[s.idx] = true;
+                        return;
+                    }
+                }
+            }
+            let c = tx.cur.as_mut().unwrap();
             let r = if c.sent < FRAME_LEN {
                 // SAFETY: see TxChunk; `len` bytes at `ptr` are the caller's live buffer.
                 let body = unsafe { std::slice::from_raw_parts(c.ptr, c.len) };
@@ -465,9 +505,8 @@ impl ConnInner {
             match r {
                 Ok(n) => {
                     c.sent += n;
-                    s.queued.fetch_sub(n, Relaxed);
                     if c.sent == FRAME_LEN + c.len {
-                        let c = tx.queue.pop_front().unwrap();
+                        let c = tx.cur.take().unwrap();
                         if c.req.left.fetch_sub(1, AcqRel) == 1 {
                             let total = c.req.bytes.load(Relaxed);
                             self.complete(&c.req, total);
@@ -639,27 +678,34 @@ impl Conn {
         let mut next = c.next_send.lock().unwrap();
         let seq = *next;
         *next += 1;
-        let mut touched = Vec::with_capacity(nchunks.min(n));
-        for i in 0..nchunks {
-            let off = i * per;
-            let clen = per.min(len - off.min(len));
-            let start = c.rr.fetch_add(1, Relaxed);
-            let s = (0..n).map(|k| (start + k) % n).min_by_key(|&k| c.streams[k].queued.load(Relaxed)).unwrap();
-            let st = &c.streams[s];
-            st.queued.fetch_add(FRAME_LEN + clen, Relaxed);
-            let head = Frame { len: clen, seq, tag, total: len as u64, offset: off as u64 }.encode();
-            // An empty message may come with a null pointer (NCCL passes one): never make a slice
-            // from it. SAFETY: otherwise off <= len inside the caller's buffer (see above).
-            let ptr = if clen == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8 } else { unsafe { data.add(off) } };
-            st.tx.lock().unwrap().queue.push_back(TxChunk { head, ptr, len: clen, sent: 0, req: req.clone() });
-            if !touched.contains(&s) {
-                touched.push(s);
+        let mut kick = Vec::with_capacity(nchunks.min(n));
+        {
+            let mut q = c.sendq.lock().unwrap();
+            for i in 0..nchunks {
+                let off = i * per;
+                let clen = per.min(len - off.min(len));
+                let head = Frame { len: clen, seq, tag, total: len as u64, offset: off as u64 }.encode();
+                // An empty message may come with a null pointer (NCCL passes one): never make a
+                // slice from it. SAFETY: otherwise off <= len inside the caller's buffer (see above).
+                let ptr = if clen == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8 } else { unsafe { data.add(off) } };
+                q.chunks.push_back(TxChunk { head, ptr, len: clen, sent: 0, req: req.clone() });
+            }
+            // Idle streams get no socket event: wake as many as there are new chunks.
+            for (i, idle) in q.idle.iter_mut().enumerate() {
+                if kick.len() == nchunks {
+                    break;
+                }
+                if *idle {
+                    *idle = false;
+                    kick.push(i);
+                }
             }
         }
         drop(next);
         // Write what fits now. A blocking lock: the holder is only ever draining to would-block,
-        // and whoever holds it last leaves nothing queued that an edge will not pick up.
-        for s in touched {
+        // and a stream that found the queue empty marked itself idle under the queue's lock,
+        // so either it saw these chunks or it is in `kick`.
+        for s in kick {
             let st = &c.streams[s];
             let mut tx = st.tx.lock().unwrap();
             c.flush(st, &mut tx);
@@ -842,9 +888,7 @@ fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
                     let Some(c) = s.conn.upgrade() else { continue };
                     if ev.is_writable() || ev.is_write_closed() {
                         let mut tx = s.tx.lock().unwrap();
-                        if !tx.queue.is_empty() {
-                            c.flush(&s, &mut tx);
-                        }
+                        c.flush(&s, &mut tx);
                     }
                     if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                         let mut rx = s.rx.lock().unwrap();
@@ -1088,6 +1132,15 @@ fn tune_socket(sock: &TcpStream, cfg: &NetConfig) {
             }
         }
     }
+    if cfg.notsent_lowat > 0 {
+        // Best effort: a kernel without it (before 3.12) keeps its default and streams still
+        // pull, only with coarser shares.
+        let v = cfg.notsent_lowat.min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: as above.
+        unsafe {
+            libc::setsockopt(sock.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as u32);
+        }
+    }
 }
 
 /// Make a connection of streams that have finished their handshake.
@@ -1097,6 +1150,7 @@ fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, pee
         s.set_nonblocking(true).map_err(|_| Error::os("fcntl"))?;
     }
     let mut regs = Vec::new();
+    let nstreams = socks.len();
     let inner = Arc::new_cyclic(|w: &Weak<ConnInner>| {
         let streams: Vec<Arc<Stream>> = socks
             .into_iter()
@@ -1109,7 +1163,6 @@ fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, pee
                     conn: w.clone(),
                     tx: Mutex::new(TxState::default()),
                     rx: Mutex::new(RxState::Head { buf: [0; FRAME_LEN], have: 0 }),
-                    queued: AtomicUsize::new(0),
                     token: reactor.next_token.fetch_add(1, Relaxed),
                     reactor: thread,
                 })
@@ -1126,7 +1179,7 @@ fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, pee
             closed_streams: AtomicUsize::new(0),
             peer_rank: AtomicUsize::new(NO_RANK),
             peer_addr: peer.to_string(),
-            rr: AtomicUsize::new(0),
+            sendq: Mutex::new(SendQueue { chunks: VecDeque::new(), idle: vec![true; nstreams] }),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
