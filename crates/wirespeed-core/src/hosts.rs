@@ -2,13 +2,22 @@
 //! form a shared-memory `Comm` (its own local numbering), and every pair of ranks on different
 //! hosts is joined by TCP (tcp.rs). Point-to-point goes over whichever of the two joins a pair.
 //!
+//! Streams per pair (`Layout::pair_streams`). The bandwidth paths get WIRESPEED_NSTREAMS streams:
+//! a rank and its counterpart on every other host (same local index: the host leaders, which
+//! carry the hierarchical all_reduce and broadcast, and the pairs pipeline parallelism sends
+//! between) and its neighbours in rank order (the flat ring). Every other pair gets one stream:
+//! it carries direct exchanges, which already spread over many pairs. Sockets per rank are then
+//! about (hosts + 2) x nstreams + remote ranks, instead of nstreams x remote ranks (at 64 hosts
+//! x 8 ranks and 12 streams: 1,244 instead of 6,048).
+//!
 //! The group is itself a `Transport` (shared memory to peers of its host, TCP to the others), so
 //! the algorithms of algo/ run over it unchanged. Collectives across hosts:
 //! - all_reduce: hierarchical (shm reduce to each host's leader, ring or recursive doubling among
 //!   leaders, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
 //!   WIRESPEED_ALGO=ring (algo/ring.rs).
-//! - broadcast: a binomial tree over the root and the other hosts' leaders (algo/tree.rs), then a
-//!   shm broadcast inside each host, so the payload crosses each host's link once.
+//! - broadcast: a shm broadcast inside the root's host, a binomial
+//!   tree over the hosts' leaders (algo/tree.rs), then a shm broadcast inside every other host,
+//!   so the payload crosses each host's link once, between leaders.
 //! - reduce: a binomial tree over all ranks (algo/tree.rs).
 //! - all_gather, all_to_all, reduce_scatter, barrier: direct exchanges (algo/direct.rs).
 //! - gather, scatter: the root sends or receives one message per rank.
@@ -59,6 +68,18 @@ impl Layout {
         }
         Layout { hosts, host_of, local_of }
     }
+
+    /// TCP streams between ranks `a` and `b` (0 on one host): see the module's opening.
+    pub fn pair_streams(&self, a: usize, b: usize, nstreams: usize) -> usize {
+        let world = self.host_of.len();
+        if self.host_of[a] == self.host_of[b] {
+            0
+        } else if self.local_of[a] == self.local_of[b] || (a + 1) % world == b || (b + 1) % world == a {
+            nstreams
+        } else {
+            1
+        }
+    }
 }
 
 /// A rank of a multi-host group between `new` and `connect`.
@@ -85,7 +106,8 @@ impl HostsSetup {
         let (ip, _how) = crate::iface::listen_ip()?;
         // Lower ranks on other hosts dial this one (tcp.rs): those are the connections to expect.
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
-        let listener = Listener::bind(ip, rank, world, token, cfg, &dialers)?;
+        let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();
+        let listener = Listener::bind(ip, rank, world, token, cfg, &dialers, &streams)?;
         Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, cfg })
     }
 
@@ -104,8 +126,8 @@ impl HostsSetup {
         let local_infos: Vec<RankInfo> = lay.hosts[h].iter().map(|&r| infos[r].clone()).collect();
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
-        let remote: Vec<bool> = (0..world).map(|r| lay.host_of[r] != h).collect();
-        let tcp = Tcp::connect(listener, rank, &addrs, &remote, token, cfg, timeout)?;
+        let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();
+        let tcp = Tcp::connect(listener, rank, &addrs, &streams, token, timeout)?;
         let tuning = Tuning::from_env()?;
         Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
     }
@@ -161,6 +183,11 @@ impl HostsComm {
     /// Connections refused so far by this rank's listener.
     pub fn refused(&self) -> usize {
         self.tcp.refused()
+    }
+
+    /// TCP streams of the connection with rank `r` (0 for a rank on this host).
+    pub fn streams_to(&self, r: usize) -> usize {
+        self.tcp.streams_to(r)
     }
     pub(crate) fn my_host(&self) -> usize {
         self.lay.host_of[self.rank]
@@ -244,24 +271,32 @@ impl HostsComm {
         }
     }
 
-    /// The root's data crosses each other host's link once: a binomial tree over the root and
-    /// the other hosts' leaders, then a shared-memory broadcast inside every host.
+    /// The root's data crosses each other host's link once: a shared-memory broadcast inside the
+    /// root's host (so its leader has the data), a binomial tree over the hosts' leaders
+    /// (connected by the full streams), then a shared-memory broadcast inside every other host.
     /// # Safety
     /// As `Collectives::broadcast`.
     unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(BROADCAST, None, None, root);
         let rh = self.lay.host_of[root];
-        let mut members = vec![root];
-        members.extend((0..self.lay.hosts.len()).filter(|&h| h != rh).map(|h| self.lay.hosts[h][0]));
-        if members.contains(&self.rank) {
+        let mine = self.my_host();
+        let local_many = self.lay.hosts[mine].len() > 1;
+        if mine == rh && local_many {
+            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            unsafe { self.local.broadcast(buf, self.lay.local_of[root])? };
+        }
+        let tree_root = self.lay.hosts[rh][0];
+        let members: Vec<usize> = std::iter::once(tree_root)
+            .chain((0..self.lay.hosts.len()).filter(|&h| h != rh).map(|h| self.lay.hosts[h][0]))
+            .collect();
+        if members.len() > 1 && members.contains(&self.rank) {
             // SAFETY: the caller keeps `buf` valid for the op (the Collectives contract).
             let b = unsafe { std::slice::from_raw_parts_mut(buf.0 as *mut u8, buf.1) };
-            crate::algo::tree::broadcast(self, &members, tag, b, root)?;
+            crate::algo::tree::broadcast(self, &members, tag, b, tree_root)?;
         }
-        let src = if self.my_host() == rh { self.lay.local_of[root] } else { 0 };
-        if self.lay.hosts[self.my_host()].len() > 1 {
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-            unsafe { self.local.broadcast(buf, src)? };
+        if mine != rh && local_many {
+            // SAFETY: as above.
+            unsafe { self.local.broadcast(buf, 0)? };
         }
         Ok(())
     }

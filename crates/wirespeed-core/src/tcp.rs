@@ -1,9 +1,9 @@
-//! A group's TCP side: one multi-stream connection (transport/tcp.rs) to every rank on another
-//! host, made with a handshake that names the job and both ranks.
+//! A group's TCP side: one connection (transport/tcp.rs) to every rank on another host, made with a
+//! handshake that names the job and both ranks.
 //!
 //! Connections. Every rank listens on one port (`Listener`, address from iface.rs, published
 //! through the store). For each pair of ranks on different hosts, the lower rank dials the higher
-//! one with `nstreams` streams. The 32-byte key of the engine's hello carries the job's random
+//! one with as many streams as hosts.rs gives that pair (`pair_streams`). The 32-byte key of the engine's hello carries the job's random
 //! token, both ranks, the world size and the stream count; the listener's vetting refuses (and
 //! logs, and counts) a key of another job, for another rank, from a rank that is not expected to
 //! dial, or any connection after setup, so a stranger or a port scan never reaches a collective.
@@ -58,19 +58,21 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Listen on `ip` for the connections of the ranks in `dialers`.
-    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: Config, dialers: &[usize]) -> Result<Listener> {
+    /// Listen on `ip` for the connections of the ranks in `dialers`; `streams[r]` is how many
+    /// streams rank r's connection must have.
+    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: Config, dialers: &[usize], streams: &[usize]) -> Result<Listener> {
         let reactor = Reactor::global(&cfg)?;
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
         let e = expect.clone();
-        let nstreams = cfg.nstreams;
+        let streams = streams.to_vec();
         let vet = Box::new(move |k: &[u8; 32]| -> std::result::Result<(), String> {
             let (t, from, to, w, n) = parse_key(k).ok_or("not a wirespeed group's hello")?;
             if t != token {
                 return Err(format!("rank {from} of another job (job token differs)"));
             }
-            if to != rank || w != world || n != nstreams {
-                return Err(format!("hello for rank {to} of {w} with {n} streams; this is rank {rank} of {world} with {nstreams}"));
+            let want = streams.get(from).copied().unwrap_or(0);
+            if to != rank || w != world || n != want {
+                return Err(format!("hello from rank {from} for rank {to} of {w} with {n} streams; this is rank {rank} of {world}, expecting {want} streams from it"));
             }
             if e.sealed.load(Acquire) || !e.waiting.lock().unwrap().contains(&from) {
                 return Err(format!("rank {from} is not expected here (a duplicate, or after setup)"));
@@ -132,15 +134,17 @@ pub struct Tcp {
 
 impl Tcp {
     /// Dial the remote ranks above this one and accept those below; `addrs[r]` is rank r's
-    /// listening address ("ip:port"), `remote[r]` whether r is on another host.
-    pub fn connect(listener: Listener, rank: usize, addrs: &[String], remote: &[bool], token: [u8; 16], cfg: Config, timeout: Duration) -> Result<Tcp> {
+    /// listening address ("ip:port"), `streams[r]` the streams of the connection with r (0: r is
+    /// on this host, no connection).
+    pub fn connect(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Tcp> {
+        let remote: Vec<bool> = streams.iter().map(|&n| n > 0).collect();
         let world = addrs.len();
         let deadline = Instant::now() + timeout;
         let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
         let mut dialers = Vec::new();
         for r in (rank + 1..world).filter(|&r| remote[r]) {
             let addr: SocketAddr = addrs[r].parse().map_err(|_| Error::Unsupported(format!("rank {r} published a bad address {:?}", addrs[r])))?;
-            dialers.push((r, addr, Dialer::start(&listener.reactor, addr, key(&token, rank, r, world, cfg.nstreams), cfg.nstreams)?));
+            dialers.push((r, addr, Dialer::start(&listener.reactor, addr, key(&token, rank, r, world, streams[r]), streams[r])?));
         }
         // Dial and accept at once: every rank makes progress on both, so no order can deadlock.
         let mut missing: usize = (0..rank).filter(|&r| remote[r]).count();
@@ -158,7 +162,7 @@ impl Tcp {
                     Ok(None) => {}
                     // The peer's listener may not be accepting yet: dial again until the deadline.
                     Err(_) if Instant::now() < deadline => {
-                        *d = Dialer::start(&listener.reactor, *addr, key(&token, rank, *r, world, cfg.nstreams), cfg.nstreams)?;
+                        *d = Dialer::start(&listener.reactor, *addr, key(&token, rank, *r, world, streams[*r]), streams[*r])?;
                     }
                     Err(e) => return Err(e),
                 }
@@ -186,6 +190,11 @@ impl Tcp {
     /// Connections refused so far by this rank's listener.
     pub fn refused(&self) -> usize {
         self.listener.inner.refused()
+    }
+
+    /// Streams of the connection with rank `r` (0: none).
+    pub fn streams_to(&self, r: usize) -> usize {
+        self.conns.get(r).and_then(|c| c.as_ref()).map_or(0, |c| c.nstreams())
     }
 
     fn conn(&self, r: usize) -> Result<&Conn> {

@@ -87,10 +87,21 @@ fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
 
 #[test]
 fn every_other_collective_and_p2p_across_hosts() {
-    for ids in LAYOUTS {
+    // The last layout has pairs that are neither counterparts nor neighbours (one stream).
+    let six: &[&str] = &["a", "a", "b", "b", "c", "c"];
+    for ids in LAYOUTS.iter().copied().chain([six]) {
         let w = ids.len();
         let out = with_hosts(ids, move |c| {
             let me = c.rank;
+            if w == 6 {
+                // Counterparts (same local index) and rank-order neighbours get every stream;
+                // 0-3, 1-4 and 2-5 are neither and get one; ranks of one host none.
+                let full = wirespeed_core::transport::tcp::NetConfig::from_env().unwrap().nstreams;
+                for r in 0..w {
+                    let want = if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { full };
+                    assert_eq!(c.streams_to(r), want, "streams between {me} and {r}");
+                }
+            }
             let n = 3001usize;
             let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
             let mut all = vec![0i32; n * w];
