@@ -1,11 +1,12 @@
-"""all_reduce across two emulated hosts on a capped link: wirespeed vs gloo, in one run.
+"""all_reduce across two emulated hosts on a capped link: wirespeed vs gloo (and Open MPI), in one run.
 
     sudo .venv/bin/python benchmarks/cross_host.py                    # 1 Gbit/s, 64 MiB, 2 and 4 ranks
-    sudo .venv/bin/python benchmarks/cross_host.py --rate 1gbit --size 64M --iters 5 --rounds 2
+    sudo .venv/bin/python benchmarks/cross_host.py --rate 1gbit --size 16M,64M --iters 5 --rounds 2
+    sudo .venv/bin/python benchmarks/cross_host.py --rate 2gbit --flow-rate 250mbit --backends wirespeed,gloo,mpi
 
 Builds a 2-host cluster (wirespeed.netem: network namespaces, htb-capped veth links), measures the
 practical TCP ceiling of the link (4 parallel flows h0 -> h1, as long as one timed all_reduce),
-then runs `wirespeed bench --cluster` with 2 ranks (one per host) and 4 ranks placed round robin
+(16 flows when every flow is capped with --flow-rate), then runs `wirespeed bench --cluster` with 2 ranks (one per host) and 4 ranks placed round robin
 (0,2 on h0 | 1,3 on h1) for each backend, alternating backends so machine load hits both alike,
 and prints busbw per run and busbw / ceiling. The cluster is torn down at the end, even on error.
 """
@@ -48,11 +49,12 @@ def bench(backend: str, nproc: int, size: str, iters: int, warmup: int, timeout:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", default="1gbit", help="link cap per host, each way")
-    ap.add_argument("--size", default="64M", help="all_reduce size per rank")
+    ap.add_argument("--size", default="64M", help="all_reduce size(s) per rank, comma-separated")
+    ap.add_argument("--flow-rate", default=None, help="cap every TCP flow too (as clouds do), e.g. 250mbit")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per backend and placement")
-    ap.add_argument("--backends", default="wirespeed,gloo")
+    ap.add_argument("--backends", default="wirespeed,gloo", help="comma-separated: wirespeed, gloo, mpi")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--placements", default="2,4", help="rank counts to run: 2 (0 | 1), 4 (0,2 | 1,3)")
     args = ap.parse_args(argv)
@@ -60,37 +62,44 @@ def main(argv=None) -> int:
     if not set(nprocs) <= {2, 4}:
         ap.error("--placements takes 2, 4 or 2,4")
     rate = parse_rate(args.rate)
+    flow_rate = parse_rate(args.flow_rate) if args.flow_rate else None
     backends = args.backends.split(",")
-    c, _ = C.up(2, rate, name=NAME, measure=False)
+    sizes = args.size.split(",")
+    peers = [b for b in backends if b != "wirespeed"]
+    c, _ = C.up(2, rate, flow_rate_bps=flow_rate, name=NAME, measure=False)
     try:
         h0, h1 = c.hosts
         # As long as an all_reduce of this size takes at the cap: steady state, not slow start.
-        ceiling_bps = tcp_throughput(h0.netns, h1.netns, h1.addr, 4, 4.0)
+        flows = 16 if flow_rate else 4
+        ceiling_bps = tcp_throughput(h0.netns, h1.netns, h1.addr, flows, 4.0)
         ceiling = ceiling_bps / 8e9
-        print(f"# link {rate / 1e9:g} Gbit/s per host each way (htb); TCP ceiling, 4 flows over 4 s: "
-              f"{ceiling:.4f} GB/s ({ceiling_bps / rate:.1%} of the cap)")
+        capped = f", every flow capped at {flow_rate / 1e9:g} Gbit/s" if flow_rate else ""
+        print(f"# link {rate / 1e9:g} Gbit/s per host each way (htb){capped}; TCP ceiling, {flows} flows "
+              f"over 4 s: {ceiling:.4f} GB/s ({ceiling_bps / rate:.1%} of the cap)")
         print(f"# all_reduce float32 {args.size} per rank, {args.iters} iters after {args.warmup} warm-up, "
               f"{args.rounds} rounds alternating backends; busbw = S/t x 2(n-1)/n, t = slowest rank's median")
-        results: dict[tuple[str, int], list[float]] = {}
+        results: dict[tuple[str, str, int], list[float]] = {}
         for rnd in range(args.rounds):
-            for nproc in nprocs:
-                for b in (backends if rnd % 2 == 0 else backends[::-1]):
-                    rec = bench(b, nproc, args.size, args.iters, args.warmup, args.timeout)
-                    results.setdefault((b, nproc), []).append(rec["busbw_gbps"])
-                    print(f"  round {rnd} {b:<10} {nproc} ranks: busbw {rec['busbw_gbps']:.4f} GB/s "
-                          f"({rec['busbw_gbps'] / ceiling:.1%} of ceiling), {rec['time_us'] / 1e3:.1f} ms/op",
-                          flush=True)
+            for size in sizes:
+                for nproc in nprocs:
+                    for b in (backends if rnd % 2 == 0 else backends[::-1]):
+                        rec = bench(b, nproc, size, args.iters, args.warmup, args.timeout)
+                        results.setdefault((size, b, nproc), []).append(rec["busbw_gbps"])
+                        print(f"  round {rnd} {size:>4} {b:<10} {nproc} ranks: busbw {rec['busbw_gbps']:.4f} GB/s "
+                              f"({rec['busbw_gbps'] / ceiling:.1%} of ceiling), {rec['time_us'] / 1e3:.1f} ms/op",
+                              flush=True)
         print()
-        print(f"{'placement':<22} " + " ".join(f"{b + ' GB/s':>15} {'/ceiling':>9}" for b in backends)
-              + (f" {'ws/gloo':>8}" if {"wirespeed", "gloo"} <= set(backends) else ""))
-        for nproc, label in ((2, "2 ranks: 0 | 1"), (4, "4 ranks: 0,2 | 1,3")):
-            if nproc not in nprocs:
-                continue
-            med = {b: statistics.median(results[(b, nproc)]) for b in backends}
-            row = f"{label:<22} " + " ".join(f"{med[b]:>15.4f} {med[b] / ceiling:>9.1%}" for b in backends)
-            if "wirespeed" in med and "gloo" in med:
-                row += f" {med['wirespeed'] / med['gloo']:>8.2f}"
-            print(row)
+        ratios = [p for p in peers if "wirespeed" in backends]
+        print(f"{'size':>5} {'placement':<20} " + " ".join(f"{b + ' GB/s':>15} {'/ceiling':>9}" for b in backends)
+              + "".join(f" {'ws/' + p:>9}" for p in ratios))
+        for size in sizes:
+            for nproc, label in ((2, "2 ranks: 0 | 1"), (4, "4 ranks: 0,2 | 1,3")):
+                if nproc not in nprocs:
+                    continue
+                med = {b: statistics.median(results[(size, b, nproc)]) for b in backends}
+                row = f"{size:>5} {label:<20} " + " ".join(f"{med[b]:>15.4f} {med[b] / ceiling:>9.1%}" for b in backends)
+                row += "".join(f" {med['wirespeed'] / med[p]:>9.2f}" for p in ratios)
+                print(row)
     finally:
         C.down(NAME)
     return 0
