@@ -79,7 +79,7 @@ impl Listener {
             }
             Ok(())
         });
-        let inner = crate::transport::tcp::Listener::bind_vetted(&reactor, SocketAddr::new(ip, 0), vet, format!("rank {rank}"))?;
+        let inner = crate::transport::tcp::Listener::bind_vetted(&reactor, SocketAddr::new(ip, 0), vet, format!("rank {rank}"), None)?;
         Ok(Listener { addr: inner.local_addr(), inner, expect, reactor })
     }
 }

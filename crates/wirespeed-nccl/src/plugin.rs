@@ -15,7 +15,7 @@ use crate::log;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use wirespeed_core::transport::tcp::{Conn, Dialer, Listener, Reactor, Request};
+use wirespeed_core::transport::tcp::{Conn, Dialer, Listener, Reactor, Report, Request};
 use wirespeed_core::Error as CoreError;
 
 /// A failure with the NCCL code it maps to; the message is logged at WARN by the entry point.
@@ -129,8 +129,10 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Bo
     };
     let expected = key;
     let vet = Box::new(move |k: &[u8; 32]| if *k == expected { Ok(()) } else { Err("its key is not this listener's (a stray or late connection)".to_string()) });
-    let label = format!("NET/wirespeed listener on {}", d.name.to_string_lossy());
-    let listener = Listener::bind_vetted(&g.reactor, bind, vet, label).map_err(|e| from_core(e, "listen"))?;
+    let label = format!("listener on {}", d.name.to_string_lossy());
+    // Refusals go through NCCL's logger as WARN, where NCCL users look (NCCL_DEBUG=WARN).
+    let report: Report = Box::new(|line: &str| log::warn(line));
+    let listener = Listener::bind_vetted(&g.reactor, bind, vet, label, Some(report)).map_err(|e| from_core(e, "listen"))?;
     let nstreams = u16::try_from(g.cfg.net.nstreams).map_err(|_| usage("WIRESPEED_NSTREAMS is too large"))?;
     Handle { addr: listener.local_addr(), nstreams, key }.encode(handle);
     Ok(Box::new(ListenComm { listener, key }))

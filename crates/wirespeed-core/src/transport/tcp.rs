@@ -941,6 +941,9 @@ fn parse_hello(b: &[u8; HELLO_LEN]) -> Option<([u8; 32], u32, u32)> {
 
 /// Decides whether a dialer's key belongs here; the reason is logged when it does not.
 pub type Vet = Box<dyn Fn(&[u8; 32]) -> std::result::Result<(), String> + Send + Sync>;
+/// Where a listener says it refused a connection (the NCCL plugin passes NCCL's logger); without
+/// one, the line goes to stderr.
+pub type Report = Box<dyn Fn(&str) + Send + Sync>;
 
 struct PendingHello {
     sock: TcpStream,
@@ -970,6 +973,7 @@ struct ListenerInner {
     reactor: Weak<Reactor>,
     vet: Vet,
     label: String,
+    report: Option<Report>,
     state: Mutex<ListenerState>,
     refused: AtomicUsize,
     token: OnceLock<(usize, usize)>,
@@ -986,7 +990,11 @@ pub struct Listener {
 impl ListenerInner {
     fn refuse(&self, from: SocketAddr, why: &str) {
         self.refused.fetch_add(1, SeqCst);
-        eprintln!("wirespeed: {} refused a connection from {from}: {why}", self.label);
+        let line = format!("{} refused a connection from {from}: {why}", self.label);
+        match &self.report {
+            Some(report) => report(&line),
+            None => eprintln!("wirespeed: {line}"),
+        }
     }
 
     fn accept_all(self: &Arc<Self>) {
@@ -1210,11 +1218,12 @@ fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, pee
 impl Listener {
     /// Listen on `addr` (port 0 for any) and accept any key.
     pub fn bind(reactor: &Arc<Reactor>, addr: SocketAddr) -> Result<Listener> {
-        Listener::bind_vetted(reactor, addr, Box::new(|_| Ok(())), "wirespeed".into())
+        Listener::bind_vetted(reactor, addr, Box::new(|_| Ok(())), "wirespeed".into(), None)
     }
 
-    /// Listen on `addr`; `vet` decides on each dialer's key, `label` names this end in logs.
-    pub fn bind_vetted(reactor: &Arc<Reactor>, addr: SocketAddr, vet: Vet, label: String) -> Result<Listener> {
+    /// Listen on `addr`; `vet` decides on each dialer's key, `label` names this end in logs, and
+    /// `report` (stderr when None) receives each refusal's line.
+    pub fn bind_vetted(reactor: &Arc<Reactor>, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>) -> Result<Listener> {
         let cfg = NetConfig::from_env()?;
         let sock = TcpListener::bind(addr).map_err(|e| Error::Unsupported(format!("cannot listen on {addr}: {e}")))?;
         let addr = sock.local_addr().map_err(|_| Error::os("getsockname"))?;
@@ -1224,6 +1233,7 @@ impl Listener {
             reactor: Arc::downgrade(reactor),
             vet,
             label,
+            report,
             state: Mutex::new(ListenerState { hellos: HashMap::new(), next_hello: 0, bundles: HashMap::new(), ready: VecDeque::new() }),
             refused: AtomicUsize::new(0),
             token: OnceLock::new(),
@@ -1574,7 +1584,7 @@ mod tests {
     fn strangers_are_refused_and_never_accepted() {
         let cfg = NetConfig::from_env().unwrap();
         let r = Reactor::new(&cfg).unwrap();
-        let l = Listener::bind_vetted(&r, "127.0.0.1:0".parse().unwrap(), Box::new(|k| if k[0] == 1 { Ok(()) } else { Err("wrong job".into()) }), "test".into()).unwrap();
+        let l = Listener::bind_vetted(&r, "127.0.0.1:0".parse().unwrap(), Box::new(|k| if k[0] == 1 { Ok(()) } else { Err("wrong job".into()) }), "test".into(), None).unwrap();
         // Garbage, then a wrong key, then a right one.
         let mut g = TcpStream::connect(l.local_addr()).unwrap();
         g.write_all(&[0xAB; HELLO_LEN]).unwrap();

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 pub static LOG_COUNTS: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
 /// How many INFO lines announced the effective configuration ("ready:").
 pub static READY_LINES: AtomicUsize = AtomicUsize::new(0);
+/// How many WARN lines reported a refused connection.
+pub static REFUSAL_LINES: AtomicUsize = AtomicUsize::new(0);
 
 /// Called by logger.c with each formatted line.
 #[no_mangle]
@@ -43,6 +45,9 @@ pub extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ffi::c_ul
     }
     if text.contains(" ready: ") {
         READY_LINES.fetch_add(1, Ordering::Relaxed);
+    }
+    if level == 2 && text.contains("refused a connection") {
+        REFUSAL_LINES.fetch_add(1, Ordering::Relaxed);
     }
     let tag = match level {
         2 => "WARN",

@@ -1,6 +1,6 @@
 //! One peer of the pair: set up as NCCL's proxy does, run a scenario, close.
 use crate::api::{Net, Ptr, Rc};
-use crate::{Args, LOG_COUNTS, READY_LINES};
+use crate::{Args, LOG_COUNTS, READY_LINES, REFUSAL_LINES};
 use nccl_net_wirespeed::abi::{NCCL_NET_HANDLE_MAXSIZE, NCCL_NET_MAX_REQUESTS, NCCL_PTR_CUDA, NCCL_PTR_HOST, NCCL_SUCCESS};
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
@@ -139,6 +139,11 @@ fn setup(a: &Args) -> R<Peer> {
 
     let mut mine = [0u8; NCCL_NET_HANDLE_MAXSIZE];
     let listen = nccl("listen", net.listen(0, &mut mine))?;
+    // A stranger knocks first: the listener must refuse it, and say so through NCCL's logger.
+    let addr = nccl_net_wirespeed::handle::Handle::decode(&mine)?.addr;
+    let mut stranger = std::net::TcpStream::connect(addr).map_err(|e| format!("stranger connect to {addr}: {e}"))?;
+    std::io::Write::write_all(&mut stranger, &[0xa5u8; 64]).map_err(|e| format!("stranger write: {e}"))?;
+    drop(stranger);
     say(&format!("HANDLE {}", hex(&mine)));
     let line = hear()?;
     let mut theirs = unhex(line.strip_prefix("HANDLE ").ok_or(format!("expected a handle, got {line:?}"))?)?;
@@ -202,6 +207,10 @@ pub fn peer(a: &Args) -> R<()> {
     let ready = READY_LINES.load(std::sync::atomic::Ordering::Relaxed);
     if ready != 1 {
         return Err(format!("the effective configuration was logged {ready} times through NCCL's logger, not once"));
+    }
+    let refusals = REFUSAL_LINES.load(std::sync::atomic::Ordering::Relaxed);
+    if refusals < 1 {
+        return Err("the stranger's connection was not reported as refused through NCCL's logger (WARN)".into());
     }
     let warns = LOG_COUNTS[2].load(std::sync::atomic::Ordering::Relaxed);
     say(&format!("OK {summary} (logger: {ready} ready line, {warns} warnings)"));
