@@ -20,7 +20,8 @@
 //!   so the payload crosses each host's link once, between leaders.
 //! - reduce: a binomial tree over all ranks (algo/tree.rs).
 //! - all_gather, all_to_all, reduce_scatter, barrier: direct exchanges (algo/direct.rs).
-//! - gather, scatter: the root sends or receives one message per rank.
+//! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
+//!   receives or sends one message per rank.
 //!
 //! Every message of a collective carries a tag made of the collective, dtype, op, root and a
 //! sequence number, so ranks that call different collectives (or the same one with a different
@@ -34,7 +35,6 @@ use crate::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::p2p::Ticket;
-use crate::sys;
 use crate::tcp::{Config, Listener, Tcp};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
@@ -427,22 +427,13 @@ impl crate::group::Collectives for HostsComm {
         }
         self.guarded(|c| {
             let tag = c.tag(GATHER, None, None, root);
-            if c.rank != root {
-                // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-                return unsafe { c.post(root, send, tag)? }.wait();
-            }
-            for (j, &r) in recv.iter().enumerate() {
-                if j != root {
-                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-                    unsafe { c.take(j, r, tag)? };
-                } else if send.1 != r.1 {
-                    return Err(Error::Mismatch(format!("gather: the root sends {} bytes but expects {} from itself", send.1, r.1)));
-                } else if send.0 != r.0 && send.1 > 0 {
-                    // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-                    unsafe { sys::copy(r.0 as *mut u8, send.0 as *const u8, send.1) };
-                }
-            }
-            Ok(())
+            let members: Vec<usize> = (0..c.world).collect();
+            // Every rank sends to the root only; the root receives from all (its own piece copied).
+            let mut sends = vec![None; c.world];
+            sends[root] = Some(Region { ptr: send.0 as *mut u8, len: send.1 });
+            let recvs = if c.rank == root { HostsComm::regions(recv) } else { vec![None; c.world] };
+            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
     // SAFETY: the Collectives trait's contract (group.rs) is this method's.
@@ -453,26 +444,13 @@ impl crate::group::Collectives for HostsComm {
         }
         self.guarded(|c| {
             let tag = c.tag(SCATTER, None, None, root);
-            if c.rank != root {
-                // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-                return unsafe { c.take(root, recv, tag) };
-            }
-            let mut tickets = Vec::new();
-            for (j, &s) in send.iter().enumerate() {
-                if j != root {
-                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-                    tickets.push(unsafe { c.post(j, s, tag)? });
-                } else {
-                    if s.1 != recv.1 {
-                        return Err(Error::Mismatch(format!("scatter: root sends {} bytes to itself but receives {}", s.1, recv.1)));
-                    }
-                    if s.0 != recv.0 && s.1 > 0 {
-                        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-                        unsafe { sys::copy(recv.0 as *mut u8, s.0 as *const u8, s.1) };
-                    }
-                }
-            }
-            tickets.iter().try_for_each(|t| t.wait())
+            let members: Vec<usize> = (0..c.world).collect();
+            // The root sends to all (its own piece copied); every rank receives from the root only.
+            let sends = if c.rank == root { HostsComm::regions(send) } else { vec![None; c.world] };
+            let mut recvs = vec![None; c.world];
+            recvs[root] = Some(Region { ptr: recv.0 as *mut u8, len: recv.1 });
+            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
     fn barrier(&mut self) -> Result<()> {

@@ -159,7 +159,8 @@ def hier_all_reduce(layout: Layout, nbytes: float) -> tuple[Terms, str]:
 
 
 def hier_broadcast(layout: Layout, nbytes: float) -> tuple[Terms, str]:
-    """wirespeed's broadcast: the root sends once to each other host's leader, shm inside hosts."""
+    """wirespeed's broadcast: the data crosses once to each other host's leader, shm inside hosts
+    (modelled as direct sends from the root host's leader; the code runs a binomial tree)."""
     h = layout.hosts
     net = direct(_leaders(layout), [(0, j) for j in range(1, h)], nbytes)
     return net + _shm_part(layout, nbytes, 1), f"hier: root to {h - 1} leaders + shm"
