@@ -1498,6 +1498,78 @@ mod tests {
         assert_eq!(yo, y);
     }
 
+    /// A TCP relay for tests: forwards the first `n` connections made to it to `target`, both
+    /// ways; the first one's client-to-target bytes at `rate` bytes/s (a capped or unlucky flow).
+    /// Returns its address and the client-to-target bytes relayed on each connection.
+    fn relay_with_one_slow_flow(target: SocketAddr, n: usize, rate: usize) -> (SocketAddr, Vec<Arc<AtomicUsize>>) {
+        use std::io::{Read, Write};
+        let ls = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = ls.local_addr().unwrap();
+        let counts: Vec<Arc<AtomicUsize>> = (0..n).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+        let cs = counts.clone();
+        std::thread::spawn(move || {
+            for (i, count) in cs.into_iter().enumerate() {
+                let Ok((client, _)) = ls.accept() else { return };
+                let server = TcpStream::connect(target).unwrap();
+                let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; if i == 0 { 8 << 10 } else { 256 << 10 }];
+                    while let Ok(k) = c_in.read(&mut buf) {
+                        if k == 0 || s_out.write_all(&buf[..k]).is_err() {
+                            break;
+                        }
+                        count.fetch_add(k, Relaxed);
+                        if i == 0 {
+                            std::thread::sleep(Duration::from_secs_f64(k as f64 / rate as f64));
+                        }
+                    }
+                    let _ = s_out.shutdown(Shutdown::Write);
+                });
+                let (mut s_in, mut c_out) = (server, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_in, &mut c_out);
+                    let _ = c_out.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        (addr, counts)
+    }
+
+    #[test]
+    fn a_slow_stream_carries_less_than_its_share() {
+        // One of four flows runs at 512 KB/s, the others at loopback speed. A stream takes chunks
+        // only as fast as its flow drains, so the slow one carries far less than a quarter (about
+        // one chunk: the transfer takes a fraction of a second; with an equal share it would take
+        // 8 s). Fails with WIRESPEED_NOTSENT_LOWAT=0: the kernel then takes a quarter at once.
+        let n = 4;
+        let cfg = NetConfig::from_env().unwrap();
+        let r = Reactor::new(&cfg).unwrap();
+        let l = Listener::bind(&r, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let (relay, counts) = relay_with_one_slow_flow(l.local_addr(), n, 512 << 10);
+        let a = Dialer::start(&r, relay, [3u8; 32], n).unwrap().finish(Instant::now() + Duration::from_secs(10)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let b = loop {
+            if let Some((_, c)) = l.poll_accept().unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "no connection accepted");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let msgs: Vec<Vec<u8>> = (0..16).map(|i| pattern(1 << 20, i as u8)).collect();
+        let mut outs = vec![vec![0u8; 1 << 20]; msgs.len()];
+        // SAFETY: the buffers are locals that outlive every request, each waited before they drop.
+        let recvs: Vec<Request> = outs.iter_mut().map(|o| unsafe { b.irecv(o.as_mut_ptr(), o.len(), 5) }.unwrap()).collect();
+        // SAFETY: as above.
+        let sends: Vec<Request> = msgs.iter().map(|m| unsafe { a.isend(m.as_ptr(), m.len(), 5) }.unwrap()).collect();
+        for q in sends.iter().chain(&recvs) {
+            q.wait(Duration::from_secs(30)).unwrap();
+        }
+        assert_eq!(outs, msgs);
+        let carried: Vec<usize> = counts.iter().map(|c| c.load(Relaxed)).collect();
+        let total: usize = carried.iter().sum();
+        assert!(carried[0] * n < total / 2, "the slow stream carried {} of {total} bytes (per stream: {carried:?})", carried[0]);
+    }
+
     #[test]
     fn concurrent_senders_on_one_connection_each_get_their_own_message() {
         // Two threads isend on one connection: every message must arrive whole and once. (The
