@@ -324,6 +324,7 @@ impl Comm {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let h = c.header(REDUCE_SCATTER, Some(dtype), Some(op), 0, count as u64, 0);
+            // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
             let (_, sync_due) = unsafe { c.reduce_to_me(h, send, out, count, dtype, op, Mode::Auto)? };
             if sync_due {
                 c.net.sync()?;
@@ -360,6 +361,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
             let sends = vec![send; c.world];
+            // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
             unsafe { c.exchange(h, &sends, recv, Mode::Auto) }
         })
     }
@@ -372,6 +374,7 @@ impl Comm {
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
+            // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
             unsafe { c.exchange(h, send, recv, Mode::Auto) }
         })
     }

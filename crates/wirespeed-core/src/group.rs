@@ -22,7 +22,9 @@ use std::time::Duration;
 /// guarantee it by keeping the tensors alive until the work completes.
 pub trait Collectives: Send {
     fn rank(&self) -> usize;
+    // SAFETY: the Collectives trait's contract (above) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
+    // SAFETY: the Collectives trait's contract (above) is this method's.
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
     // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;

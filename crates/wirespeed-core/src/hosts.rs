@@ -206,6 +206,7 @@ impl HostsComm {
     /// As `Transport::post_send`.
     pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
+            // SAFETY: `b` stays valid until the ticket completes (this function's contract, send_post's).
             unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(Ticket::Shm)
         } else {
             self.tcp.send(to, b.0 as *const u8, b.1, tag).map(Ticket::Tcp)
@@ -216,6 +217,7 @@ impl HostsComm {
     /// As `Transport::post_recv`, for the call.
     pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
         if self.lay.host_of[from] == self.my_host() {
+            // SAFETY: `b` is valid for writes for the call (this function's contract, recv's).
             unsafe { self.local.recv(self.lay.local_of[from], b.0, b.1, tag) }
         } else {
             self.tcp.recv(from, b.0 as *mut u8, b.1, tag)

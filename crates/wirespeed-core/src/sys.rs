@@ -237,8 +237,11 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
 pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> std::result::Result<(), i32> {
     let mut done = 0usize;
     while done < len {
+        // SAFETY: done < len, so local + done stays inside the caller's `len` bytes.
         let liov = libc::iovec { iov_base: unsafe { local.add(done) } as *mut libc::c_void, iov_len: len - done };
         let riov = libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: both iovecs outlive the call; the local one covers writable memory (the contract),
+        // and the kernel checks the remote one.
         let n = unsafe { libc::process_vm_readv(pid, &liov, 1, &riov, 1, 0) };
         if n < 0 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
@@ -260,6 +263,7 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if len >= NT_THRESHOLD {
+            // SAFETY: nt_copy's contract is this function's (valid, non-overlapping ranges of len bytes).
             unsafe { nt_copy(dst, src, len) };
             return;
         }

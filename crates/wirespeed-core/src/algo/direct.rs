@@ -78,6 +78,7 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
 /// send regions and `out` are valid for count elements each until this returns; `out` overlaps
 /// no send region other than send[p].
 #[allow(clippy::too_many_arguments)]
+// SAFETY: unsafe because it reads `send` and writes `out` through raw pointers; the contract above.
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;

@@ -278,6 +278,8 @@ impl Net {
     pub unsafe fn isend(&self, comm: Ptr, data: *const u8, size: usize, tag: c_int, mh: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut r: Ptr = std::ptr::null_mut();
         let d = data as Ptr;
+        // SAFETY: the plugin's isend with a buffer the caller keeps valid (this function's contract)
+        // and `r`, which outlives the call.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.isend)(comm, d, c_int::try_from(size).map_err(|_| NCCL_INTERNAL_ERROR)?, tag, mh, &mut r))?,
