@@ -519,54 +519,38 @@ pub static ncclNetPlugin_v10: NetV10 = NetV10 {
     makeVDevice: None,
 };
 
-#[no_mangle]
-pub static ncclNetPlugin_v11: NetV11<PropertiesV11> = NetV11 {
-    name: NAME_PTR,
-    init: Some(init_v11),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v11),
-    listen: Some(listen_v11),
-    connect: Some(connect_v11),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: Some(reg_mr_dma_buf),
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v10),
-    irecv: Some(irecv_v10),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_comm),
-    closeRecv: Some(close_comm),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-    makeVDevice: None,
-    finalize: Some(finalize),
-    setNetAttr: None,
-};
+/// The v11 table; v12 has the same layout and entry points and differs only in the properties
+/// struct (`P`), so both are built here.
+// SAFETY: only stores the entry point; NCCL calls it under the net API's pointer contract.
+const fn table_v11<P>(get_properties: unsafe extern "C" fn(c_int, *mut P) -> NcclResult) -> NetV11<P> {
+    NetV11 {
+        name: NAME_PTR,
+        init: Some(init_v11),
+        devices: Some(devices),
+        getProperties: Some(get_properties),
+        listen: Some(listen_v11),
+        connect: Some(connect_v11),
+        accept: Some(accept),
+        regMr: Some(reg_mr),
+        regMrDmaBuf: Some(reg_mr_dma_buf),
+        deregMr: Some(dereg_mr),
+        isend: Some(isend_v10),
+        irecv: Some(irecv_v10),
+        iflush: Some(iflush),
+        test: Some(test),
+        closeSend: Some(close_comm),
+        closeRecv: Some(close_comm),
+        closeListen: Some(close_listen),
+        getDeviceMr: Some(get_device_mr),
+        irecvConsumed: Some(irecv_consumed),
+        makeVDevice: None,
+        finalize: Some(finalize),
+        setNetAttr: None,
+    }
+}
 
 #[no_mangle]
-pub static ncclNetPlugin_v12: NetV12 = NetV11 {
-    name: NAME_PTR,
-    init: Some(init_v11),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v12),
-    listen: Some(listen_v11),
-    connect: Some(connect_v11),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: Some(reg_mr_dma_buf),
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v10),
-    irecv: Some(irecv_v10),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_comm),
-    closeRecv: Some(close_comm),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-    makeVDevice: None,
-    finalize: Some(finalize),
-    setNetAttr: None,
-};
+pub static ncclNetPlugin_v11: NetV11<PropertiesV11> = table_v11(get_properties_v11);
+
+#[no_mangle]
+pub static ncclNetPlugin_v12: NetV12 = table_v11(get_properties_v12);
