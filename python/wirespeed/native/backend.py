@@ -264,16 +264,22 @@ class WirespeedBackend(_C10dBackend):
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         return self._many(opts, lambda o, i: self.all_gather_single(o, i, opts), list(zip(outputs, inputs)), outputs)
 
+    def _root_list(self, lists, like, root, what: str, kind: str):
+        """The root's list of one tensor per rank, each like `like` (gather's outputs, scatter's
+        inputs); empty on the other ranks."""
+        if self._rank != root:
+            return []
+        ts = _one(lists, what)
+        if len(ts) != self._size:
+            raise UnsupportedError(f"wirespeed: {what} takes {self._size} {kind}s on the root, got {len(ts)}")
+        self._same(ts, like, f"a {what} {kind}")
+        return ts
+
     def gather(self, output_lists, inputs, opts):
         t = _one(inputs, "gather")
         check(t, "the gather input")
         root = self._peer(opts.rootRank, "the gather root")
-        outs = []
-        if self._rank == root:
-            outs = _one(output_lists, "gather")
-            if len(outs) != self._size:
-                raise UnsupportedError(f"wirespeed: gather takes {self._size} outputs on the root, got {len(outs)}")
-            self._same(outs, t, "a gather output")
+        outs = self._root_list(output_lists, t, root, "gather", "output")
         st = Staging()
         i = st.read(t)
         os_ = [st.write(o) for o in outs]
@@ -303,12 +309,7 @@ class WirespeedBackend(_C10dBackend):
         t = _one(outputs, "scatter")
         check(t, "the scatter output")
         root = self._peer(opts.rootRank, "the scatter root")
-        ins = []
-        if self._rank == root:
-            ins = _one(input_lists, "scatter")
-            if len(ins) != self._size:
-                raise UnsupportedError(f"wirespeed: scatter takes {self._size} inputs on the root, got {len(ins)}")
-            self._same(ins, t, "a scatter input")
+        ins = self._root_list(input_lists, t, root, "scatter", "input")
         st = Staging()
         is_ = [st.read(i) for i in ins]
         o = st.write(t)
