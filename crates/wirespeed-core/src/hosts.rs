@@ -91,7 +91,8 @@ pub struct HostsSetup {
     lay: Layout,
     local: Comm,
     listener: Listener,
-    cfg: Config,
+    /// TCP streams to each rank (`Layout::pair_streams`; 0 on this host).
+    streams: Vec<usize>,
 }
 
 impl HostsSetup {
@@ -108,7 +109,7 @@ impl HostsSetup {
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
         let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();
         let listener = Listener::bind(ip, rank, world, token, cfg, &dialers, &streams)?;
-        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, cfg })
+        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams })
     }
 
     pub fn info(&self) -> RankInfo {
@@ -118,7 +119,7 @@ impl HostsSetup {
     }
 
     pub fn connect(self, infos: &[RankInfo]) -> Result<HostsComm> {
-        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, cfg } = self;
+        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, streams } = self;
         if infos.len() != world {
             return Err(Error::Mismatch(format!("{} rank infos for a world of {world}", infos.len())));
         }
@@ -126,7 +127,6 @@ impl HostsSetup {
         let local_infos: Vec<RankInfo> = lay.hosts[h].iter().map(|&r| infos[r].clone()).collect();
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
-        let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();
         let tcp = Tcp::connect(listener, rank, &addrs, &streams, token, timeout)?;
         let tuning = Tuning::from_env()?;
         Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
