@@ -48,7 +48,10 @@ pub type Buf = (usize, usize);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
+    /// Stage reductions' inputs up to `stage_max`.
     Auto,
+    /// Stage what an exchange sends as `Tuning::exchange_stages` says.
+    Copy,
     Stage,
     Direct,
 }
@@ -85,6 +88,7 @@ impl Comm {
             Mode::Stage => total <= self.lay.slot_bytes,
             Mode::Direct => false,
             Mode::Auto => total <= self.tuning.stage_max.min(self.lay.slot_bytes),
+            Mode::Copy => self.tuning.exchange_stages(total, self.world),
         };
         if !stage {
             return send.iter().map(|&(a, l)| Piece { mode: if l > 0 { MODE_ADDR } else { MODE_NONE }, loc: a as u64, len: l as u64 }).collect();
@@ -362,7 +366,7 @@ impl Comm {
             let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
             let sends = vec![send; c.world];
             // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
-            unsafe { c.exchange(h, &sends, recv, Mode::Auto) }
+            unsafe { c.exchange(h, &sends, recv, Mode::Copy) }
         })
     }
 
@@ -375,7 +379,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
             // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
-            unsafe { c.exchange(h, send, recv, Mode::Auto) }
+            unsafe { c.exchange(h, send, recv, Mode::Copy) }
         })
     }
 
@@ -414,7 +418,7 @@ impl Comm {
                 return Err(Error::Unsupported(format!("gather needs {} outputs on the root, got {}", c.world, recvs.len())));
             }
             // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-            unsafe { c.exchange(h, &sends, &recvs, Mode::Auto) }
+            unsafe { c.exchange(h, &sends, &recvs, Mode::Copy) }
         })
     }
 
@@ -433,7 +437,7 @@ impl Comm {
             let mut recvs = vec![none; c.world];
             recvs[root] = recv;
             // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-            unsafe { c.exchange(h, &sends, &recvs, Mode::Auto) }
+            unsafe { c.exchange(h, &sends, &recvs, Mode::Copy) }
         })
     }
 

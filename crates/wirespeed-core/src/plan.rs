@@ -40,6 +40,9 @@ pub struct Tuning {
     pub block_bytes: usize,
 }
 
+/// The most a 2-rank exchange or broadcast stages (see `Tuning::exchange_stages`).
+pub const PAIR_STAGE_MAX: usize = 16 << 10;
+
 fn env_bytes(name: &str, default: usize) -> Result<usize> {
     match std::env::var(name) {
         Err(_) => Ok(default),
@@ -94,14 +97,27 @@ impl Tuning {
         }
     }
 
+    /// Whether a one-host exchange (all_gather, all_to_all, gather, scatter) whose send side
+    /// totals `bytes` goes through the sender's slot rather than being read where it lies.
+    /// Staging costs a second copy and saves the system call (~3 us). Between 2 ranks the direct
+    /// read is a single copy, and staging stops paying from about 32 KiB (64 KiB: 7-8 us either
+    /// way when the two vCPUs are close, but 30 us staged against 7 us direct when they are
+    /// far apart: the copy into the slot then waits on cache lines the reader holds), so 2-rank
+    /// exchanges stage at most `PAIR_STAGE_MAX`. From 3 ranks, n-1 readers of one slot beat n-1
+    /// process_vm_readv calls pinning the same pages, up to `stage_max`.
+    pub fn exchange_stages(&self, bytes: usize, world: usize) -> bool {
+        let max = if world == 2 { self.stage_max.min(PAIR_STAGE_MAX) } else { self.stage_max };
+        bytes <= max.min(self.slot_bytes)
+    }
+
     /// Whether a one-host broadcast of `bytes` among `world` ranks goes through the root's slot.
-    /// Small ones always do (one copy in, then plain loads, no system call). Up to the slot's
-    /// size they do from 3 ranks on as well: the root copies once and every reader loads from
-    /// its slot at once, where n-1 process_vm_readv calls would all pin the root's pages (on 4
-    /// ranks, 1 MiB: 177 us staged against 284 us direct). With 2 ranks the direct read is a
-    /// single copy against two, so it stays direct (256 KiB: 34 us direct, 83 us staged).
+    /// Small ones always do (as `exchange_stages`). Up to the slot's size they do from 3 ranks on
+    /// as well: the root copies once and every reader loads from its slot at once, where n-1
+    /// process_vm_readv calls would all pin the root's pages (on 4 ranks, 1 MiB: 177 us staged
+    /// against 284 us direct). With 2 ranks the direct read is a single copy against two, so it
+    /// stays direct (256 KiB: 34 us direct, 83 us staged).
     pub fn broadcast_stages(&self, bytes: usize, world: usize) -> bool {
-        bytes <= self.stage_max.min(self.slot_bytes) || (world >= 3 && bytes <= self.slot_bytes)
+        self.exchange_stages(bytes, world) || (world >= 3 && bytes <= self.slot_bytes)
     }
 
     /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks.
@@ -225,7 +241,9 @@ mod tests {
         assert_eq!(t.pick_all_reduce(64 << 20, 2, 2), AllReduceAlgo::Rsag);
         let forced = Tuning { all_reduce: AllReduceAlgo::OneShot, ..t };
         assert_eq!(forced.pick_all_reduce(4 << 20, 2, 2), AllReduceAlgo::Rsag, "oneshot cannot exceed the slot");
-        assert!(t.broadcast_stages(64 << 10, 2) && !t.broadcast_stages(256 << 10, 2));
+        assert!(t.broadcast_stages(16 << 10, 2) && !t.broadcast_stages(32 << 10, 2));
+        assert!(t.exchange_stages(64 << 10, 3) && !t.exchange_stages((64 << 10) + 1, 3));
+        assert!(t.exchange_stages(16 << 10, 2) && !t.exchange_stages((16 << 10) + 1, 2));
         assert!(t.broadcast_stages(1 << 20, 3) && !t.broadcast_stages((1 << 20) + 1, 8));
         let staged = Tuning { all_reduce: AllReduceAlgo::Staged, ..t };
         assert_eq!(staged.pick_all_reduce(4096, 2, 2), AllReduceAlgo::Staged);
