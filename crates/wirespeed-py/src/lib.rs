@@ -101,6 +101,14 @@ impl Group {
 
 type Bufs = Vec<(usize, usize)>;
 
+/// `world` runs of `each` bytes, back to back from `base`.
+fn flat_pieces(base: usize, each: usize, world: usize, what: &str) -> PyResult<Bufs> {
+    each.checked_mul(world)
+        .and_then(|total| base.checked_add(total))
+        .ok_or_else(|| UnsupportedError::new_err(format!("wirespeed: the {what} ({world} x {each} bytes) does not fit in the address space")))?;
+    Ok((0..world).map(|r| (base + r * each, each)).collect())
+}
+
 #[pymethods]
 impl Group {
     /// `hosts[r]` is rank r's host id (`host_id()`); ranks on one host use shared memory, ranks
@@ -153,6 +161,22 @@ impl Group {
     fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
         self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
+    }
+    /// reduce_scatter of one flat input (torch's reduce_scatter_tensor): rank r's piece is the
+    /// `count` elements at `send` + r·count·element size. The pieces are laid out here rather
+    /// than in Python, where a list of `world` tuples per call costs microseconds.
+    #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
+    fn reduce_scatter_flat(&self, py: Python<'_>, send: usize, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
+        let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
+        let send = flat_pieces(send, count * dtype.size(), self.world, "reduce_scatter input")?;
+        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
+    }
+    /// all_gather into one flat output (torch's all_gather_into_tensor): rank r's `bytes` land at
+    /// `recv` + r·bytes.
+    #[pyo3(signature = (send, recv, bytes, blocking=false))]
+    fn all_gather_flat(&self, py: Python<'_>, send: usize, recv: usize, bytes: usize, blocking: bool) -> PyResult<u64> {
+        let recv = flat_pieces(recv, bytes, self.world, "all_gather output")?;
+        self.submit(py, Op::AllGather { send: (send, bytes), recv }, blocking)
     }
     #[pyo3(signature = (buf, count, dtype_code, op, root, blocking=false))]
     fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, blocking: bool) -> PyResult<u64> {
