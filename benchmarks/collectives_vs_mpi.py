@@ -12,6 +12,10 @@ the same buffers' sizes:
   as MPI_Allreduce is blocking;
 - `ws-torch`: `torch.distributed.all_reduce(t, group=wirespeed_group)` and friends (async_op=False);
 - `Open MPI`: `comm.Allreduce(MPI.IN_PLACE, buf)`, `Allgather`, `Reduce_scatter_block`, `Bcast`.
+- `torch floor`: the ws-torch calls on a group of torch's own C++ "fake" backend, which moves no
+  data and returns a completed Work at once: what torch's API costs before any backend runs, the
+  least any backend can take through `torch.distributed` (not a collective, so not checked;
+  "n/a" where this torch lacks the fake backend).
 
 Timing, the same for all three (nccl-tests' method): warm-up ops, a barrier, a loop of `iters`
 back-to-back ops, the elapsed time / iters on each rank, the maximum over ranks. `iters` is
@@ -41,6 +45,7 @@ SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M
          "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20}
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
 IMPLS = ["ws-native", "ws-torch", "mpi"]
+FLOOR = "torch-floor"
 
 
 def busbw_factor(coll: str, n: int) -> float:
@@ -85,8 +90,8 @@ class Case:
                     "all_gather": lambda: comm.Allgather(na, nb),
                     "reduce_scatter": lambda: comm.Reduce_scatter_block(na, nb, op=MPI.SUM),
                     "broadcast": lambda: comm.Bcast(na, root=0)}[coll]
-        if self.impl == "ws-torch":
-            g = ctx["group"]
+        if self.impl in ("ws-torch", FLOOR):
+            g = ctx["group" if self.impl == "ws-torch" else "fake"]
             return {"all_reduce": lambda: dist.all_reduce(a, group=g),
                     "all_gather": lambda: dist.all_gather_into_tensor(b, a, group=g),
                     "reduce_scatter": lambda: dist.reduce_scatter_tensor(b, a, group=g),
@@ -181,20 +186,27 @@ def worker(a):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     group = dist.new_group(backend="wirespeed")
-    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native}
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers torch's "fake" backend)
+        fake = dist.new_group(backend="fake")
+    except Exception:  # a torch without its testing package or the fake backend: no floor column
+        fake = None
+    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native, "fake": fake}
+    impls = IMPLS + ([FLOOR] if fake is not None else [])
     sizes = [SIZES[s] for s in a.sizes.split(",")]
     colls = a.colls.split(",")
     results = {}
     for coll in colls:
         for nbytes in sizes:
-            cases = {impl: Case(impl, coll, nbytes, ctx) for impl in IMPLS}
+            cases = {impl: Case(impl, coll, nbytes, ctx) for impl in impls}
             iters = {}
             for impl, c in cases.items():
-                c.check()
+                if impl != FLOOR:
+                    c.check()
                 iters[impl] = calibrate(c, comm, a.loop_ms * 1e-3)
-            times = {impl: [] for impl in IMPLS}
+            times = {impl: [] for impl in impls}
             for rnd in range(a.rounds):
-                order = IMPLS[rnd % 3:] + IMPLS[:rnd % 3]
+                order = impls[rnd % len(impls):] + impls[:rnd % len(impls)]
                 for impl in order:
                     times[impl].append(timed_loop(cases[impl], iters[impl], comm, warm=max(1, iters[impl] // 20)))
             results[f"{coll}|{nbytes}"] = {impl: {"median": statistics.median(t), "all": t, "iters": iters[impl]}
@@ -253,7 +265,7 @@ def main():
     ap.add_argument("--worlds", default="2,4,8", help="rank counts, comma separated (default 2,4,8)")
     ap.add_argument("--sizes", default=",".join(SIZES), help=f"from {','.join(SIZES)}")
     ap.add_argument("--colls", default=",".join(COLLS), help=f"from {','.join(COLLS)}")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three contenders per case (median)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the contenders per case (median)")
     ap.add_argument("--loop-ms", type=float, default=20.0, help="target duration of one timed loop")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per world size")
     ap.add_argument("--nice", type=int, default=0,
@@ -279,8 +291,10 @@ def main():
     print(f"# {os.cpu_count()} CPUs; float32 sum; time = max over ranks of (loop of back-to-back ops / iters), "
           f"median of {a.rounds} rounds")
     print("# MPI/x = Open MPI's time / x's time (>= 1: wirespeed as fast or faster); busbw in GB/s")
-    hdr = (f"{'collective':<14} {'ranks':>5} {'size':>5} | {'ws-native':>10} {'ws-torch':>10} {'Open MPI':>10} | "
-           f"{'bw native':>9} {'bw MPI':>7} | {'MPI/native':>10} {'MPI/torch':>9}")
+    print("# torch floor = the same torch call on torch's C++ 'fake' backend (moves nothing): torch's own cost")
+    hdr = (f"{'collective':<14} {'ranks':>5} {'size':>5} | {'ws-native':>10} {'ws-torch':>10} {'Open MPI':>10} "
+           f"{'torch floor':>11} | {'bw native':>9} {'bw MPI':>7} | {'MPI/native':>10} {'MPI/torch':>9} "
+           f"{'MPI/floor':>9}")
     rows = []
     for w in worlds:
         print(f"# {w} ranks: {load()} at the start", flush=True)
@@ -291,11 +305,13 @@ def main():
                 nbytes = SIZES[label]
                 r = res[f"{coll}|{nbytes}"]
                 nat, tor, mpi = (r[i]["median"] for i in IMPLS)
+                floor = r[FLOOR]["median"] if FLOOR in r else None
                 f = busbw_factor(coll, w)
-                print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} | "
+                print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} "
+                      f"{fmt(floor) if floor else 'n/a':>11} | "
                       f"{nbytes / nat * f / 1e9:9.2f} {nbytes / mpi * f / 1e9:7.2f} | {mpi / nat:10.2f} "
-                      f"{mpi / tor:9.2f}", flush=True)
-                rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in IMPLS}))
+                      f"{mpi / tor:9.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}", flush=True)
+                rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in r}))
         print(f"# {w} ranks: {load()} at the end", flush=True)
     print("# raw: " + json.dumps(rows))
 
