@@ -6,7 +6,7 @@
 
 One `mpirun` per world size starts the ranks; each rank is at once an MPI process (mpi4py on Open
 MPI, its default shared-memory transport: vader/sm with CMA) and a torch.distributed rank of a
-"wirespeed" group. So the three contenders run in the very same processes, one after the other, on
+"wirespeed" group. So the contenders run in the very same processes, one after the other, on
 the same buffers' sizes:
 - `ws-native`: wirespeed's native API, the blocking form (`g.all_reduce(ptr, n, dtype, op, True)`),
   as MPI_Allreduce is blocking;
@@ -19,7 +19,7 @@ the same buffers' sizes:
 
 Timing, the same for all three (nccl-tests' method): warm-up ops, a barrier, a loop of `iters`
 back-to-back ops, the elapsed time / iters on each rank, the maximum over ranks. `iters` is
-calibrated once per case so a loop lasts ~--loop-ms, and is the same on every rank. The three are
+calibrated once per case so a loop lasts ~--loop-ms, and is the same on every rank. The contenders are
 measured in turn (the order rotates each round) for --rounds rounds; a case's time is the median
 over rounds. The machine is shared: the load average is printed before and after each world, and
 only ratios within one run mean much. Sizes follow nccl-tests: the whole buffer (all_gather's
