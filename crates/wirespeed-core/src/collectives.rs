@@ -389,7 +389,12 @@ impl Comm {
     pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
-            let h = c.header(BROADCAST, None, None, root, buf.1 as u64, 0);
+            let split = c.world == 2 && !c.tuning.broadcast_stages(buf.1, 2);
+            let h = c.header(BROADCAST, None, None, root, buf.1 as u64, split as u32);
+            if split {
+                // SAFETY: the buffer is the caller's, valid for this op under this function's contract (Collectives).
+                return unsafe { c.broadcast_split(h, buf, root) };
+            }
             let none = (0usize, 0usize);
             let (send, mut recv) = if c.rank == root {
                 (vec![buf; c.world], vec![none; c.world])
@@ -401,6 +406,29 @@ impl Comm {
             // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { c.exchange(h, &send, &recv, mode) }
         })
+    }
+
+    /// Broadcast between 2 ranks, past the staging size: each rank publishes its buffer (the
+    /// root's to be read, the other's to be filled) and both copy half at once, the receiver
+    /// reading the front with process_vm_readv while the root writes the back with
+    /// process_vm_writev: two cores copy where one would. The headers (compared by
+    /// publish_and_sync) carry the byte count and this choice, so both ranks agree on both.
+    // SAFETY: callers uphold the contract of `broadcast` (buf valid and unshared for the op).
+    unsafe fn broadcast_split(&mut self, h: DescHeader, buf: Buf, root: usize) -> Result<()> {
+        let peer = 1 - self.rank;
+        let mut pieces = vec![Piece::default(); 2];
+        pieces[peer] = Piece { mode: MODE_ADDR, loc: buf.0 as u64, len: buf.1 as u64 };
+        let parity = self.publish_and_sync(h, &pieces)?;
+        let theirs = self.net.segs[peer].piece(parity, self.rank);
+        // Halves split on a page boundary, so no page is pinned by both calls at once.
+        let front = (buf.1 / 2).next_multiple_of(4096).min(buf.1);
+        if self.rank == root {
+            self.net.write_to(peer, theirs.loc + front as u64, (buf.0 + front) as *const u8, buf.1 - front)?;
+        } else {
+            self.net.read_from(peer, theirs.loc, buf.0 as *mut u8, front)?;
+        }
+        // Neither buffer may be touched by its owner until both halves have landed.
+        self.net.sync()
     }
 
     /// On `root`, recv[j] = rank j's `send`.
@@ -537,6 +565,54 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Broadcast between 2 ranks, staged or split (each rank copies half through
+    /// process_vm_readv/writev), from either root, at sizes around the staging limit and page
+    /// boundaries, back to back: every byte arrives, and the root's buffer is unchanged.
+    #[test]
+    fn two_rank_broadcast_is_exact_staged_and_split() {
+        let sizes = [0usize, 1, 4096, crate::plan::PAIR_STAGE_MAX, crate::plan::PAIR_STAGE_MAX + 1, 100_003, (1 << 20) + 5];
+        let fill = |root: usize, n: usize| -> Vec<u8> { (0..n).map(|i| ((i * 31 + root * 7) % 251) as u8).collect() };
+        let out = with_ranks(2, move |c| {
+            let mut got = vec![];
+            for root in 0..2 {
+                for &n in &sizes {
+                    let mut v = if c.rank == root { fill(root, n) } else { vec![0xEE; n] };
+                    // SAFETY: `v` lives, untouched by anyone else, through the call.
+                    unsafe { c.broadcast((v.as_mut_ptr() as usize, n), root).unwrap() };
+                    got.push(v);
+                }
+            }
+            got
+        });
+        for (r, got) in out.iter().enumerate() {
+            let mut i = 0;
+            for root in 0..2 {
+                for &n in &sizes {
+                    assert!(got[i] == fill(root, n), "rank {r} root {root} n {n}: wrong bytes");
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Ranks tuned differently (one would stage a 2-rank broadcast the other splits) get a
+    /// mismatch error on both, never a half-filled buffer.
+    #[test]
+    fn ranks_choosing_different_broadcasts_get_an_error() {
+        let out = with_ranks(2, |c| {
+            if c.rank == 1 {
+                c.tuning.stage_max = 0;
+            }
+            let mut v = vec![c.rank as u8; 8 << 10];
+            // SAFETY: `v` lives, untouched by anyone else, through the call.
+            unsafe { c.broadcast((v.as_mut_ptr() as usize, v.len()), 0) }.map_err(|e| e.to_string())
+        });
+        for (r, res) in out.iter().enumerate() {
+            let e = res.as_ref().expect_err("a split and a staged broadcast must not pass");
+            assert!(e.contains("chose algorithm"), "rank {r}: {e}");
         }
     }
 }

@@ -245,6 +245,12 @@ impl Comm {
                 return Err(Error::Mismatch(format!("rank {r} used op {}/root {} while rank {} used op {}/root {}",
                     d.op, d.root, self.rank, mine.op, mine.root)));
             }
+            if d.algo != mine.algo {
+                return Err(Error::Mismatch(format!(
+                    "rank {r} chose algorithm {} for {} while rank {} chose {}: set the WIRESPEED_* tuning variables alike on every rank",
+                    d.algo, crate::collectives::kind_name(mine.kind), self.rank, mine.algo
+                )));
+            }
             if d.count != mine.count && d.count != u64::MAX && mine.count != u64::MAX {
                 return Err(Error::Mismatch(format!(
                     "rank {r} passed {} elements while rank {} passed {} ({})",
@@ -368,14 +374,25 @@ impl Net {
             return Ok(());
         }
         // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
-        unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| {
-            if errno == libc::ESRCH {
-                Error::PeerDied { rank: r, pid: self.pids[r] }
-            } else {
-                // A peer whose buffer vanished under us aborted or died; report that if so.
-                self.check_peers().err().unwrap_or(Error::Os { call: "process_vm_readv", errno })
-            }
-        })
+        unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_readv"))
+    }
+
+    /// Copy `len` bytes at `src` into `addr` in rank `r`, a range rank r published for this rank to fill.
+    pub(crate) fn write_to(&self, r: usize, addr: u64, src: *const u8, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: src is a live buffer of len bytes; the remote range is the peer's, published to us for this op.
+        unsafe { sys::write_peer(self.pids[r], addr, src, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_writev"))
+    }
+
+    fn peer_copy_error(&self, r: usize, errno: i32, call: &'static str) -> Error {
+        if errno == libc::ESRCH {
+            Error::PeerDied { rank: r, pid: self.pids[r] }
+        } else {
+            // A peer whose buffer vanished under us aborted or died; report that if so.
+            self.check_peers().err().unwrap_or(Error::Os { call, errno })
+        }
     }
 }
 

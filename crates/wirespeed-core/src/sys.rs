@@ -235,14 +235,36 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
 /// # Safety
 /// `local` must be valid for writes of `len` bytes (the remote side is checked by the kernel).
 pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> std::result::Result<(), i32> {
+    // SAFETY: this function's contract is peer_copy's for a read.
+    unsafe { peer_copy(pid, remote, local, len, false) }
+}
+
+/// Copy `len` bytes at `local` to `remote` in process `pid` (process_vm_writev); errors as `read_peer`.
+///
+/// # Safety
+/// `local` must be valid for reads of `len` bytes; the caller must own the remote range for the
+/// op (the peer published it for this rank to fill; the kernel checks it is mapped and writable).
+pub unsafe fn write_peer(pid: i32, remote: u64, local: *const u8, len: usize) -> std::result::Result<(), i32> {
+    // SAFETY: this function's contract is peer_copy's for a write.
+    unsafe { peer_copy(pid, remote, local as *mut u8, len, true) }
+}
+
+// SAFETY: callers uphold read_peer's contract (write false) or write_peer's (write true).
+unsafe fn peer_copy(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> std::result::Result<(), i32> {
     let mut done = 0usize;
     while done < len {
         // SAFETY: done < len, so local + done stays inside the caller's `len` bytes.
         let liov = libc::iovec { iov_base: unsafe { local.add(done) } as *mut libc::c_void, iov_len: len - done };
         let riov = libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
-        // SAFETY: both iovecs outlive the call; the local one covers writable memory (the contract),
-        // and the kernel checks the remote one.
-        let n = unsafe { libc::process_vm_readv(pid, &liov, 1, &riov, 1, 0) };
+        // SAFETY: both iovecs outlive the call; the local one covers memory the contract lets us
+        // write (a read) or read (a write), and the kernel checks the remote one.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(pid, &liov, 1, &riov, 1, 0)
+            } else {
+                libc::process_vm_readv(pid, &liov, 1, &riov, 1, 0)
+            }
+        };
         if n < 0 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
         }
