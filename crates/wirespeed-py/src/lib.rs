@@ -168,7 +168,8 @@ impl Group {
     #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
     fn reduce_scatter_flat(&self, py: Python<'_>, send: usize, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
-        let send = flat_pieces(send, count * dtype.size(), self.world, "reduce_scatter input")?;
+        let each = count.checked_mul(dtype.size()).ok_or_else(|| UnsupportedError::new_err(format!("wirespeed: {count} elements overflow a byte count")))?;
+        let send = flat_pieces(send, each, self.world, "reduce_scatter input")?;
         self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
     }
     /// all_gather into one flat output (torch's all_gather_into_tensor): rank r's `bytes` land at
