@@ -352,4 +352,28 @@ def functional(rank, world, group):
     co = funcol.all_reduce_coalesced([x, x * 2], "sum", group)
     if not (torch.equal(done(co[0]), total) and torch.equal(done(co[1]), total * 2)):
         wrong.append("all_reduce_coalesced")
+    wrong += dropped_inputs(rank, world, group)
     return {"wrong": wrong}
+
+
+def dropped_inputs(rank, world, group):
+    """Async reduce_scatter_tensor / all_gather_into_tensor on a temporary input the caller drops
+    at once (`torch.cat(grads)` style): the op must still read it. Rank 1 comes late, so the ops
+    sit queued on the others while their inputs' memory is freed and reused; 4 MiB inputs are read
+    where they lie (not staged), by the owner and by its peers."""
+    wrong = []
+    n = 1 << 20
+    if rank == 1:
+        time.sleep(0.3)
+    rs_out, ag_out = torch.empty(n // world), torch.empty(n * world)
+    w1 = dist.reduce_scatter_tensor(rs_out, torch.full((n,), float(rank + 1)), group=group, async_op=True)
+    w2 = dist.all_gather_into_tensor(ag_out, torch.full((n,), float(rank + 1)), group=group, async_op=True)
+    junk = [torch.full((n,), -7.0) for _ in range(6)]      # likely the freed inputs' memory
+    w1.wait()
+    w2.wait()
+    del junk
+    if not torch.equal(rs_out, torch.full((n // world,), world * (world + 1) / 2)):
+        wrong.append("async reduce_scatter_tensor of a dropped input")
+    if not torch.equal(ag_out, torch.cat([torch.full((n,), float(r + 1)) for r in range(world)])):
+        wrong.append("async all_gather_into_tensor of a dropped input")
+    return wrong

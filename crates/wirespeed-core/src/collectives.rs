@@ -420,15 +420,26 @@ impl Comm {
         pieces[peer] = Piece { mode: MODE_ADDR, loc: buf.0 as u64, len: buf.1 as u64 };
         let parity = self.publish_and_sync(h, &pieces)?;
         let theirs = self.net.segs[peer].piece(parity, self.rank);
-        // Halves split on a page boundary, so no page is pinned by both calls at once.
+        // Halves split at a multiple of 4096 bytes (on a page boundary when the buffer is aligned).
         let front = (buf.1 / 2).next_multiple_of(4096).min(buf.1);
         if self.rank == root {
+            // This is the one place a rank writes into a peer's own memory, which the peer's
+            // caller frees once the call returns. A receiver returns early only after marking
+            // itself aborted (its final sync timed out): then write nothing. (What stays open: a
+            // root stalled for the whole timeout between this check and the system call.)
+            if self.net.segs[peer].aborted().load(std::sync::atomic::Ordering::Acquire) != 0 {
+                return Err(Error::PeerAborted { rank: peer, reason: self.net.segs[peer].reason() });
+            }
             self.net.write_to(peer, theirs.loc + front as u64, (buf.0 + front) as *const u8, buf.1 - front)?;
+            // Neither buffer may be touched by its owner until both halves have landed.
+            self.net.sync()
         } else {
-            self.net.read_from(peer, theirs.loc, buf.0 as *mut u8, front)?;
+            let read = self.net.read_from(peer, theirs.loc, buf.0 as *mut u8, front);
+            // Even when the read failed, wait for the root to be done writing into this buffer
+            // (its sync, or its abort), bounded by the timeout, before the caller gets it back.
+            let landed = self.net.sync();
+            read.and(landed)
         }
-        // Neither buffer may be touched by its owner until both halves have landed.
-        self.net.sync()
     }
 
     /// On `root`, recv[j] = rank j's `send`.

@@ -245,16 +245,17 @@ impl Comm {
                 return Err(Error::Mismatch(format!("rank {r} used op {}/root {} while rank {} used op {}/root {}",
                     d.op, d.root, self.rank, mine.op, mine.root)));
             }
-            if d.algo != mine.algo {
-                return Err(Error::Mismatch(format!(
-                    "rank {r} chose algorithm {} for {} while rank {} chose {}: set the WIRESPEED_* tuning variables alike on every rank",
-                    d.algo, crate::collectives::kind_name(mine.kind), self.rank, mine.algo
-                )));
-            }
             if d.count != mine.count && d.count != u64::MAX && mine.count != u64::MAX {
                 return Err(Error::Mismatch(format!(
                     "rank {r} passed {} elements while rank {} passed {} ({})",
                     d.count, self.rank, mine.count, crate::collectives::kind_name(mine.kind)
+                )));
+            }
+            // After the count check: different sizes also choose differently, and say so better.
+            if d.algo != mine.algo {
+                return Err(Error::Mismatch(format!(
+                    "rank {r} chose algorithm {} for {} while rank {} chose {}: set the WIRESPEED_* tuning variables alike on every rank",
+                    d.algo, crate::collectives::kind_name(mine.kind), self.rank, mine.algo
                 )));
             }
         }

@@ -205,7 +205,7 @@ class WirespeedBackend(_C10dBackend):
             if not opts.asyncOp:
                 self._reduce_scatter_flat(*args, True)
                 return None
-            return Work(self.native, [self._reduce_scatter_flat(*args)], [output], None, self._futures)
+            return Work(self.native, [self._reduce_scatter_flat(*args)], [output], None, self._futures, keep=input)
         check(input, "the reduce_scatter input")
         if input.numel() != output.numel() * self._size:
             raise UnsupportedError(f"wirespeed: reduce_scatter input holds {input.numel()} elements; it "
@@ -270,7 +270,7 @@ class WirespeedBackend(_C10dBackend):
             if not opts.asyncOp:
                 self._all_gather_flat(*args, True)
                 return None
-            return Work(self.native, [self._all_gather_flat(*args)], [output], None, self._futures)
+            return Work(self.native, [self._all_gather_flat(*args)], [output], None, self._futures, keep=input)
         check(input, "the all_gather input")
         check(output, "the all_gather output")
         if output.dtype != input.dtype:

@@ -19,11 +19,12 @@ from .. import _native
 
 class Work(dist._Work):
     def __init__(self, group, ids: list[int], result, finish: Callable[[], None] | None = None,
-                 futures: "FutureCompleter | None" = None, source: int = -1):
+                 futures: "FutureCompleter | None" = None, source: int = -1, keep=None):
         super().__init__()
         self._group = group          # the native group
         self._ids = ids
         self._result = result        # what result() and the future give: the output tensors
+        self._keep = keep            # inputs the engine reads, alive as long as this Work (torch holds none)
         self._finish = finish        # runs once, after the ops succeeded
         self._futures = futures
         self._future = None
