@@ -38,9 +38,11 @@ pub struct Tuning {
     pub stage_max: usize,
     /// Block size of the large-message reduction (per peer, kept in cache).
     pub block_bytes: usize,
+    /// The most a 2-rank exchange or broadcast stages (`WIRESPEED_PAIR_STAGE_MAX`).
+    pub pair_stage_max: usize,
 }
 
-/// The most a 2-rank exchange or broadcast stages (see `Tuning::exchange_stages`).
+/// The most a 2-rank exchange or broadcast stages by default (see `Tuning::exchange_stages`).
 pub const PAIR_STAGE_MAX: usize = 16 << 10;
 
 fn env_bytes(name: &str, default: usize) -> Result<usize> {
@@ -71,7 +73,8 @@ impl Tuning {
         let slot_bytes = env_bytes("WIRESPEED_SLOT_BYTES", 1 << 20)?.max(4096).next_multiple_of(4096);
         let stage_max = env_bytes("WIRESPEED_STAGE_MAX", 64 << 10)?;
         let block_bytes = env_bytes("WIRESPEED_BLOCK_BYTES", 64 << 10)?.max(4096).next_multiple_of(64);
-        Ok(Tuning { all_reduce, slot_bytes, stage_max, block_bytes })
+        let pair_stage_max = env_bytes("WIRESPEED_PAIR_STAGE_MAX", PAIR_STAGE_MAX)?;
+        Ok(Tuning { all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max })
     }
 
     /// The all_reduce algorithm for `bytes` per rank among `world` ranks on `cpus` cores.
@@ -100,13 +103,12 @@ impl Tuning {
     /// Whether a one-host exchange (all_gather, all_to_all, gather, scatter) whose send side
     /// totals `bytes` goes through the sender's slot rather than being read where it lies.
     /// Staging costs a second copy and saves the system call (~3 us). Between 2 ranks the direct
-    /// read is a single copy, and staging stops paying from about 32 KiB (64 KiB: 7-8 us either
-    /// way when the two vCPUs are close, but 30 us staged against 7 us direct when they are
-    /// far apart: the copy into the slot then waits on cache lines the reader holds), so 2-rank
-    /// exchanges stage at most `PAIR_STAGE_MAX`. From 3 ranks, n-1 readers of one slot beat n-1
-    /// process_vm_readv calls pinning the same pages, up to `stage_max`.
+    /// read is a single copy, and staging stops paying from about 32 KiB, so 2-rank exchanges
+    /// stage at most `pair_stage_max` (default `PAIR_STAGE_MAX`; the measurements are in
+    /// docs/small-messages.md). From 3 ranks, n-1 readers of one slot beat n-1 process_vm_readv
+    /// calls pinning the same pages, up to `stage_max`.
     pub fn exchange_stages(&self, bytes: usize, world: usize) -> bool {
-        let max = if world == 2 { self.stage_max.min(PAIR_STAGE_MAX) } else { self.stage_max };
+        let max = if world == 2 { self.stage_max.min(self.pair_stage_max) } else { self.stage_max };
         bytes <= max.min(self.slot_bytes)
     }
 
@@ -225,7 +227,7 @@ mod tests {
 
     #[test]
     fn small_messages_take_oneshot_large_take_rsag() {
-        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16 };
+        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
         assert_eq!(t.pick_all_reduce(4096, 2, 2), AllReduceAlgo::OneShot);
         assert_eq!(t.pick_all_reduce(4096, 4, 2), AllReduceAlgo::OneShot);
         // Two ranks: the same bytes either way, oneshot has one sync fewer, up to the slot's size.
@@ -252,7 +254,7 @@ mod tests {
 
     #[test]
     fn across_hosts_hier_unless_ring_is_forced() {
-        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16 };
+        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
         for &(n, h) in &[(2usize, 2usize), (4, 2), (8, 2), (8, 4), (16, 4)] {
             for &s in &[0usize, 4096, 1 << 20, 64 << 20] {
                 assert_eq!(t.pick_across_hosts(s, n, h), AllReduceAlgo::Hier, "n {n} h {h} s {s}");
