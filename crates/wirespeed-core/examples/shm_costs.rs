@@ -50,6 +50,16 @@ fn building_blocks(sizes: &[usize]) {
             "{:>8} B: copy {} ({:5.1} GB/s)  reduce 2 srcs f32 {} ({:5.1} GB/s)  process_vm_readv {} ({:5.1} GB/s)",
             b, us(copy), b as f64 / copy / 1e9, us(red), b as f64 / red / 1e9, us(cma), b as f64 / cma / 1e9
         );
+        // The destination 8 bytes past the source modulo 4096: glibc's memcpy against sys::copy.
+        let mut area = vec![0u8; 2 * b + 4 * 4096];
+        let s_at = area.as_ptr().align_offset(4096);
+        let d_at = s_at + b.next_multiple_of(4096) + 4096 + 8;
+        let (sp, dp) = (area[s_at..].as_ptr(), area[d_at..].as_mut_ptr());
+        // SAFETY: both ranges hold b bytes inside `area` and do not overlap (d_at >= s_at + b).
+        let glibc = best(it, || unsafe { std::ptr::copy_nonoverlapping(sp, dp, b) });
+        // SAFETY: as above.
+        let ours = best(it, || unsafe { sys::copy(dp, sp, b) });
+        println!("{:>8} B: copy to 8 B past the source mod 4096: memcpy {}  sys::copy {}", b, us(glibc), us(ours));
     }
 }
 
