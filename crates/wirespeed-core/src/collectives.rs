@@ -389,7 +389,8 @@ impl Comm {
     pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
-            let split = c.world == 2 && !c.tuning.broadcast_stages(buf.1, 2);
+            let stages = c.tuning.broadcast_stages(buf.1, c.world);
+            let split = c.world == 2 && !stages;
             let h = c.header(BROADCAST, None, None, root, buf.1 as u64, split as u32);
             if split {
                 // SAFETY: the buffer is the caller's, valid for this op under this function's contract (Collectives).
@@ -402,7 +403,7 @@ impl Comm {
                 (vec![none; c.world], vec![none; c.world])
             };
             recv[root] = buf;
-            let mode = if c.tuning.broadcast_stages(buf.1, c.world) { Mode::Stage } else { Mode::Direct };
+            let mode = if stages { Mode::Stage } else { Mode::Direct };
             // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
             unsafe { c.exchange(h, &send, &recv, mode) }
         })

@@ -244,6 +244,7 @@ pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> st
 /// # Safety
 /// `local` must be valid for reads of `len` bytes; the caller must own the remote range for the
 /// op (the peer published it for this rank to fill; the kernel checks it is mapped and writable).
+// SAFETY: callers uphold the contract stated in this function's doc comment.
 pub unsafe fn write_peer(pid: i32, remote: u64, local: *const u8, len: usize) -> std::result::Result<(), i32> {
     // SAFETY: this function's contract is peer_copy's for a write.
     unsafe { peer_copy(pid, remote, local as *mut u8, len, true) }
