@@ -120,8 +120,9 @@ fn collectives(world: usize, sizes: Vec<usize>) {
             out.push((
                 format!("engine all_reduce {b}"),
                 best(iters_for(b), || {
-                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-                    unsafe { e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }).unwrap() };
+                    // SAFETY: `v` outlives the engine (dropped after it, at the end of this closure), and the
+                    // op succeeds or the unwrap ends the run; so the empty owner is enough.
+                    unsafe { e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }, Box::new(())).unwrap() };
                 }),
             ));
         }

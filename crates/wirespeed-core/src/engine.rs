@@ -6,8 +6,19 @@
 //! its op itself). A blocking call (`run`) costs no thread hand-off: it queues without waking the
 //! worker and runs the op inline, so a small collective touches no other thread of this process
 //! (a wake-up costs ~30 us here, and on an oversubscribed host the worker would compete with the
-//! peers for a core). Only async ops (`submit`) wake the worker. Op `id` is complete iff
-//! `completed >= id`, because completion is in order too.
+//! peers for a core). Only async ops (`submit`) wake the worker. Op `id` has run iff
+//! `completed >= id`, because completion is in order too; a send is complete when its receiver
+//! has also taken the bytes.
+//!
+//! **Ownership.** Every op is queued with its `Owner`: whatever keeps its buffers alive (for the
+//! Python bindings, the tensors and staging copies behind the addresses). The engine, not the
+//! caller, decides when that may go: it drops the owner when no one can touch the buffers any
+//! more (the op ran, and a send's receiver acknowledged it), and keeps it for the engine's life
+//! when the op failed, since a peer that is only late (a receiver reading a timed-out send, a
+//! root writing into a receiver that gave up) may still reach the memory. Whatever is still
+//! held that way when the engine is dropped is leaked, not freed. So a caller that drops its own
+//! handle to an op early (a Python Work, a temporary input) cannot free memory the op uses: the
+//! owner travels with the op, whatever wraps, joins or forgets the handle.
 use crate::collectives::Buf;
 use crate::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
@@ -20,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// An op with raw buffer addresses; the caller keeps the buffers alive until the op completes.
+/// An op with raw buffer addresses; the `Owner` queued with it keeps them alive.
 pub enum Op {
     AllReduce { buf: usize, count: usize, dtype: DType, op: ReduceOp },
     ReduceScatter { send: Vec<Buf>, out: usize, count: usize, dtype: DType, op: ReduceOp },
@@ -35,17 +46,23 @@ pub enum Op {
     Recv { from: usize, buf: Buf, tag: u64 },
 }
 
-enum Outcome {
-    Failed(Error),
-    SendPending(Ticket),
-}
+/// What keeps an op's buffers valid (the memory behind its addresses, and any temporaries the
+/// caller made for it), handed to the engine with the op; see the module's note on ownership.
+pub type Owner = Box<dyn Send>;
 
 #[derive(Default)]
 struct State {
-    queue: VecDeque<(u64, Op)>,
+    queue: VecDeque<(u64, Op, Owner)>,
     next_id: u64,
-    /// Only ops that did not simply succeed: errors, and sends still awaiting their receiver.
-    outcomes: BTreeMap<u64, Outcome>,
+    /// Sends that ran but whose receiver has not taken the bytes yet, with their owners: the
+    /// receiver reads the send buffer until it acknowledges. Never forgotten before that.
+    sends: BTreeMap<u64, (Arc<Ticket>, Owner)>,
+    /// Errors of failed ops, for late (and repeated) waits; past KEEP_FAILURES the oldest are
+    /// forgotten, and `forgotten_upto` says which ids may have been among them.
+    failures: BTreeMap<u64, Error>,
+    forgotten_upto: u64,
+    /// Owners of failed ops: a late peer may still touch their memory, so they are never freed.
+    retained: Vec<Owner>,
     shutdown: bool,
     /// Threads asleep on `done`: completing an op wakes them only if there are any (an
     /// unconditional notify is a futex system call per op, most of a small op's engine cost).
@@ -66,8 +83,9 @@ pub struct Engine {
     wake_worker: bool,
 }
 
-/// How many finished outcomes are kept for late waits (an op older than that completed long ago).
-const KEEP_OUTCOMES: usize = 4096;
+/// How many failed ops' errors are kept for late waits. A failure breaks the group, so every
+/// later op fails too; past this many, a wait on a forgotten id reports that instead of success.
+const KEEP_FAILURES: usize = 4096;
 
 /// # Safety
 /// The op's buffers are valid as `Collectives` requires (`Engine::submit`'s contract).
@@ -90,12 +108,36 @@ unsafe fn execute(comm: &mut dyn Collectives, op: Op) -> Result<Option<Ticket>> 
     }
 }
 
+impl State {
+    /// Record op `id`'s failure; its owner is kept for good (a late peer may still use the memory).
+    fn fail(&mut self, id: u64, e: Error, owner: Owner) {
+        self.failures.insert(id, e);
+        self.retained.push(owner);
+        while self.failures.len() > KEEP_FAILURES {
+            if let Some((old, _)) = self.failures.pop_first() {
+                self.forgotten_upto = self.forgotten_upto.max(old);
+            }
+        }
+    }
+
+    /// The error to report for op `id`, which has run and is not a pending send.
+    fn outcome(&self, id: u64) -> Result<()> {
+        match self.failures.get(&id) {
+            Some(e) => Err(e.clone()),
+            None if id <= self.forgotten_upto => Err(Error::Broken(format!(
+                "op {id}'s outcome was forgotten after more than {KEEP_FAILURES} later ops failed"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Shared {
     /// Run queued ops in order while holding the execution lock; stop after `until` (if given).
     fn drain(&self, comm: &mut dyn Collectives, until: Option<u64>) {
         loop {
             let next = self.state.lock().unwrap().queue.pop_front();
-            let Some((id, op)) = next else { return };
+            let Some((id, op, owner)) = next else { return };
             // A bug must not unwind into Python (or poison the group's lock): it becomes this
             // op's error, and the group is broken like after any other failure.
             // SAFETY: ops were queued by submit/run, whose callers vouched for their buffers.
@@ -104,23 +146,24 @@ impl Shared {
                     let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
                     Err(Error::Broken(format!("internal error in wirespeed ({why}); please report it")))
                 });
-            let wake = {
+            let (wake, free) = {
                 let mut st = self.state.lock().unwrap();
-                match r {
-                    Ok(None) => {}
+                let free = match r {
+                    Ok(None) => Some(owner),
                     Ok(Some(t)) => {
-                        st.outcomes.insert(id, Outcome::SendPending(t));
+                        st.sends.insert(id, (Arc::new(t), owner));
+                        None
                     }
                     Err(e) => {
-                        st.outcomes.insert(id, Outcome::Failed(e));
+                        st.fail(id, e, owner);
+                        None
                     }
-                }
-                while st.outcomes.len() > KEEP_OUTCOMES {
-                    st.outcomes.pop_first();
-                }
+                };
                 self.completed.store(id, Release);
-                st.done_waiters > 0
+                (st.done_waiters > 0, free)
             };
+            // Outside the lock: dropping an owner may run its destructor (a Python object's).
+            drop(free);
             if wake {
                 self.done.notify_all();
             }
@@ -160,10 +203,10 @@ impl Engine {
 
     /// Queue an op to progress in the background; returns its id for `wait`/`is_done`.
     /// # Safety
-    /// The op's buffers stay valid, and untouched by anyone else, until the op completes
-    /// (`wait` or `is_done`), as `Collectives` requires.
-    pub unsafe fn submit(&self, op: Op) -> u64 {
-        let id = self.enqueue(op);
+    /// `owner` keeps the op's buffers valid for as long as it lives, and nobody but the engine
+    /// touches them until the op completes (`wait` or `is_done`), as `Collectives` requires.
+    pub unsafe fn submit(&self, op: Op, owner: Owner) -> u64 {
+        let id = self.enqueue(op, owner);
         if self.wake_worker {
             self.shared.work.notify_one();
         }
@@ -172,28 +215,54 @@ impl Engine {
 
     /// Run an op to completion in this thread (after any ops queued before it); returns its id.
     /// # Safety
-    /// As `submit`, until this returns.
-    pub unsafe fn run(&self, op: Op) -> Result<u64> {
-        let id = self.enqueue(op);
+    /// As `submit`. (A failed op's owner is kept by the engine past this call's return.)
+    pub unsafe fn run(&self, op: Op, owner: Owner) -> Result<u64> {
+        let id = self.enqueue(op, owner);
         self.wait(id).map(|_| id)
     }
 
-    fn enqueue(&self, op: Op) -> u64 {
+    fn enqueue(&self, op: Op, owner: Owner) -> u64 {
         let mut st = self.shared.state.lock().unwrap();
         let id = st.next_id;
         st.next_id += 1;
-        st.queue.push_back((id, op));
+        st.queue.push_back((id, op, owner));
         id
     }
 
+    /// Whether op `id` completed (for a send: its receiver took the bytes). A send found
+    /// acknowledged here gives its owner back at once.
     pub fn is_done(&self, id: u64) -> bool {
         if self.shared.completed.load(Acquire) < id {
             return false;
         }
-        match self.shared.state.lock().unwrap().outcomes.get(&id) {
-            Some(Outcome::SendPending(t)) => t.is_acked(),
-            _ => true,
-        }
+        let freed = {
+            let mut st = self.shared.state.lock().unwrap();
+            match st.sends.get(&id) {
+                Some((t, _)) if t.is_acked() => {
+                    // Finished: its wait returns at once, with the send's own outcome.
+                    let r = t.wait();
+                    let (_, owner) = st.sends.remove(&id).expect("looked up under this lock");
+                    match r {
+                        Ok(()) => Some(owner),
+                        Err(e) => {
+                            st.fail(id, e, owner);
+                            None
+                        }
+                    }
+                }
+                Some(_) => return false,
+                None => None,
+            }
+        };
+        drop(freed);
+        true
+    }
+
+    /// How many ops' owners the engine holds because their ops failed, and how many sends are
+    /// still waiting for their receivers (for tests and diagnostics).
+    pub fn held(&self) -> (usize, usize) {
+        let st = self.shared.state.lock().unwrap();
+        (st.retained.len(), st.sends.len())
     }
 
     /// Block until op `id` completes (running queued ops inline if nobody else is); its error, if any.
@@ -228,22 +297,32 @@ impl Engine {
                 }
             }
         }
-        let outcome = sh.state.lock().unwrap().outcomes.remove(&id);
-        match outcome {
-            None => Ok(()),
-            Some(Outcome::Failed(e)) => {
-                // Keep the error for a second wait on the same work.
-                sh.state.lock().unwrap().outcomes.insert(id, Outcome::Failed(e.clone()));
-                Err(e)
+        let send = {
+            let st = sh.state.lock().unwrap();
+            match st.sends.get(&id) {
+                Some((t, _)) => t.clone(),
+                None => return st.outcome(id),
             }
-            Some(Outcome::SendPending(t)) => {
-                let r = t.wait();
-                if let Err(e) = &r {
-                    sh.state.lock().unwrap().outcomes.insert(id, Outcome::Failed(e.clone()));
-                }
-                r
+        };
+        // A send: wait for its receiver (outside the lock; the entry stays, so `is_done` says
+        // false meanwhile), then give its owner back, or keep it if the receiver never came.
+        let r = send.wait();
+        let freed = {
+            let mut st = sh.state.lock().unwrap();
+            match st.sends.remove(&id) {
+                Some((_, owner)) => match &r {
+                    Ok(()) => Some(owner),
+                    Err(e) => {
+                        st.fail(id, e.clone(), owner);
+                        None
+                    }
+                },
+                // Another thread finished it first and recorded what it found.
+                None => return st.outcome(id),
             }
-        }
+        };
+        drop(freed);
+        r
     }
 }
 
@@ -275,6 +354,16 @@ impl Drop for Engine {
         self.shared.work.notify_all();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
+        }
+        // Ops never started are nobody's concern; their owners go with the queue. A send not yet
+        // taken, or a failed op, may still be reached by a peer after this group is gone: leak
+        // what keeps their memory, rather than free it under a late reader or writer.
+        let mut st = self.shared.state.lock().unwrap();
+        for (_, (_, owner)) in std::mem::take(&mut st.sends) {
+            std::mem::forget(owner);
+        }
+        for owner in std::mem::take(&mut st.retained) {
+            std::mem::forget(owner);
         }
     }
 }

@@ -125,9 +125,10 @@ fn engine_runs_async_ops_in_order_in_the_background() {
         let e = Engine::new(comm).unwrap();
         let mut a = vec![e.rank() as f64 + 1.0; 100_000];
         let mut b = vec![2.0f64; 10];
-        // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-        let ia = unsafe { e.submit(Op::AllReduce { buf: a.as_mut_ptr() as usize, count: a.len(), dtype: DType::F64, op: ReduceOp::Sum }) };
-        let ib = unsafe { e.submit(Op::AllReduce { buf: b.as_mut_ptr() as usize, count: b.len(), dtype: DType::F64, op: ReduceOp::Prod }) };
+        // SAFETY: `a` and `b` are dropped before the engine, but only after both ops were waited
+        // on (and succeeded): nothing owns more than they do, so the owners are empty.
+        let ia = unsafe { e.submit(Op::AllReduce { buf: a.as_mut_ptr() as usize, count: a.len(), dtype: DType::F64, op: ReduceOp::Sum }, Box::new(())) };
+        let ib = unsafe { e.submit(Op::AllReduce { buf: b.as_mut_ptr() as usize, count: b.len(), dtype: DType::F64, op: ReduceOp::Prod }, Box::new(())) };
         // Nobody waits: the worker must finish both.
         let t0 = std::time::Instant::now();
         while !(e.is_done(ia) && e.is_done(ib)) {
@@ -139,4 +140,72 @@ fn engine_runs_async_ops_in_order_in_the_background() {
         (a[99_999], b[0])
     });
     assert_eq!(out, vec![(3.0, 4.0), (3.0, 4.0)]);
+}
+
+/// An owner whose drop is seen from outside.
+struct Flag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn flag() -> (std::sync::Arc<std::sync::atomic::AtomicBool>, Flag) {
+    let f = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (f.clone(), Flag(f))
+}
+
+fn dropped(f: &std::sync::atomic::AtomicBool) -> bool {
+    f.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[test]
+fn engine_holds_an_ops_owner_until_nobody_can_touch_its_buffers() {
+    let out = with_ranks(2, |c| {
+        let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1)).unwrap();
+        let e = Engine::new(std::mem::replace(c, placeholder)).unwrap();
+        if e.rank() == 0 {
+            // A send whose receiver comes late: the receiver reads the buffer until it acknowledges,
+            // so the engine keeps the buffer (moved into the owner; its heap address is stable).
+            let msg = vec![7u8; 100_000];
+            let addr = msg.as_ptr() as usize;
+            let (sent, owner) = flag();
+            // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.
+            let id = unsafe { e.submit(Op::Send { to: 1, buf: (addr, 100_000), tag: 5 }, Box::new((msg, owner))) };
+            std::thread::sleep(Duration::from_millis(150));
+            let early = (dropped(&sent), e.is_done(id));
+            e.wait(id).unwrap();
+            let after_ack = dropped(&sent);
+            // A failed op (rank 1 sends 5 bytes, this receive expects 3): its owner is kept for the
+            // engine's life, since a late peer could still reach the memory.
+            let (failed, owner) = flag();
+            let mut small = vec![0u8; 3];
+            let addr = small.as_mut_ptr() as usize;
+            // SAFETY: as above.
+            let id = unsafe { e.submit(Op::Recv { from: 1, buf: (addr, 3), tag: 6 }, Box::new((small, owner))) };
+            let err = e.wait(id).is_err();
+            let held = e.held();
+            (0, vec![early.0, early.1, after_ack, err, dropped(&failed)], held.0)
+        } else {
+            std::thread::sleep(Duration::from_millis(400));
+            let mut got = vec![0u8; 100_000];
+            let (_, owner) = flag();
+            // SAFETY: `got` outlives the op (waited below) and the engine's use of it.
+            let id = unsafe { e.submit(Op::Recv { from: 0, buf: (got.as_mut_ptr() as usize, 100_000), tag: 5 }, Box::new(owner)) };
+            e.wait(id).unwrap();
+            let five = vec![1u8; 5];
+            let addr = five.as_ptr() as usize;
+            let (_, owner) = flag();
+            // SAFETY: the owner holds `five`. Rank 0 refuses it and aborts, which ends this wait.
+            let refused = unsafe { e.run(Op::Send { to: 0, buf: (addr, 5), tag: 6 }, Box::new((five, owner))) }.is_err();
+            assert!(refused);
+            (1, vec![got.iter().all(|&b| b == 7)], 0)
+        }
+    });
+    let mut out = out;
+    out.sort_by_key(|o| o.0);   // the placeholder comm left behind says rank 0 on both
+    // rank 0: not dropped and not done before the ack; dropped after; the bad receive failed and
+    // its owner is still held, one owner kept.
+    assert_eq!(out[0], (0, vec![false, false, true, true, false], 1));
+    assert_eq!(out[1], (1, vec![true], 0));
 }

@@ -9,6 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
+use wirespeed_core::engine::Owner;
 use wirespeed_core::{DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
 
 create_exception!(_native, WirespeedError, PyRuntimeError, "Base of every error the native transport raises.");
@@ -65,18 +66,21 @@ impl Group {
         self.engine.as_ref().ok_or_else(|| UnsupportedError::new_err("the group is not connected yet"))
     }
     /// Queue `op` (the worker progresses it; await it with `wait`), or with `blocking` run it to
-    /// completion in this thread, GIL released: no thread hand-off, the lowest latency.
-    fn submit(&self, py: Python<'_>, op: Op, blocking: bool) -> PyResult<u64> {
+    /// completion in this thread, GIL released: no thread hand-off, the lowest latency. `keep` is
+    /// what owns the memory behind the op's addresses (the tensors, staging copies): the engine
+    /// holds it until nobody can touch that memory any more (engine.rs, "Ownership"), so the op
+    /// stays valid whatever the caller does with its own references or its Work.
+    fn submit(&self, py: Python<'_>, op: Op, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let e = self.engine()?;
+        let owner: Owner = Box::new(keep);
         // SAFETY: Python can only hand addresses over as integers. This module is private
-        // (`wirespeed._native`); its one caller, wirespeed.native's ProcessGroup, passes the
-        // data_ptr() of tensors it checked (size, dtype, contiguity) and keeps them alive in the
-        // Work until the op completes, which is Engine::submit's contract.
+        // (`wirespeed._native`); its callers (wirespeed.native's backend, the benchmarks) pass the
+        // data_ptr() of tensors they checked (size, dtype, contiguity) and hand those tensors in
+        // as `keep`, which the engine holds for as long as the op may touch them.
         if blocking {
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
-            py.allow_threads(|| unsafe { e.run(op) }).map_err(to_py)
+            py.allow_threads(|| unsafe { e.run(op, owner) }).map_err(to_py)
         } else {
-            Ok(unsafe { e.submit(op) })
+            Ok(unsafe { e.submit(op, owner) })
         }
     }
 }
@@ -152,69 +156,70 @@ impl Group {
         self.world
     }
 
-    #[pyo3(signature = (buf, count, dtype_code, op, blocking=false))]
-    fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
+    #[pyo3(signature = (buf, count, dtype_code, op, *, keep, blocking=false))]
+    fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "all_reduce")?;
-        self.submit(py, Op::AllReduce { buf, count, dtype, op }, blocking)
+        self.submit(py, Op::AllReduce { buf, count, dtype, op }, keep, blocking)
     }
-    #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
-    fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
+    #[pyo3(signature = (send, out, count, dtype_code, op, *, keep, blocking=false))]
+    fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
-        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
+        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, keep, blocking)
     }
     /// reduce_scatter of one flat input (torch's reduce_scatter_tensor): rank r's piece is the
     /// `count` elements at `send` + r·count·element size. The pieces are laid out here rather
     /// than in Python, where a list of `world` tuples per call costs microseconds.
-    #[pyo3(signature = (send, out, count, dtype_code, op, blocking=false))]
-    fn reduce_scatter_flat(&self, py: Python<'_>, send: usize, out: usize, count: usize, dtype_code: u32, op: u32, blocking: bool) -> PyResult<u64> {
+    #[pyo3(signature = (send, out, count, dtype_code, op, *, keep, blocking=false))]
+    fn reduce_scatter_flat(&self, py: Python<'_>, send: usize, out: usize, count: usize, dtype_code: u32, op: u32, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
         let each = count.checked_mul(dtype.size()).ok_or_else(|| UnsupportedError::new_err(format!("wirespeed: {count} elements overflow a byte count")))?;
         let send = flat_pieces(send, each, self.world, "reduce_scatter input")?;
-        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, blocking)
+        self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, keep, blocking)
     }
     /// all_gather into one flat output (torch's all_gather_into_tensor): rank r's `bytes` land at
     /// `recv` + r·bytes.
-    #[pyo3(signature = (send, recv, bytes, blocking=false))]
-    fn all_gather_flat(&self, py: Python<'_>, send: usize, recv: usize, bytes: usize, blocking: bool) -> PyResult<u64> {
+    #[pyo3(signature = (send, recv, bytes, *, keep, blocking=false))]
+    fn all_gather_flat(&self, py: Python<'_>, send: usize, recv: usize, bytes: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let recv = flat_pieces(recv, bytes, self.world, "all_gather output")?;
-        self.submit(py, Op::AllGather { send: (send, bytes), recv }, blocking)
+        self.submit(py, Op::AllGather { send: (send, bytes), recv }, keep, blocking)
     }
-    #[pyo3(signature = (buf, count, dtype_code, op, root, blocking=false))]
-    fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, blocking: bool) -> PyResult<u64> {
+    #[pyo3(signature = (buf, count, dtype_code, op, root, *, keep, blocking=false))]
+    fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce")?;
-        self.submit(py, Op::Reduce { buf, count, dtype, op, root }, blocking)
+        self.submit(py, Op::Reduce { buf, count, dtype, op, root }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, blocking=false))]
-    fn all_gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::AllGather { send, recv }, blocking)
+    #[pyo3(signature = (send, recv, *, keep, blocking=false))]
+    fn all_gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::AllGather { send, recv }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, blocking=false))]
-    fn all_to_all(&self, py: Python<'_>, send: Bufs, recv: Bufs, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::AllToAll { send, recv }, blocking)
+    #[pyo3(signature = (send, recv, *, keep, blocking=false))]
+    fn all_to_all(&self, py: Python<'_>, send: Bufs, recv: Bufs, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::AllToAll { send, recv }, keep, blocking)
     }
-    #[pyo3(signature = (buf, root, blocking=false))]
-    fn broadcast(&self, py: Python<'_>, buf: (usize, usize), root: usize, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Broadcast { buf, root }, blocking)
+    #[pyo3(signature = (buf, root, *, keep, blocking=false))]
+    fn broadcast(&self, py: Python<'_>, buf: (usize, usize), root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Broadcast { buf, root }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, root, blocking=false))]
-    fn gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, root: usize, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Gather { send, recv, root }, blocking)
+    #[pyo3(signature = (send, recv, root, *, keep, blocking=false))]
+    fn gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Gather { send, recv, root }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, root, blocking=false))]
-    fn scatter(&self, py: Python<'_>, send: Bufs, recv: (usize, usize), root: usize, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Scatter { send, recv, root }, blocking)
+    #[pyo3(signature = (send, recv, root, *, keep, blocking=false))]
+    fn scatter(&self, py: Python<'_>, send: Bufs, recv: (usize, usize), root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Scatter { send, recv, root }, keep, blocking)
     }
-    #[pyo3(signature = (blocking=false))]
+    /// (No buffers, so nothing to keep.)
+    #[pyo3(signature = (*, blocking=false))]
     fn barrier(&self, py: Python<'_>, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Barrier, blocking)
+        self.submit(py, Op::Barrier, py.None(), blocking)
     }
-    #[pyo3(signature = (to, buf, tag, blocking=false))]
-    fn send(&self, py: Python<'_>, to: usize, buf: (usize, usize), tag: u64, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Send { to, buf, tag }, blocking)
+    #[pyo3(signature = (to, buf, tag, *, keep, blocking=false))]
+    fn send(&self, py: Python<'_>, to: usize, buf: (usize, usize), tag: u64, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Send { to, buf, tag }, keep, blocking)
     }
-    #[pyo3(signature = (from, buf, tag, blocking=false))]
-    fn recv(&self, py: Python<'_>, from: usize, buf: (usize, usize), tag: u64, blocking: bool) -> PyResult<u64> {
-        self.submit(py, Op::Recv { from, buf, tag }, blocking)
+    #[pyo3(signature = (from, buf, tag, *, keep, blocking=false))]
+    fn recv(&self, py: Python<'_>, from: usize, buf: (usize, usize), tag: u64, keep: PyObject, blocking: bool) -> PyResult<u64> {
+        self.submit(py, Op::Recv { from, buf, tag }, keep, blocking)
     }
 
     /// Block until op `id` completes (GIL released); raises its error.
@@ -225,6 +230,12 @@ impl Group {
 
     fn is_done(&self, id: u64) -> PyResult<bool> {
         Ok(self.engine()?.is_done(id))
+    }
+
+    /// (owners kept because their ops failed, sends still waiting for their receivers): what the
+    /// engine holds past the ops' completion (tests, diagnostics).
+    fn held(&self) -> PyResult<(usize, usize)> {
+        Ok(self.engine()?.held())
     }
 
     /// Stop the worker and unmap everything (also happens when the object is collected).

@@ -88,9 +88,10 @@ class Announcer:
 class AnySourceWork(Work):
     """A receive whose sender is found when it is waited on (so issuing it never blocks)."""
 
-    def __init__(self, backend, buffer: tuple[int, int], tag: int, result, finish):
-        super().__init__(backend.native, [], result, finish, backend._futures)
+    def __init__(self, backend, st, buffer: tuple[int, int], tag: int, result):
+        super().__init__(backend.native, [], result, st.finish, backend._futures)
         self._backend = backend
+        self._keep = st.keep        # handed to the engine with the receive, once it is issued
         self._buffer = buffer
         self._tag = tag
 
@@ -101,7 +102,7 @@ class AnySourceWork(Work):
         src = find_sender(b.store, b.rank(), b.size(), b.received, b.timeout, not b.anysource_used)
         b.anysource_used = True
         b.received[src] = b.received.get(src, 0) + 1
-        b.native.recv(src, self._buffer, self._tag, True)
+        b.native.recv(src, self._buffer, self._tag, keep=self._keep, blocking=True)
         self._source = src
 
     def is_completed(self):

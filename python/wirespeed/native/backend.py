@@ -8,10 +8,13 @@ A call torch will wait on at once (opts.asyncOp False, i.e. async_op=False) runs
 caller's thread and returns None, as torch allows for a backend that completed the op already; an
 async call is queued and returns a Work. The engine runs ops in order, in the background or
 inline in whichever thread waits first, with the GIL released.
+
+Every native call hands the engine what owns the memory behind its addresses (`keep=`: the
+tensors, or the Staging's list of them and of its copies); the engine holds it until the op can
+no longer touch it, whatever happens to the Work (docs/architecture.md, "Who owns a buffer").
 """
 from __future__ import annotations
 
-import collections
 from datetime import timedelta
 
 import torch
@@ -53,8 +56,6 @@ class WirespeedBackend(_C10dBackend):
         self.received: dict[int, int] = {}     # messages received per peer (any-source bookkeeping)
         self.anysource_used = False
         self._monitored_seq = 0
-        # Staged copies the engine may still use after the caller dropped the Work (async ops).
-        self._inflight: collections.deque = collections.deque()
 
     # ---- identity and capabilities (torch reads these through the C++ Backend) ----
     def getBackendName(self):
@@ -86,36 +87,26 @@ class WirespeedBackend(_C10dBackend):
                                    f"(valid: 0 to {self._size - 1})")
         return r
 
-    def _run(self, opts, call, args, result, st: Staging | None):
-        """Run one native op: inline when torch waits at once (returns None), else queued (a Work)."""
+    def _run(self, opts, call, args, result, st: Staging):
+        """Run one native op over the Staging's buffers (which the engine keeps): inline when torch
+        waits at once (returns None), else queued (a Work that copies staged results back)."""
         if _blocking(opts):
-            call(*args, True)
-            if st is not None:
-                st.finish()
+            call(*args, keep=st.keep, blocking=True)
+            st.finish()
             return None
-        op_id = call(*args)
-        return self._work([op_id], result, st)
+        return self._work(call(*args, keep=st.keep), result, st)
 
-    def _work(self, ids, result, st: Staging | None) -> Work:
-        if st is not None and st.copies:
-            # Keep staged memory alive until the engine is done with it, waited on or not.
-            while self._inflight and self.native.is_done(self._inflight[0][0]):
-                self._inflight.popleft()
-            self._inflight.append((ids[-1], st))
-        return Work(self.native, ids, result, st.finish if st is not None else None, self._futures)
+    def _work(self, op_id: int, result, st: Staging) -> Work:
+        return Work(self.native, [op_id], result, st.finish if st.back else None, self._futures)
 
     def _many(self, opts, issue, items, result):
         """Several ops under one Work (coalesced calls); None when they all ran inline."""
         works = [issue(*it) for it in items]
         if _blocking(opts):
             return None
-        ids = [i for w in works for i in w._ids]
-        finishers = [w._finish for w in works if w._finish is not None]
-
-        def finish():
-            for f in finishers:
-                f()
-        return Work(self.native, ids, result, finish, self._futures)
+        if not works:
+            return Work(self.native, [], result, None, self._futures)
+        return Work.joined(works, result, self._futures)
 
     # ---- reductions ----
     def allreduce(self, tensors, opts):
@@ -128,10 +119,10 @@ class WirespeedBackend(_C10dBackend):
             if (code is not None and opts.reduceOp == SUM and t.is_cpu and t.layout is torch.strided
                     and t.is_contiguous()):
                 if not opts.asyncOp:
-                    self._all_reduce(t.data_ptr(), t.numel(), code, 0, True)
+                    self._all_reduce(t.data_ptr(), t.numel(), code, 0, keep=t, blocking=True)
                     return None
-                return Work(self.native, [self._all_reduce(t.data_ptr(), t.numel(), code, 0)], tensors, None,
-                            self._futures)
+                return Work(self.native, [self._all_reduce(t.data_ptr(), t.numel(), code, 0, keep=t)], tensors,
+                            None, self._futures)
         t = _one(tensors, "allreduce")
         return self._allreduce_one(t, opts, "the all_reduce tensor")
 
@@ -203,9 +194,10 @@ class WirespeedBackend(_C10dBackend):
                 and input.numel() == output.numel() * self._size):
             args = (input.data_ptr(), output.data_ptr(), output.numel(), code, 0)
             if not opts.asyncOp:
-                self._reduce_scatter_flat(*args, True)
+                self._reduce_scatter_flat(*args, keep=(input, output), blocking=True)
                 return None
-            return Work(self.native, [self._reduce_scatter_flat(*args)], [output], None, self._futures, keep=input)
+            return Work(self.native, [self._reduce_scatter_flat(*args, keep=(input, output))], [output], None,
+                        self._futures)
         check(input, "the reduce_scatter input")
         if input.numel() != output.numel() * self._size:
             raise UnsupportedError(f"wirespeed: reduce_scatter input holds {input.numel()} elements; it "
@@ -268,9 +260,10 @@ class WirespeedBackend(_C10dBackend):
                 and output.numel() == input.numel() * self._size):
             args = (input.data_ptr(), output.data_ptr(), input.numel() * input.element_size())
             if not opts.asyncOp:
-                self._all_gather_flat(*args, True)
+                self._all_gather_flat(*args, keep=(input, output), blocking=True)
                 return None
-            return Work(self.native, [self._all_gather_flat(*args)], [output], None, self._futures, keep=input)
+            return Work(self.native, [self._all_gather_flat(*args, keep=(input, output))], [output], None,
+                        self._futures)
         check(input, "the all_gather input")
         check(output, "the all_gather output")
         if output.dtype != input.dtype:
@@ -325,9 +318,7 @@ class WirespeedBackend(_C10dBackend):
             if work is None:
                 st.finish()
                 return None
-            inner = work._finish
-            work._finish = lambda: (inner and inner(), st.finish())
-            return work
+            return work.then(st.finish)
         return self.gather([], [input], opts)
 
     def scatter(self, outputs, input_lists, opts):
@@ -388,7 +379,10 @@ class WirespeedBackend(_C10dBackend):
 
     # ---- synchronization ----
     def barrier(self, opts):
-        return self._run(opts, self.native.barrier, (), [], None)
+        if _blocking(opts):
+            self.native.barrier(blocking=True)
+            return None
+        return Work(self.native, [self.native.barrier()], [], None, self._futures)
 
     def monitored_barrier(self, opts, wait_all_ranks=False):
         timeout = opts.timeout if opts.timeout.total_seconds() > 0 else self.timeout
@@ -410,7 +404,7 @@ class WirespeedBackend(_C10dBackend):
             raise UnsupportedError(f"wirespeed: rank {dst} cannot send to itself")
         st = Staging()
         b = st.read(t)
-        work = self._work([self.native.send(dst, buf(b), self._tag(tag))], tensors, st)
+        work = self._work(self.native.send(dst, buf(b), self._tag(tag), keep=st.keep), tensors, st)
         self._announcer.sent_one(dst, work)
         return work
 
@@ -422,16 +416,16 @@ class WirespeedBackend(_C10dBackend):
             raise UnsupportedError(f"wirespeed: rank {src} cannot receive from itself")
         st = Staging()
         b = st.write(t)
-        op_id = self.native.recv(src, buf(b), self._tag(tag))
+        op_id = self.native.recv(src, buf(b), self._tag(tag), keep=st.keep)
         self.received[src] = self.received.get(src, 0) + 1
-        return self._work([op_id], tensors, st)
+        return self._work(op_id, tensors, st)
 
     def recv_anysource(self, tensors, tag):
         t = _one(tensors, "recv")
         check(t, "the recv tensor")
         st = Staging()
         b = st.write(t)
-        return AnySourceWork(self, buf(b), self._tag(tag), tensors, st.finish)
+        return AnySourceWork(self, st, buf(b), self._tag(tag), tensors)
 
     # ---- new groups ----
     def split(self, store, ranks, opts):

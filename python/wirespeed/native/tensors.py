@@ -90,19 +90,18 @@ class Staging:
     """Contiguous stand-ins for the caller's tensors, and what to copy back when the op is done.
 
     `read` gives memory holding the tensor's values (the tensor itself when it is one contiguous
-    run); `write` gives memory to receive into; `update` both. `finish` copies results back
-    into the callers' tensors, whatever their strides. `copies` says whether any stand-in is
-    memory of ours (which must then outlive the engine's use of it).
+    run); `write` gives memory to receive into; `update` both. Every buffer handed out is in
+    `keep`, the list the backend gives the engine with the op (`keep=`), which holds it until the
+    op can no longer touch it. `finish` copies results back into the callers' tensors, whatever
+    their strides; `back` says whether there is anything to copy.
     """
-    __slots__ = ("back", "keep", "copies")
+    __slots__ = ("back", "keep")
 
     def __init__(self):
         self.back: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keep: list[torch.Tensor] = []
-        self.copies = False
 
     def _own(self, c: torch.Tensor) -> torch.Tensor:
-        self.copies = True
         self.keep.append(c)
         return c
 
@@ -138,10 +137,10 @@ class Staging:
             self.back.append((t, c))
 
     def finish(self) -> None:
+        """Copy staged results back (once). `keep` is left alone: it is the engine's now."""
         for dst, src in self.back:
             dst.copy_(src)
         self.back = []
-        self.keep = []
 
 
 def buf(t: torch.Tensor) -> tuple[int, int]:

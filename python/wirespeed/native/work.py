@@ -4,6 +4,11 @@ A Work covers one or more native op ids (a coalesced call queues several); the e
 ops in order, but each one's error is still raised. When the ops are done, `wait` runs the
 Work's finisher once (copying staged results back into the caller's tensors) before anyone can
 see the result. `get_future()` futures are completed by one helper thread per backend.
+
+A Work owns no buffer: the memory an op reads or writes was handed to the engine with the op
+(`keep=` on every native call) and is held there until nobody can touch it (the engine's
+"Ownership" note), so dropping, joining or wrapping Works can never free memory in use. What a
+Work carries is what only Python can do once the ops are done: the finishers.
 """
 from __future__ import annotations
 
@@ -19,18 +24,39 @@ from .. import _native
 
 class Work(dist._Work):
     def __init__(self, group, ids: list[int], result, finish: Callable[[], None] | None = None,
-                 futures: "FutureCompleter | None" = None, source: int = -1, keep=None):
+                 futures: "FutureCompleter | None" = None, source: int = -1):
         super().__init__()
         self._group = group          # the native group
         self._ids = ids
         self._result = result        # what result() and the future give: the output tensors
-        self._keep = keep            # inputs the engine reads, alive as long as this Work (torch holds none)
         self._finish = finish        # runs once, after the ops succeeded
         self._futures = futures
         self._future = None
         self._source = source
         self._lock = threading.Lock()
         self._done = False
+
+    @classmethod
+    def joined(cls, works: "list[Work]", result, futures: "FutureCompleter") -> "Work":
+        """One Work for several (a coalesced call): every op id, and every finisher in order."""
+        finishers = [w._finish for w in works if w._finish is not None]
+
+        def finish():
+            for f in finishers:
+                f()
+        return cls(works[0]._group, [i for w in works for i in w._ids], result,
+                   finish if finishers else None, futures)
+
+    def then(self, after: Callable[[], None]) -> "Work":
+        """This Work, with `after` run once its own finisher has."""
+        inner = self._finish
+
+        def finish():
+            if inner is not None:
+                inner()
+            after()
+        self._finish = finish
+        return self
 
     def _complete(self) -> None:
         for i in self._ids:
