@@ -224,11 +224,12 @@ impl Comm {
     }
 
     /// Run an op; any error except a mismatch every rank saw breaks the group (peers learn why).
+    /// So does a panic (a bug), caught here so that peers are told before the caller goes on.
     fn guarded(&mut self, f: impl FnOnce(&mut Comm) -> Result<()>) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
-        let r = f(self);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))).unwrap_or_else(|p| Err(Error::from_panic(p)));
         if let Err(e) = &r {
             if !matches!(e, Error::Mismatch(_)) {
                 self.fail(e);
@@ -515,9 +516,13 @@ mod tests {
 
     /// Run `f` on `world` connected ranks (threads of this process); results in rank order.
     fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
+        with_ranks_timeout(world, Duration::from_secs(20), f)
+    }
+
+    fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
         let token = sys::random_token().unwrap();
         let f = std::sync::Arc::new(f);
-        let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(20)).unwrap()).collect();
+        let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout).unwrap()).collect();
         let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
         let hs: Vec<_> = comms
             .into_iter()
@@ -608,6 +613,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Rank 0 reads rank 1 directly in an all_gather, then times out in the closing sync while
+    /// rank 1 stalls between its first sync and its reads; rank 0 returns the error and reuses
+    /// its buffer. Rank 1 then reads it: rank 0's phase is already past the closing sync, so
+    /// nothing else would stop rank 1 from returning what it read as rank 0's contribution.
+    #[test]
+    fn a_read_of_a_peer_that_gave_up_fails() {
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let out = with_ranks_timeout(2, Duration::from_secs(1), move |c| {
+            let n = 1 << 20;
+            c.tuning.stage_max = 0;
+            let mut mine = vec![c.rank as u8 + 1; n];
+            let mut all = vec![0u8; 2 * n];
+            let recv = [(all.as_mut_ptr() as usize, n), (all.as_mut_ptr() as usize + n, n)];
+            if c.rank == 0 {
+                // SAFETY: the buffers outlive the call.
+                let r = unsafe { c.all_gather((mine.as_ptr() as usize, n), &recv) };
+                mine.fill(0xEE);
+                both.wait();
+                both.wait();
+                r
+            } else {
+                // all_gather's exchange, up to its reads.
+                let h = c.header(ALL_GATHER, None, None, 0, n as u64, 0);
+                let sends = [(mine.as_ptr() as usize, n); 2];
+                // SAFETY: as above.
+                let pieces = unsafe { c.pieces(&sends, Mode::Copy) };
+                let parity = c.publish_and_sync(h, &pieces).unwrap();
+                both.wait();
+                // SAFETY: as above.
+                let r = unsafe { c.fetch(parity, 0, sends[1].0, recv[0].0, n) };
+                both.wait();
+                r
+            }
+        });
+        assert!(matches!(out[0], Err(Error::Timeout { .. })), "{:?}", out[0]);
+        assert!(matches!(&out[1], Err(Error::PeerAborted { rank: 0, .. })), "{:?}", out[1]);
+    }
+
+    /// A panic inside a collective (a bug) is its error, and breaks the group: peers are told
+    /// at once, and later ops fail.
+    #[test]
+    fn a_panic_in_a_collective_breaks_the_group() {
+        let out = with_ranks(2, |c| {
+            let t = std::time::Instant::now();
+            let r = if c.rank == 0 { c.guarded(|_| panic!("a bug")) } else { c.barrier() };
+            (r, c.barrier(), t.elapsed())
+        });
+        assert!(matches!(&out[0].0, Err(Error::Broken(m)) if m.contains("a bug")), "{:?}", out[0].0);
+        assert!(matches!(out[0].1, Err(Error::Broken(_))), "{:?}", out[0].1);
+        assert!(matches!(out[1].0, Err(Error::PeerAborted { rank: 0, .. })), "{:?}", out[1].0);
+        assert!(out[1].2 < Duration::from_secs(5), "rank 1 waited {:?}", out[1].2);
     }
 
     /// Ranks tuned differently (one would stage a 2-rank broadcast the other splits) get a

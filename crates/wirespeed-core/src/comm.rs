@@ -49,6 +49,11 @@ impl SpinPolicy {
 /// Longest single sleep: the latency of noticing a dead or aborted peer.
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
 
+/// A segment's `aborted` word: its rank broke the group (every peer's waits fail), or closed it
+/// (waits on that rank, and copies of its memory, fail). 0 while it lives.
+const ABORTED: u32 = 1;
+const CLOSED: u32 = 2;
+
 /// The connected group's shared, read-only state: what a waiter needs, so a send's completion can
 /// be awaited without holding the group's execution lock.
 pub struct Net {
@@ -273,11 +278,16 @@ impl Comm {
 
     /// Mark the group broken and tell peers why, so they raise instead of waiting out the timeout.
     pub(crate) fn fail(&mut self, e: &Error) {
+        self.give_up(e, ABORTED);
+    }
+
+    /// `fail`, with the flag value peers see: ABORTED or CLOSED (see `Net::check_peers`).
+    fn give_up(&mut self, e: &Error, flag: u32) {
         if self.broken.is_none() {
             self.broken = Some(e.clone());
             let own = self.net.own();
             own.set_reason(&e.to_string());
-            own.aborted().store(1, Release);
+            own.aborted().store(flag, Release);
             fence(SeqCst);
             sys::futex_wake_all(own.phase());
             for r in 0..self.world {
@@ -304,10 +314,13 @@ impl Net {
         v
     }
 
-    /// First failure among peers: one that aborted (with its message) or one whose process ended.
-    pub(crate) fn check_peers(&self) -> Result<()> {
+    /// First failure among peers that concerns a wait on rank `peer`: any peer that aborted
+    /// (with its message), `peer` if it closed the group, or a peer whose process ended. A peer
+    /// that closed after its last op is no reason to fail ranks still busy among themselves.
+    pub(crate) fn check_peers(&self, peer: usize) -> Result<()> {
         for (r, s) in self.segs.iter().enumerate() {
-            if r != self.rank && s.aborted().load(Acquire) != 0 {
+            let flag = if r == self.rank { 0 } else { s.aborted().load(Acquire) };
+            if flag == ABORTED || (flag != 0 && r == peer) {
                 return Err(Error::PeerAborted { rank: r, reason: s.reason() });
             }
         }
@@ -351,7 +364,7 @@ impl Net {
             if done(word.load(Acquire)) {
                 return Ok(());
             }
-            self.check_peers()?;
+            self.check_peers(peer)?;
             if start.elapsed() >= self.timeout {
                 return Err(Error::Timeout { what: what(), secs: self.timeout.as_secs_f64() });
             }
@@ -375,7 +388,11 @@ impl Net {
             return Ok(());
         }
         // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
-        unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_readv"))
+        unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_readv"))?;
+        // A peer that gave up (or closed the group) may have returned and reused this memory
+        // before or during the copy, and `wait_word`'s fast path does not look at peers. It sets
+        // its flag before it returns, so a check after the copy catches every such read.
+        self.after_copy(r)
     }
 
     /// Copy `len` bytes at `src` into `addr` in rank `r`, a range rank r published for this rank to fill.
@@ -384,7 +401,22 @@ impl Net {
             return Ok(());
         }
         // SAFETY: src is a live buffer of len bytes; the remote range is the peer's, published to us for this op.
-        unsafe { sys::write_peer(self.pids[r], addr, src, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_writev"))
+        unsafe { sys::write_peer(self.pids[r], addr, src, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_writev"))?;
+        // As for reads: a peer that gave up meanwhile did not get these bytes where it wanted them.
+        self.after_copy(r)
+    }
+
+    /// Fail a copy with rank `r`'s memory if r aborted or closed before it ended (see `read_from`).
+    fn after_copy(&self, r: usize) -> Result<()> {
+        // Orders the copy's loads before the flag's: a copy that saw memory reused after the
+        // abort (which `fail` fences ahead of any later store) sees the flag too. Free on x86.
+        fence(Acquire);
+        let seg = &self.segs[r];
+        // Acquire: the reason, written before the flag, is complete when read.
+        if seg.aborted().load(Acquire) != 0 {
+            return Err(Error::PeerAborted { rank: r, reason: seg.reason() });
+        }
+        Ok(())
     }
 
     fn peer_copy_error(&self, r: usize, errno: i32, call: &'static str) -> Error {
@@ -392,7 +424,7 @@ impl Net {
             Error::PeerDied { rank: r, pid: self.pids[r] }
         } else {
             // A peer whose buffer vanished under us aborted or died; report that if so.
-            self.check_peers().err().unwrap_or(Error::Os { call, errno })
+            self.check_peers(r).err().unwrap_or(Error::Os { call, errno })
         }
     }
 }
@@ -403,6 +435,13 @@ fn dtype_name(code: u32) -> &'static str {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        // Tell peers the group is gone: one still reading a send this rank never saw taken, or
+        // waiting for this rank in an op, fails instead of acking freed memory or timing out.
+        // A peer done with every op never looks at the flag (only pending waits and copies do).
+        // Only once connected: before that, `net` holds this rank's segment alone.
+        if self.broken.is_none() && self.net.segs.len() == self.world {
+            self.give_up(&Error::Broken(format!("rank {} closed the group", self.rank)), CLOSED);
+        }
         if self.own_fd >= 0 {
             sys::close_fd(self.own_fd);
         }

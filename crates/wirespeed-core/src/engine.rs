@@ -64,6 +64,9 @@ struct State {
     /// Owners of failed ops: a late peer may still touch their memory, so they are never freed.
     retained: Vec<Owner>,
     shutdown: bool,
+    /// A send's wait failed outside the comm lock: break the group with this before the next op
+    /// runs (`Shared::abort`).
+    abort: Option<Error>,
     /// Threads asleep on `done`: completing an op wakes them only if there are any (an
     /// unconditional notify is a futex system call per op, most of a small op's engine cost).
     done_waiters: usize,
@@ -133,19 +136,45 @@ impl State {
 }
 
 impl Shared {
+    /// Break the group after a send's wait failed: the receiver may still come, and must fail
+    /// rather than take the bytes (nor may the TCP reactor keep sending them). Called holding
+    /// no lock.
+    fn abort(&self, e: &Error) {
+        // A thread draining the queue applies it before its next op: ops queued behind the send
+        // then fail at once instead of running, so the drain, and the blocking lock below that
+        // waits for it, end within the op in progress.
+        self.state.lock().unwrap().abort = Some(e.clone());
+        let mut comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        // Comm, then state: the drain's order, so no deadlock.
+        let pending = self.state.lock().unwrap().abort.take();
+        if let Some(e) = pending {
+            comm.abort(&e);
+        }
+    }
+
     /// Run queued ops in order while holding the execution lock; stop after `until` (if given).
     fn drain(&self, comm: &mut dyn Collectives, until: Option<u64>) {
         loop {
-            let next = self.state.lock().unwrap().queue.pop_front();
+            let (next, abort) = {
+                let mut st = self.state.lock().unwrap();
+                (st.queue.pop_front(), st.abort.take())
+            };
+            if let Some(e) = abort {
+                comm.abort(&e);
+            }
             let Some((id, op, owner)) = next else { return };
             // A bug must not unwind into Python (or poison the group's lock): it becomes this
-            // op's error, and the group is broken like after any other failure.
+            // op's error, and the group is broken like after any other failure (the groups
+            // catch panics in their collectives themselves; this covers every other path).
             // SAFETY: ops were queued by submit/run, whose callers vouched for their buffers.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { execute(&mut *comm, op) }))
-                .unwrap_or_else(|p| {
-                    let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-                    Err(Error::Broken(format!("internal error in wirespeed ({why}); please report it")))
-                });
+            let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { execute(&mut *comm, op) })) {
+                Ok(r) => r,
+                Err(p) => {
+                    let e = Error::from_panic(p);
+                    comm.abort(&e);
+                    Err(e)
+                }
+            };
             let (wake, free) = {
                 let mut st = self.state.lock().unwrap();
                 let free = match r {
@@ -235,7 +264,7 @@ impl Engine {
         if self.shared.completed.load(Acquire) < id {
             return false;
         }
-        let freed = {
+        let (freed, failed) = {
             let mut st = self.shared.state.lock().unwrap();
             match st.sends.get(&id) {
                 Some((t, _)) if t.is_acked() => {
@@ -243,18 +272,21 @@ impl Engine {
                     let r = t.wait();
                     let (_, owner) = st.sends.remove(&id).expect("looked up under this lock");
                     match r {
-                        Ok(()) => Some(owner),
+                        Ok(()) => (Some(owner), None),
                         Err(e) => {
-                            st.fail(id, e, owner);
-                            None
+                            st.fail(id, e.clone(), owner);
+                            (None, Some(e))
                         }
                     }
                 }
                 Some(_) => return false,
-                None => None,
+                None => (None, None),
             }
         };
         drop(freed);
+        if let Some(e) = failed {
+            self.shared.abort(&e);
+        }
         true
     }
 
@@ -307,6 +339,9 @@ impl Engine {
         // A send: wait for its receiver (outside the lock; the entry stays, so `is_done` says
         // false meanwhile), then give its owner back, or keep it if the receiver never came.
         let r = send.wait();
+        if let Err(e) = &r {
+            sh.abort(e);
+        }
         let freed = {
             let mut st = sh.state.lock().unwrap();
             match st.sends.remove(&id) {

@@ -30,6 +30,12 @@ impl Error {
     pub fn os(call: &'static str) -> Error {
         Error::Os { call, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0) }
     }
+
+    /// A caught panic (a bug of ours) as the error of the op it interrupted.
+    pub(crate) fn from_panic(p: Box<dyn std::any::Any + Send>) -> Error {
+        let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        Error::Broken(format!("internal error in wirespeed ({why}); please report it"))
+    }
 }
 
 impl fmt::Display for Error {

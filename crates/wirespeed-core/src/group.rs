@@ -8,7 +8,7 @@
 use crate::collectives::Buf;
 use crate::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hosts::{HostsComm, HostsSetup};
 use crate::p2p::Ticket;
 use std::time::Duration;
@@ -38,6 +38,9 @@ pub trait Collectives: Send {
     // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
+    /// Break the group for `e`, found outside its ops (a send's wait failed, or an op panicked):
+    /// later ops fail, peers are told, and nothing in flight keeps using a caller's buffer.
+    fn abort(&mut self, e: &Error);
 }
 
 impl Collectives for Comm {
@@ -88,6 +91,9 @@ impl Collectives for Comm {
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         // SAFETY: this method's contract is Comm's.
         unsafe { Comm::recv(self, from, addr, len, tag) }
+    }
+    fn abort(&mut self, e: &Error) {
+        self.fail(e);
     }
 }
 

@@ -224,30 +224,48 @@ impl HostsComm {
         }
     }
 
-    /// Run an op; any error breaks the group and tells every peer (see the module comment).
+    /// Run an op; any error breaks the group and tells every peer (see the module comment). So
+    /// does a panic (a bug): caught here, so that its transfers are stopped like a failed op's
+    /// before anything above may free their buffers.
     pub(crate) fn guarded(&mut self, f: impl FnOnce(&mut HostsComm) -> Result<()>) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
         self.pend.clear();
-        let r = f(self);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))).unwrap_or_else(|p| Err(Error::from_panic(p)));
         if let Err(e) = &r {
-            self.broken = Some(e.clone());
-            self.local.fail(e);
-            // Shutting the connections also stops every transfer into or out of the caller's
-            // buffers that the failed op left posted.
-            self.tcp.shutdown();
+            self.break_group(e);
         }
         self.pend.clear();
         r
     }
 
+    /// Mark the group broken and tell every peer: the local segment says why, and shutting the
+    /// connections also stops every transfer into or out of a caller's buffer left posted.
+    fn break_group(&mut self, e: &Error) {
+        if self.broken.is_none() {
+            self.broken = Some(e.clone());
+        }
+        self.local.fail(e);
+        self.tcp.shutdown();
+    }
+
     /// Run `f` with the group's scratch buffer taken out (the algorithms borrow both).
     fn with_scratch<T>(&mut self, f: impl FnOnce(&mut HostsComm, &mut Vec<u8>) -> Result<T>) -> Result<T> {
-        let mut s = std::mem::take(&mut self.scratch);
-        let r = f(self, &mut s);
-        self.scratch = s;
-        r
+        /// Puts the scratch back even when `f` unwinds: receives may still be posted into it
+        /// until `guarded` shuts the connections, so it must not be freed on the way there.
+        struct PutBack<'a> {
+            c: &'a mut HostsComm,
+            s: Vec<u8>,
+        }
+        impl Drop for PutBack<'_> {
+            fn drop(&mut self) {
+                self.c.scratch = std::mem::take(&mut self.s);
+            }
+        }
+        let s = std::mem::take(&mut self.scratch);
+        let mut g = PutBack { c: self, s };
+        f(&mut *g.c, &mut g.s)
     }
 
     fn all_reduce_impl(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
@@ -474,11 +492,12 @@ impl crate::group::Collectives for HostsComm {
         // SAFETY: this method's contract.
         let r = unsafe { self.post(to, (addr, len), tag) };
         if let Err(e) = &r {
-            self.broken = Some(e.clone());
-            self.local.fail(e);
-            self.tcp.shutdown();
+            self.break_group(e);
         }
         r
+    }
+    fn abort(&mut self, e: &Error) {
+        self.break_group(e);
     }
     // SAFETY: the Collectives trait's contract (group.rs) is this method's.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
@@ -488,5 +507,65 @@ impl crate::group::Collectives for HostsComm {
         }
         // SAFETY: this method's contract.
         self.guarded(|c| unsafe { c.take(from, (addr, len), tag) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::Collectives;
+    use std::sync::{Arc, Barrier};
+    use std::time::Instant;
+
+    /// A panic in a collective while a TCP receive is posted into the scratch buffer: the
+    /// scratch is put back (not freed under the receive), the connections are shut (so the
+    /// receive can no longer land, and the peer fails at once), and the group is broken.
+    #[test]
+    fn a_panic_with_a_receive_posted_into_scratch_stops_it_and_keeps_the_scratch() {
+        let token = crate::sys::random_token().unwrap();
+        let ids = vec!["a".to_string(), "b".to_string()];
+        let setups: Vec<HostsSetup> = (0..2).map(|r| HostsSetup::new(r, 2, token, Duration::from_secs(3), &ids).unwrap()).collect();
+        let infos: Vec<RankInfo> = setups.iter().map(|s| s.info()).collect();
+        let both = Arc::new(Barrier::new(2));
+        let n = 1 << 20;
+        let hs: Vec<_> = setups
+            .into_iter()
+            .map(|s| {
+                let (infos, both) = (infos.clone(), both.clone());
+                std::thread::spawn(move || {
+                    let mut c = s.connect(&infos).unwrap();
+                    if c.rank == 0 {
+                        // Caught here too, so that without the fix the test fails instead of hanging.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            c.guarded(|c| {
+                                c.with_scratch(|c, s| {
+                                    let p = crate::algo::scratch(s, n).as_mut_ptr();
+                                    // SAFETY: the scratch is the group's until its connections are shut.
+                                    unsafe { c.post_recv(1, p, n, 7)? };
+                                    panic!("a bug")
+                                })
+                            })
+                        }));
+                        let kept = c.scratch.len() >= n;
+                        let next = c.barrier();
+                        both.wait();
+                        // Keep the group until rank 1 has tried: dropping it would shut the connections.
+                        both.wait();
+                        vec![matches!(r, Ok(Err(Error::Broken(ref m))) if m.contains("a bug")), kept, matches!(next, Err(Error::Broken(_)))]
+                    } else {
+                        both.wait();
+                        let mut got = vec![0u8; n];
+                        let t = Instant::now();
+                        // SAFETY: `got` lives, untouched by anyone else, through the call.
+                        let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 8) };
+                        let fast = t.elapsed() < Duration::from_secs(2);
+                        both.wait();
+                        vec![r.is_err(), fast]
+                    }
+                })
+            })
+            .collect();
+        let out: Vec<Vec<bool>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(out, vec![vec![true, true, true], vec![true, true]]);
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use wirespeed_core::comm::RankInfo;
 use wirespeed_core::plan::AllReduceAlgo;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
-use wirespeed_core::{Collectives, DType, Error, ReduceOp};
+use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
 
 fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
     std::env::set_var("WIRESPEED_IFNAME", "lo");
@@ -17,7 +17,12 @@ fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
 
 /// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
 fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let mut s = setups(ids, Duration::from_secs(20));
+    with_hosts_owned(ids, Duration::from_secs(20), move |mut c| f(&mut c))
+}
+
+/// `with_hosts`, handing each rank its group to keep (an engine takes it) under `timeout`.
+fn with_hosts_owned<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+    let mut s = setups(ids, timeout);
     let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
     let f = std::sync::Arc::new(f);
     let (tx, rx) = mpsc::channel();
@@ -27,8 +32,8 @@ fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T +
         .map(|(r, x)| {
             let (infos, f, tx) = (infos.clone(), f.clone(), tx.clone());
             std::thread::spawn(move || {
-                let mut c = x.connect(&infos).unwrap();
-                tx.send((r, f(&mut c))).unwrap();
+                let c = x.connect(&infos).unwrap();
+                tx.send((r, f(c))).unwrap();
             })
         })
         .collect();
@@ -253,4 +258,38 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
         assert!(*took < Duration::from_secs(10), "rank {r} took {took:?}");
     }
     assert!(matches!(out[0].1, Err(Error::PeerAborted { .. }) | Err(Error::Broken(_))), "{:?}", out[0].1);
+}
+
+/// A TCP send whose receiver does not come within the timeout fails and breaks the group: its
+/// bytes stop flowing (the connections are shut), so the receiver, coming later, fails instead
+/// of taking them, and the sender's next op reports the broken group at once.
+#[test]
+fn a_timed_out_tcp_send_is_stopped_and_breaks_the_group() {
+    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+    // Far more than the sockets buffer while nobody reads, so the send cannot complete alone.
+    let n = 64 << 20;
+    let out = with_hosts_owned(&["a", "b"], Duration::from_secs(1), move |mut c| {
+        if c.rank == 0 {
+            let e = Engine::with(Box::new(c)).unwrap();
+            let msg = vec![7u8; n];
+            let addr = msg.as_ptr() as usize;
+            // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.
+            let sent = unsafe { e.run(Op::Send { to: 1, buf: (addr, n), tag: 3 }, Box::new(msg)) };
+            both.wait();
+            both.wait();
+            // SAFETY: no buffers.
+            let next = unsafe { e.run(Op::Barrier, Box::new(())) };
+            (sent.map(|_| ()), next.map(|_| ()))
+        } else {
+            both.wait();
+            let mut got = vec![0u8; n];
+            // SAFETY: `got` lives, untouched by anyone else, through the call.
+            let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 3) };
+            both.wait();
+            (r, Ok(()))
+        }
+    });
+    assert!(matches!(out[0].0, Err(Error::Timeout { .. })), "{:?}", out[0].0);
+    assert!(out[1].0.is_err(), "rank 1 took the bytes of a send that failed");
+    assert!(matches!(out[0].1, Err(Error::Broken(_))), "{:?}", out[0].1);
 }

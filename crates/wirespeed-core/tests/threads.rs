@@ -7,10 +7,15 @@ use wirespeed_core::{Comm, DType, Engine, Error, Op, ReduceOp};
 
 /// Run `f(comm)` on `world` connected ranks, one thread each; results in rank order.
 fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
+    with_ranks_timeout(world, Duration::from_secs(20), f)
+}
+
+/// `with_ranks` with the group's timeout given (short ones test what follows a timeout).
+fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
     let token = wirespeed_core::sys::random_token().unwrap();
     let f = std::sync::Arc::new(f);
     let (tx, rx) = mpsc::channel();
-    let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(20)).unwrap()).collect();
+    let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout).unwrap()).collect();
     let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
     let handles: Vec<_> = comms
         .drain(..)
@@ -208,4 +213,248 @@ fn engine_holds_an_ops_owner_until_nobody_can_touch_its_buffers() {
     // its owner is still held, one owner kept.
     assert_eq!(out[0], (0, vec![false, false, true, true, false], 1));
     assert_eq!(out[1], (1, vec![true], 0));
+}
+
+/// Take the connected comm out of `with_ranks`'s hands (a never-connected one is left behind).
+fn take(c: &mut Comm) -> Comm {
+    std::mem::replace(c, Comm::new(0, 1, [0; 16], Duration::from_secs(1)).unwrap())
+}
+
+/// Rank 0 posts a send, then gives up on the group (a barrier rank 1 never joins times out) and
+/// reuses the buffer, as a caller may after an error. Rank 1 comes late: the message is posted,
+/// so its wait takes the fast path, which does not look at peers. It must fail, not return what
+/// now lies in rank 0's memory.
+#[test]
+fn a_receiver_fails_rather_than_read_a_send_whose_sender_gave_up() {
+    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let out = with_ranks_timeout(2, Duration::from_secs(1), move |c| {
+        let n = 1 << 20;
+        if c.rank == 0 {
+            let mut msg = vec![7u8; n];
+            // SAFETY: `msg` lives until rank 1 is done with it (the second `both`).
+            let t = unsafe { c.send_post(1, msg.as_ptr() as usize, n, 9) }.unwrap();
+            let gave_up = c.barrier().unwrap_err();
+            assert!(matches!(gave_up, Error::Timeout { .. }), "{gave_up}");
+            msg.fill(0xEE);
+            both.wait();
+            // Keep the group open until rank 1 has tried: closing it would tell rank 1 anyway.
+            both.wait();
+            drop(t);
+            Ok(true)
+        } else {
+            both.wait();
+            let mut got = vec![0u8; n];
+            // SAFETY: `got` lives, untouched by anyone else, through the call.
+            let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 9) };
+            both.wait();
+            r.map(|_| got.iter().all(|&b| b == 7))
+        }
+    });
+    assert!(matches!(&out[1], Err(Error::PeerAborted { rank: 0, reason }) if reason.contains("timed out")), "{:?}", out[1]);
+}
+
+/// A send whose receiver does not come within the timeout fails, and breaks the group: the
+/// receiver, coming later, fails instead of taking the bytes as valid, and the sender's next op
+/// reports the broken group at once.
+#[test]
+fn a_timed_out_send_breaks_the_group() {
+    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let out = with_ranks_timeout(2, Duration::from_secs(1), move |c| {
+        let n = 1 << 16;
+        if c.rank == 0 {
+            let e = Engine::new(take(c)).unwrap();
+            let msg = vec![7u8; n];
+            let addr = msg.as_ptr() as usize;
+            // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.
+            let sent = unsafe { e.run(Op::Send { to: 1, buf: (addr, n), tag: 3 }, Box::new(msg)) };
+            both.wait();
+            both.wait();
+            // SAFETY: no buffers.
+            let next = unsafe { e.run(Op::Barrier, Box::new(())) };
+            (sent.map(|_| ()), next.map(|_| ()))
+        } else {
+            both.wait();
+            let mut got = vec![0u8; n];
+            // SAFETY: `got` lives, untouched by anyone else, through the call.
+            let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 3) };
+            both.wait();
+            (r, Ok(()))
+        }
+    });
+    assert!(matches!(out[0].0, Err(Error::Timeout { .. })), "{:?}", out[0].0);
+    assert!(matches!(out[1].0, Err(Error::PeerAborted { rank: 0, .. })), "{:?}", out[1].0);
+    assert!(matches!(out[0].1, Err(Error::Broken(_))), "{:?}", out[0].1);
+}
+
+/// Closing a group with a send its receiver has not taken tells the receiver, which fails
+/// instead of reading memory its owner may have freed.
+#[test]
+fn closing_the_group_fails_a_receiver_of_an_untaken_send() {
+    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let out = with_ranks(2, move |c| {
+        let n = 1 << 20;
+        if c.rank == 0 {
+            let msg = vec![7u8; n];
+            // SAFETY: `msg` lives until rank 1 is done, past the close; rank 1 must not read it.
+            let t = unsafe { c.send_post(1, msg.as_ptr() as usize, n, 4) }.unwrap();
+            drop(take(c));
+            both.wait();
+            both.wait();
+            drop((t, msg));
+            Ok(())
+        } else {
+            both.wait();
+            let mut got = vec![0u8; n];
+            let t0 = std::time::Instant::now();
+            // SAFETY: `got` lives, untouched by anyone else, through the call.
+            let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 4) };
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            both.wait();
+            r
+        }
+    });
+    assert!(matches!(&out[1], Err(Error::PeerAborted { rank: 0, reason }) if reason.contains("closed")), "{:?}", out[1]);
+}
+
+/// Ranks that finished every op get no error when a peer closes the group right after: the
+/// closing rank's flag is only seen by copies of its memory and waits on it still pending, and
+/// ranks still busy among themselves (p2p) are no concern of it. Each round runs a direct
+/// all_reduce, all_gather, p2p ring and broadcast (split on 2 ranks), each last in turn, and
+/// rank 0 closes the moment its last op returns.
+#[test]
+fn closing_after_the_last_op_leaves_peers_unharmed() {
+    for round in 0..24usize {
+        let world = 2 + round % 2;
+        let out = with_ranks(world, move |c| {
+            let (me, n) = (c.rank, 1usize << 20);
+            let mut ok = true;
+            for k in 0..4 {
+                // SAFETY (every call below): the buffers are locals that outlive the call.
+                ok &= match (round / 2 + k) % 4 {
+                    0 => {
+                        let mut v = input(me, n / 8);
+                        let r = unsafe { c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum) };
+                        r.is_ok() && v[5] == (0..world).map(|j| input(j, 6)[5]).sum::<i64>()
+                    }
+                    1 => {
+                        let mine = vec![me as u8; n];
+                        let mut all = vec![0u8; world * n];
+                        let recv: Vec<(usize, usize)> = (0..world).map(|j| (all.as_mut_ptr() as usize + j * n, n)).collect();
+                        let r = unsafe { c.all_gather((mine.as_ptr() as usize, n), &recv) };
+                        r.is_ok() && (0..world).all(|j| all[j * n] as usize == j)
+                    }
+                    2 => {
+                        let msg = vec![me as u8; n];
+                        let mut inbox = vec![0u8; n];
+                        let t = unsafe { c.send_post((me + 1) % world, msg.as_ptr() as usize, n, 1) }.unwrap();
+                        let r = unsafe { c.recv((me + world - 1) % world, inbox.as_mut_ptr() as usize, n, 1) };
+                        r.is_ok() && t.wait().is_ok() && inbox.iter().all(|&b| b as usize == (me + world - 1) % world)
+                    }
+                    _ => {
+                        let mut b = vec![me as u8; 2 * n];
+                        let r = unsafe { c.broadcast((b.as_mut_ptr() as usize, 2 * n), round % world) };
+                        r.is_ok() && b.iter().all(|&x| x as usize == round % world)
+                    }
+                };
+            }
+            if me == 0 {
+                drop(take(c));
+            }
+            ok
+        });
+        assert_eq!(out, vec![true; world], "round {round}");
+    }
+}
+
+/// A rank that closes the group while two others are busy among themselves (a send rank 2
+/// takes only later) does not fail them: its flag fails only waits on it and reads of its memory.
+#[test]
+fn closing_does_not_fail_ranks_busy_among_themselves() {
+    let all = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let closed = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let out = with_ranks(3, move |c| {
+        let n = 1 << 20;
+        match c.rank {
+            0 => {
+                all.wait();
+                drop(take(c));
+                closed.wait();
+                Ok(())
+            }
+            1 => {
+                let msg = vec![1u8; n];
+                // SAFETY: `msg` outlives the ticket's wait.
+                let t = unsafe { c.send_post(2, msg.as_ptr() as usize, n, 2) }.unwrap();
+                all.wait();
+                // Asleep (checking peers between slices) when rank 0 closes.
+                t.wait()
+            }
+            _ => {
+                all.wait();
+                closed.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                let mut got = vec![0u8; n];
+                // SAFETY: `got` lives, untouched by anyone else, through the call.
+                unsafe { c.recv(1, got.as_mut_ptr() as usize, n, 2) }
+            }
+        }
+    });
+    assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+}
+
+/// A group whose barrier panics (a stand-in for a bug in a collective), counting aborts.
+struct Panicky(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl wirespeed_core::Collectives for Panicky {
+    fn rank(&self) -> usize {
+        0
+    }
+    unsafe fn all_reduce(&mut self, _: usize, _: usize, _: DType, _: ReduceOp) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn reduce_scatter(&mut self, _: &[(usize, usize)], _: usize, _: usize, _: DType, _: ReduceOp) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn reduce(&mut self, _: usize, _: usize, _: DType, _: ReduceOp, _: usize) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn all_gather(&mut self, _: (usize, usize), _: &[(usize, usize)]) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn all_to_all(&mut self, _: &[(usize, usize)], _: &[(usize, usize)]) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn broadcast(&mut self, _: (usize, usize), _: usize) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn gather(&mut self, _: (usize, usize), _: &[(usize, usize)], _: usize) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    unsafe fn scatter(&mut self, _: &[(usize, usize)], _: (usize, usize), _: usize) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    fn barrier(&mut self) -> wirespeed_core::Result<()> {
+        panic!("a bug")
+    }
+    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::p2p::Ticket> {
+        unimplemented!()
+    }
+    unsafe fn recv(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<()> {
+        unimplemented!()
+    }
+    fn abort(&mut self, _: &Error) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A panic inside an op is that op's error, and the engine breaks the group for it, whichever
+/// path of the group panicked.
+#[test]
+fn the_engine_breaks_the_group_when_an_op_panics() {
+    let aborts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let e = Engine::with(Box::new(Panicky(aborts.clone()))).unwrap();
+    // SAFETY: no buffers.
+    let r = unsafe { e.run(Op::Barrier, Box::new(())) };
+    assert!(matches!(&r, Err(Error::Broken(m)) if m.contains("a bug")), "{r:?}");
+    assert_eq!(aborts.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
