@@ -1,5 +1,5 @@
-"""Worker: every case of entry_paths.py on the wirespeed group and, as the control that says the
-case itself is right, on a gloo group of the same ranks. Reports {backend: {case: problems}}; a
+"""Worker: every case of entry_paths.py (or those named in argv) on the wirespeed group and, as the
+control that says the case itself is right, on a gloo group of the same ranks. Reports {backend: {case: problems}}; a
 case that raised reports its error as its one problem."""
 import datetime
 import os
@@ -18,7 +18,7 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("wirespeed", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
 groups = {"wirespeed": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
 out = {b: {} for b in groups}
-for name in CASES:
+for name in sys.argv[1:] or CASES:
     for backend, g in groups.items():
         try:
             out[backend][name] = run_case(name, rank, world, g)
