@@ -4,26 +4,23 @@
 //! - the engine's: WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES, WIRESPEED_IO_THREADS,
 //!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT (wirespeed_core::transport::tcp::NetConfig);
 //! - which interfaces: WIRESPEED_IFNAME, else NCCL_SOCKET_IFNAME, in NCCL's syntax (a comma list
-//!   of name prefixes; `=` before the list for exact names; `^` for an exclusion list); unset,
+//!   of name prefixes; `=` before the list for exact names; `^` for an exclusion list; parsed by
+//!   wirespeed_core::iface, as the groups parse it); unset,
 //!   every interface that is up except docker* and loopback, as NCCL's socket transport does;
 //! - WIRESPEED_NET_ALLOW_LOOPBACK=1 lets a loopback interface be a device (one-machine tests:
 //!   every "host" then shares 127.0.0.1, which across real hosts would connect a rank to itself);
 //! - WIRESPEED_SOCKET_FAMILY, else NCCL_SOCKET_FAMILY: AF_INET or AF_INET6 to use only that
 //!   address family; unset, an interface's IPv4 address is preferred over its IPv6 one.
 use std::ffi::CString;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+pub use wirespeed_core::iface::Family;
+use wirespeed_core::iface::{interfaces, IfSpec, Iface};
 use wirespeed_core::transport::tcp::NetConfig;
 
 /// As many interfaces as NCCL's socket transport offers at most.
 const MAX_DEVICES: usize = 16;
 /// NCCL's socket transport assumes 10 Gbit/s when the kernel reports no speed (veth, lo).
 const DEFAULT_SPEED_MBPS: i32 = 10_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
-}
 
 #[derive(Debug)]
 pub struct PluginConfig {
@@ -94,116 +91,6 @@ pub struct Device {
     pub speed_mbps: i32,
 }
 
-/// An interface selection in NCCL's NCCL_SOCKET_IFNAME syntax.
-#[derive(Debug, PartialEq)]
-pub struct IfSpec {
-    pub exclude: bool,
-    pub exact: bool,
-    pub names: Vec<String>,
-}
-
-impl IfSpec {
-    pub fn parse(s: &str) -> IfSpec {
-        let mut s = s.trim();
-        let exclude = s.starts_with('^');
-        if exclude {
-            s = &s[1..];
-        }
-        let exact = s.starts_with('=');
-        if exact {
-            s = &s[1..];
-        }
-        let names = s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
-        IfSpec { exclude, exact, names }
-    }
-
-    fn listed(&self, name: &str) -> bool {
-        self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) })
-    }
-
-    pub fn selects(&self, name: &str) -> bool {
-        self.listed(name) != self.exclude
-    }
-}
-
-struct Iface {
-    name: String,
-    index: u32,
-    up: bool,
-    loopback: bool,
-    v4: Vec<Ipv4Addr>,
-    v6: Vec<Ipv6Addr>,
-}
-
-fn interfaces() -> Vec<Iface> {
-    let mut out: Vec<Iface> = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return out;
-    }
-    let mut p = head;
-    while !p.is_null() {
-        // SAFETY: p is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: a NUL-terminated name owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
-        let i = match out.iter().position(|f| f.name == name) {
-            Some(i) => i,
-            None => {
-                let cname = CString::new(name.clone()).unwrap_or_default();
-                // SAFETY: a valid C string.
-                let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-                out.push(Iface { name, index, up: false, loopback: false, v4: vec![], v6: vec![] });
-                out.len() - 1
-            }
-        };
-        let f = &mut out[i];
-        f.up |= ifa.ifa_flags & libc::IFF_UP as u32 != 0;
-        f.loopback |= ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
-        match unsafe { (*ifa.ifa_addr).sa_family } as i32 {
-            libc::AF_INET => {
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                f.v4.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            }
-            libc::AF_INET6 => {
-                // SAFETY: getifaddrs's list stays valid until freeifaddrs below; each entry's name and (non-null) address point into it.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                f.v6.push(Ipv6Addr::from(sin6.sin6_addr.s6_addr));
-            }
-            _ => {}
-        }
-    }
-    // SAFETY: the list from getifaddrs, freed once.
-    unsafe { libc::freeifaddrs(head) };
-    out
-}
-
-fn is_link_local(a: &Ipv6Addr) -> bool {
-    (a.segments()[0] & 0xffc0) == 0xfe80
-}
-
-/// The address to listen on for an interface: IPv4 first unless a family is asked for; a global
-/// IPv6 address before a link-local one (which needs its scope).
-fn pick_addr(f: &Iface, family: Option<Family>) -> Option<(IpAddr, u32)> {
-    let v4 = f.v4.first().map(|a| (IpAddr::V4(*a), 0));
-    let v6 = f.v6.iter().find(|a| !is_link_local(a)).map(|a| (IpAddr::V6(*a), 0))
-        .or_else(|| f.v6.first().map(|a| (IpAddr::V6(*a), f.index)));
-    match family {
-        Some(Family::V4) => v4,
-        Some(Family::V6) => v6,
-        None => v4.or(v6),
-    }
-}
-
 fn sys_attr(name: &str, attr: &str) -> Option<String> {
     std::fs::read_to_string(format!("/sys/class/net/{name}/{attr}")).ok().map(|s| s.trim().to_string())
 }
@@ -227,7 +114,7 @@ pub fn find_devices(cfg: &PluginConfig) -> Result<Vec<Device>, String> {
         if !f.up || !spec.selects(&f.name) {
             continue;
         }
-        let Some((addr, scope)) = pick_addr(f, cfg.family) else { continue };
+        let Some((addr, scope)) = f.pick_addr(cfg.family) else { continue };
         if f.loopback && !cfg.allow_loopback {
             refused_loopback.push(f.name.clone());
             continue;
@@ -240,7 +127,7 @@ pub fn find_devices(cfg: &PluginConfig) -> Result<Vec<Device>, String> {
     // Nothing else on the machine: a one-machine test may use loopback when it says so.
     if out.is_empty() && cfg.ifname.is_none() && cfg.allow_loopback {
         for f in all.iter().filter(|f| f.up && f.loopback) {
-            if let Some((addr, scope)) = pick_addr(f, cfg.family) {
+            if let Some((addr, scope)) = f.pick_addr(cfg.family) {
                 out.push(device(f, addr, scope));
             }
         }
@@ -263,18 +150,7 @@ pub fn find_devices(cfg: &PluginConfig) -> Result<Vec<Device>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nccl_interface_syntax() {
-        let s = IfSpec::parse("^docker,lo");
-        assert!(s.exclude && !s.exact);
-        assert!(!s.selects("docker0") && !s.selects("lo") && s.selects("eth0"));
-        let s = IfSpec::parse("=eth0,ib");
-        assert!(s.exact && s.selects("eth0") && !s.selects("eth01") && !s.selects("ib0"));
-        let s = IfSpec::parse("eth");
-        assert!(s.selects("eth1") && !s.selects("veth1"));
-        assert!(!IfSpec::parse("^=lo").selects("lo") && IfSpec::parse("^=lo").selects("lo0"));
-    }
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn cfg(ifname: Option<&str>, allow_loopback: bool, family: Option<Family>) -> PluginConfig {
         PluginConfig { net: NetConfig::from_env().unwrap(), ifname: ifname.map(|v| ("WIRESPEED_IFNAME", v.to_string())), allow_loopback, family }
@@ -290,6 +166,16 @@ mod tests {
         assert!(d[0].pci_path.is_none(), "lo has no PCI device");
         let d = find_devices(&cfg(Some("=lo"), true, Some(Family::V6))).unwrap();
         assert_eq!(d[0].addr, IpAddr::V6(Ipv6Addr::LOCALHOST));
+    }
+
+    #[test]
+    fn a_selection_means_the_same_to_the_plugin_and_to_the_groups() {
+        // NCCL_SOCKET_IFNAME=l: a prefix of "lo", in NCCL's syntax, for both
+        let vars = |k: &str| (k == "NCCL_SOCKET_IFNAME").then(|| "l".to_string());
+        let (group_ip, how) = wirespeed_core::iface::listen_ip_from(&vars, &interfaces()).unwrap();
+        let cfg = PluginConfig { ifname: Some(("NCCL_SOCKET_IFNAME", "l".into())), ..cfg(None, true, None) };
+        let d = find_devices(&cfg).unwrap();
+        assert_eq!((d[0].name.to_str().unwrap(), d[0].addr), ("lo", group_ip), "groups chose {how}");
     }
 
     #[test]
