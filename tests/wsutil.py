@@ -15,7 +15,7 @@ def wirespeed(*args, timeout=120, env=None, check=False) -> subprocess.Completed
     """Run `wirespeed ARGS` as a user would, capturing output."""
     full_env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-              "PMI_RANK", "SLURM_PROCID", "WIRESPEED_LOCAL_SPAWN"):
+              "PMI_RANK", "SLURM_PROCID", "_WIRESPEED_LOCAL_SPAWN"):
         full_env.pop(k, None)
     full_env.update(env or {})
     p = subprocess.run([sys.executable, "-m", "wirespeed.cli.main", *map(str, args)], capture_output=True,

@@ -12,8 +12,9 @@ from wirespeed.backends.mpi import missing
 CLI = [sys.executable, "-m", "wirespeed.cli.main", "compare"]
 
 
-def run(args, cwd, timeout=280):
+def run(args, cwd, timeout=280, knobs=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WIRESPEED_")}
+    env.update(knobs or {})
     return subprocess.run(CLI + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -73,3 +74,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("wirespeed: error:") and says in lines[0], lines
+
+
+@pytest.mark.timeout(150)
+def test_the_benches_run_with_the_users_core_knobs(tmp_path):
+    """A core knob the user exported reaches compare's benches (it used to be dropped with the
+    flag twins): an algorithm name the core refuses makes the wirespeed run fail, naming it."""
+    proc = run(["--backends", "wirespeed", "--dtypes", "float32", "--devices", "cpu", "--nprocs", "2",
+                "--sizes", "4K", "-n", "1", "-w", "1", "--no-save"], tmp_path, timeout=140,
+               knobs={"WIRESPEED_ALGO": "no-such-algo", "WIRESPEED_PLOT": str(tmp_path / "twin.png")})
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert 'WIRESPEED_ALGO="no-such-algo" is not an algorithm' in proc.stdout + proc.stderr
+    assert not (tmp_path / "twin.png").exists(), "compare's own flag twin reached the bench"

@@ -259,7 +259,7 @@ def mpirun_command(argv: list[str], nproc: int, is_root: bool | None = None,
 def launch_mpirun(argv: list[str], nproc: int, program: list[str] | None = None) -> int:
     """Run the ranks under mpirun; return the job's exit code (non-zero when any rank failed)."""
     env = dict(os.environ)
-    env.update(WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    env.update(_WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     if os.geteuid() == 0:
         env.update(ROOT_ENV)
     if nproc >= (os.cpu_count() or 1):

@@ -106,7 +106,7 @@ def main(args, argv) -> int:
         check_local_gpus(c["nproc"], c["backend"])
         total = pick_total(args.total, c, c["nproc"])
         return launch_ranks([*argv, "--total", str(total)], c["nproc"], c["backend"], args.master_port)
-    local = os.environ.get("WIRESPEED_LOCAL_SPAWN") == "1"
+    local = os.environ.get("_WIRESPEED_LOCAL_SPAWN") == "1"
     total = pick_total(args.total, c, 1 if local else info.local_world_size)
     return run_as_rank(c, info, total, args)
 

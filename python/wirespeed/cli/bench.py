@@ -175,9 +175,9 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     from ..report.progress import Progress
 
     _validate_for_world(cfg, info.world_size)
-    if info.rank == 0 and os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+    if info.rank == 0 and os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         check_bench_outputs(cfg)  # under an outer launcher: rank 0 writes, so rank 0 checks
-    if os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
                    cfg.device)

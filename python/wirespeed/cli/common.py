@@ -8,6 +8,7 @@ from typing import NoReturn
 
 from ..errors import UsageError
 from ..flagvalues import Default
+from ..knobs import CORE
 
 
 def env_twin(flag: str) -> str:
@@ -15,10 +16,17 @@ def env_twin(flag: str) -> str:
     return "WIRESPEED_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def add(parser: argparse.ArgumentParser, *names, default=None, help="", **kw):
-    """add_argument whose default comes from the flag's WIRESPEED_* twin when that is set."""
+def add(parser: argparse.ArgumentParser, *names, default=None, help="", twin: str | None = None,
+        same_as_core: bool = False, **kw):
+    """add_argument whose default comes from the flag's WIRESPEED_* twin when that is set.
+
+    A twin may not be a core knob (knobs.py), or the user's knob would silently become the flag's
+    value (and compare/tune would drop it): give such a flag another `twin`, or say it means the
+    same as the knob (`same_as_core`, as launch's --ifname and WIRESPEED_IFNAME)."""
     long = next(n for n in names if n.startswith("--"))
-    twin = env_twin(long)
+    twin = twin or env_twin(long)
+    if twin in CORE and not same_as_core:
+        raise AssertionError(f"{long}'s environment twin {twin} is a core knob: give the flag another twin")
     if twin in os.environ:
         raw = os.environ[twin]
         if kw.get("action") in ("store_true", "store_false"):

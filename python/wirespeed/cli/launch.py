@@ -43,7 +43,7 @@ def register(sub) -> None:
         "(default: the first host)")
     add(p, "--master-port", default=None, type=positive_int("--master-port"),
         help=f"rendezvous port (default {DEFAULT_PORT}; a free one on netns hosts)")
-    add(p, "--ifname", default=None, help="network interface every library should use on ssh hosts "
+    add(p, "--ifname", default=None, same_as_core=True, help="network interface every library should use on ssh hosts "
         "(sets GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, WIRESPEED_IFNAME)")
     add(p, "--workdir", default=None, help="directory to run in on ssh hosts (default: this one)")
     add(p, "--ssh", default="ssh -o BatchMode=yes -o ConnectTimeout=10",
@@ -93,9 +93,9 @@ def _link_env(ns_hosts) -> dict:
     for name in C.cluster_names():
         c = C.load(name)
         if c and set(ns_hosts) <= {h.netns for h in c.hosts}:
-            env = {"WIRESPEED_CLUSTER": c.name, "WIRESPEED_LINK_RATE_BPS": str(c.rate_bps)}
+            env = {"_WIRESPEED_CLUSTER": c.name, "_WIRESPEED_LINK_RATE_BPS": str(c.rate_bps)}
             if c.flow_rate_bps:
-                env["WIRESPEED_FLOW_RATE_BPS"] = str(c.flow_rate_bps)
+                env["_WIRESPEED_FLOW_RATE_BPS"] = str(c.flow_rate_bps)
             return env
     return {}
 

@@ -161,7 +161,7 @@ def run_as_rank(cfg, info, shapes) -> int:
     from ..envinfo import record_env
     from ..workloads.runner import plan_for, run_rank, validate
     validate(cfg, info.world_size)
-    if os.environ.get("WIRESPEED_LOCAL_SPAWN") != "1":
+    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         _check_memory(shapes, cfg, info.local_world_size)
     backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
     device = backend.device_for(info, cfg.device)

@@ -21,6 +21,7 @@ def register(sub) -> None:
     add(p, "--hosts", default=None, help="comma list of host counts to predict (what-if)")
     add(p, "--sizes", default=None, help="comma list of sizes (default: the sizes fitted)")
     add(p, "--algo", default="auto", choices=("auto", "ring", "tree", "doubling", "hier", "direct"),
+        twin="WIRESPEED_PREDICT_ALGO",
         help="the algorithm to model (auto: the one the backend uses)")
     add(p, "--link-rate", default=None,
         help="what-if: predict on links of this rate (1gbit, 10gbit, 400mbit)")

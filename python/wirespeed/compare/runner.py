@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..knobs import for_children
 from ..report.records import read_records
 from .plan import Combo, CompareConfig, Plan
 
@@ -43,9 +44,10 @@ def bench_argv(combo: Combo, cfg: CompareConfig, json_path: str) -> list[str]:
 
 
 def child_env() -> dict:
-    """This environment without WIRESPEED_* twins: compare's own settings must not leak into the
-    benches as, say, WIRESPEED_PLOT or WIRESPEED_DTYPE (every bench flag that matters is explicit)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("WIRESPEED_")}
+    """This environment without flag twins: compare's own settings must not leak into the benches
+    as, say, WIRESPEED_PLOT or WIRESPEED_DTYPE (every bench flag that matters is explicit). The
+    user's core knobs (WIRESPEED_NSTREAMS, ...) stay: they are what the comparison is run with."""
+    return for_children(os.environ)
 
 
 def _why(stderr: str, code: int) -> str:

@@ -69,13 +69,13 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
     """What every rank on the cluster gets, whoever starts it: the links' interface for every
     library, and the link rates for the records."""
     env = dict(os.environ if base is None else base)
-    env.update(WIRESPEED_LOCAL_SPAWN="1", WIRESPEED_CLUSTER=cluster.name,
-               WIRESPEED_LINK_RATE_BPS=str(cluster.rate_bps),
+    env.update(_WIRESPEED_LOCAL_SPAWN="1", _WIRESPEED_CLUSTER=cluster.name,
+               _WIRESPEED_LINK_RATE_BPS=str(cluster.rate_bps),
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     if cluster.flow_rate_bps:
-        env["WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
+        env["_WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
     if cluster.host_rates:  # hosts with a link of their own rate (cluster up --host-rate)
-        env["WIRESPEED_HOST_RATES_BPS"] = ",".join(f"{i}={r}" for i, r in cluster.host_rates.items())
+        env["_WIRESPEED_HOST_RATES_BPS"] = ",".join(f"{i}={r}" for i, r in cluster.host_rates.items())
     for var in IFNAME_VARS:
         env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
     return env
@@ -91,7 +91,7 @@ def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=No
         env = dict(common)
         env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(peers.index(r)),
                    LOCAL_WORLD_SIZE=str(len(peers)), MASTER_ADDR=master.addr,
-                   MASTER_PORT=str(master_port), WIRESPEED_CLUSTER_HOST=f"h{h}")
+                   MASTER_PORT=str(master_port), _WIRESPEED_CLUSTER_HOST=f"h{h}")
         envs.append(env)
     return envs
 
@@ -152,14 +152,14 @@ def link_problems(cluster: C.Cluster, hosts_of: list[int]) -> list[str]:
 
 def link_fields() -> dict:
     """What a rank started on the emulated cluster adds to each record (empty elsewhere)."""
-    raw = os.environ.get("WIRESPEED_LINK_RATE_BPS")
+    raw = os.environ.get("_WIRESPEED_LINK_RATE_BPS")
     if not raw or not raw.isdigit():
         return {}
-    out = {"link_rate_gbps": int(raw) / 1e9, "cluster": os.environ.get("WIRESPEED_CLUSTER")}
-    flow = os.environ.get("WIRESPEED_FLOW_RATE_BPS")
+    out = {"link_rate_gbps": int(raw) / 1e9, "cluster": os.environ.get("_WIRESPEED_CLUSTER")}
+    flow = os.environ.get("_WIRESPEED_FLOW_RATE_BPS")
     if flow and flow.isdigit():
         out["flow_rate_gbps"] = int(flow) / 1e9
-    own = os.environ.get("WIRESPEED_HOST_RATES_BPS")
+    own = os.environ.get("_WIRESPEED_HOST_RATES_BPS")
     if own:
         pairs = [p.split("=", 1) for p in own.split(",") if "=" in p]
         out["host_rates_gbps"] = {f"h{i}": int(r) / 1e9 for i, r in pairs if i.isdigit() and r.isdigit()}

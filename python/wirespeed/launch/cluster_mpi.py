@@ -18,8 +18,8 @@ from ..netem import cluster as C
 from .local import _die_with_parent, supervise
 
 # Variables the ranks need besides Open MPI's own, forwarded with mpirun -x.
-FORWARD = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "WIRESPEED_IFNAME", "WIRESPEED_CLUSTER",
-           "WIRESPEED_LINK_RATE_BPS", "WIRESPEED_FLOW_RATE_BPS", "WIRESPEED_LOCAL_SPAWN",
+FORWARD = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "WIRESPEED_IFNAME", "_WIRESPEED_CLUSTER",
+           "_WIRESPEED_LINK_RATE_BPS", "_WIRESPEED_FLOW_RATE_BPS", "_WIRESPEED_LOCAL_SPAWN",
            "OMP_NUM_THREADS")
 
 

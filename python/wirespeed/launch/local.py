@@ -38,7 +38,7 @@ def rank_env(rank: int, nproc: int, port: int, base=None) -> dict:
     env = dict(os.environ if base is None else base)
     env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+               _WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     return env
 
 

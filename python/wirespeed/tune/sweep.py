@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..knobs import for_children
 from .knobs import GROUP_RULES, KNOBS, Knob
 
 
@@ -88,12 +89,11 @@ def bench_argv(cfg: TuneConfig, json_path: str) -> list[str]:
 
 
 def setting_env(setting: Setting, base=None) -> dict:
-    """The environment of one setting's run: this one without WIRESPEED_* flag twins (tune's own
-    flags must not leak into bench) and without any knob of the table (so "default" is the
-    libraries' default, not whatever this shell exported), plus the setting."""
-    env = dict(os.environ if base is None else base)
-    for k in [k for k in env if k.startswith("WIRESPEED_") or k in {kn.name for kn in KNOBS}]:
-        del env[k]
+    """The environment of one setting's run: this one without flag twins (tune's own flags must
+    not leak into bench) and without any knob of the table (so "default" is the libraries'
+    default, not whatever this shell exported), plus the setting. The user's other core knobs
+    (WIRESPEED_IFNAME, ...) stay."""
+    env = for_children(dict(os.environ if base is None else base), drop={kn.name for kn in KNOBS})
     env.update(setting.env)
     return env
 

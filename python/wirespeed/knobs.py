@@ -1,0 +1,53 @@
+"""The WIRESPEED_* environment: three kinds of variable, named so that they cannot collide.
+
+- **Core knobs** (`CORE`): read by the native core, the NCCL plugin or the transport's Python
+  side; they change how wirespeed moves data, so a command that starts other commands (compare,
+  tune) passes the user's values on to them.
+- **Flag twins**: every other `WIRESPEED_*` name is the environment twin of a command-line flag
+  (`--max-bytes` <- WIRESPEED_MAX_BYTES; cli/common.py). A twin belongs to the command that was
+  run, so commands drop them before starting others. A flag whose twin would be a core knob gets
+  another twin (`predict --algo` <- WIRESPEED_PREDICT_ALGO) unless it means the same thing.
+- **Launcher back-channels** (`_WIRESPEED_*`, note the underscore): what a launcher tells the rank
+  processes it starts (`internal("CLUSTER")`). Never a user's setting; dropped like twins.
+"""
+from __future__ import annotations
+
+# name -> what it sets (docs/transport.md and README list defaults and ranges)
+CORE = {
+    "WIRESPEED_ALGO": "the collective algorithm (one host: oneshot, rsag; across hosts: hier, ring, doubling)",
+    "WIRESPEED_NSTREAMS": "TCP streams per connection",
+    "WIRESPEED_CHUNK_BYTES": "bytes per TCP chunk",
+    "WIRESPEED_IO_THREADS": "TCP reactor threads",
+    "WIRESPEED_SOCKBUF": "socket buffer bytes per stream",
+    "WIRESPEED_NOTSENT_LOWAT": "unsent bytes the kernel holds per stream",
+    "WIRESPEED_NET_SPIN_US": "how long a TCP wait spins",
+    "WIRESPEED_SPIN_US": "how long a shared-memory wait spins",
+    "WIRESPEED_WORKER": "0: no background worker thread",
+    "WIRESPEED_IFNAME": "the interface to listen on",
+    "WIRESPEED_HOSTID": "this host's id (ranks with other ids use TCP)",
+    "WIRESPEED_STAGE_MAX": "largest exchange staged through shared memory",
+    "WIRESPEED_PAIR_STAGE_MAX": "the same for 2-rank exchanges",
+    "WIRESPEED_SLOT_BYTES": "shared-memory slot size",
+    "WIRESPEED_BLOCK_BYTES": "reduce-scatter block size",
+    "WIRESPEED_NET_ALLOW_LOOPBACK": "the NCCL plugin may offer loopback",
+    "WIRESPEED_SOCKET_FAMILY": "the NCCL plugin's address family",
+    "WIRESPEED_NCCL_PLUGIN": "where the NCCL plugin library is",
+}
+
+INTERNAL_PREFIX = "_WIRESPEED_"
+
+
+def internal(name: str) -> str:
+    """A launcher back-channel's variable: internal("CLUSTER") -> _WIRESPEED_CLUSTER."""
+    return INTERNAL_PREFIX + name
+
+
+def is_twin(name: str) -> bool:
+    return name.startswith("WIRESPEED_") and name not in CORE
+
+
+def for_children(env: dict, drop=()) -> dict:
+    """`env` for a command started by another: without flag twins, back-channels and `drop`;
+    with the user's core knobs."""
+    return {k: v for k, v in env.items()
+            if not (is_twin(k) or k.startswith(INTERNAL_PREFIX) or k in drop)}
