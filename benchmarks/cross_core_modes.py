@@ -27,7 +27,7 @@ def _rank(rank: int, port: int, nbytes: int, loops: int, q) -> None:
     import torch.distributed as dist
     # This probe measures the staged copy: raise both staging limits (2 ranks have their own).
     os.environ["WIRESPEED_STAGE_MAX"] = os.environ["WIRESPEED_PAIR_STAGE_MAX"] = str(max(nbytes, 1))
-    from wirespeed.native.registration import rendezvous
+    from wirespeed.native.rendezvous import rendezvous
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     g = rendezvous(store, rank, 2, datetime.timedelta(seconds=30))
     t = torch.arange(nbytes, dtype=torch.uint8) if rank == 0 else torch.zeros(nbytes, dtype=torch.uint8)

@@ -55,7 +55,7 @@ def rank_main(args) -> int:
     from wirespeed.bench.collectives import Case
     from wirespeed.bench.watchdog import Watchdog
     from wirespeed.launch.environment import rank_info
-    from wirespeed.launch.rankjob import start_backend
+    from wirespeed.cli.rankjob import start_backend
 
     info = rank_info()
     backend = start_backend(args.backend, "cpu", info, args.timeout)

@@ -64,7 +64,8 @@ def test_memory_guard_names_the_largest_size_that_fits():
 
 def test_memory_guard_arithmetic():
     from wirespeed.errors import UsageError
-    from wirespeed.launch.memory import CHECK_TEMP_BYTES, RANK_OVERHEAD_BYTES, check_fits
+    from wirespeed.bench.memory import CHECK_TEMP_BYTES, check_fits
+    from wirespeed.launch.memory import RANK_OVERHEAD_BYTES
     # all_reduce 1 GiB float32 on 4 ranks needs send + recv = 2 GiB per rank.
     need = 4 * (2 * (1 << 30) + CHECK_TEMP_BYTES) + 4 * RANK_OVERHEAD_BYTES
     check_fits(["all_reduce"], ["float32"], [1 << 30], 4, 4, "cpu", available=int(need / 0.9) + 1)

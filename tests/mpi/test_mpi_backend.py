@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from wirespeed.backends.mpi import launch_mpirun, missing
+from wirespeed.backends.mpi import missing
+from wirespeed.launch.mpirun import launch_mpirun
 from wirespeed.bench.collectives import COLLECTIVES
 from wirespeed.bench.dtypes import DTYPES, OPS
 

@@ -1,10 +1,10 @@
 """Which ranks may share a GPU and what the header says (launch/gpus.py), and the backend picked
-without --backend (launch/rankjob.pick_backend): pure rules, tested with the inputs a GPU box gives."""
+without --backend (cli/rankjob.pick_backend): pure rules, tested with the inputs a GPU box gives."""
 import pytest
 
 from wirespeed.launch.gpus import (MPS_START, gpu_problem, most_ranks_on_one_host, mps_running,
                                    set_host_per_rank, sharing_lines)
-from wirespeed.launch.rankjob import pick_backend, resolve_backend
+from wirespeed.cli.rankjob import pick_backend, resolve_backend
 
 
 def test_device_cpu_picks_a_cpu_backend_even_where_nccl_runs():

@@ -6,21 +6,9 @@ rather than emulating a missing variant with extra copies, so a timed figure is 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits in the job, from the launcher's environment."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
+from ..launch.environment import RankInfo  # noqa: F401 - adapters and callers name it here
 
 
 class Backend:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from ..errors import UsageError
-from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
+from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
                               launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
                               start_backend)
 from ..sizes import format_size, parse_size

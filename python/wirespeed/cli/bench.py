@@ -12,7 +12,7 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import sizes_from_flags
-from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
+from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
                               parse_iters_timeout, parse_num, rank_error, resolve_backend,
                               start_backend)
 from .common import add, positive_int
@@ -130,7 +130,7 @@ def check_bench_outputs(cfg: BenchConfig) -> None:
 
 def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_host=None) -> int:
     from ..backends import create
-    from ..launch.memory import check_fits
+    from ..bench.memory import check_fits
     check_bench_outputs(cfg)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
@@ -171,7 +171,7 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     """One rank of the job: init the backend, run every case, and on rank 0 report."""
     from ..bench.harness import run_rank, steps
     from ..envinfo import record_env
-    from ..launch.memory import check_fits
+    from ..bench.memory import check_fits
     from ..report.progress import Progress
 
     _validate_for_world(cfg, info.world_size)

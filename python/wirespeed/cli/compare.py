@@ -61,7 +61,7 @@ def config_from_args(args):
     from ..bench.collectives import parse_collectives
     from ..bench.dtypes import parse_dtypes, parse_ops
     from ..compare.plan import PLANNED, CompareConfig, parse_nprocs, split_list
-    from ..launch.rankjob import parse_iters_timeout
+    from .rankjob import parse_iters_timeout
     from ..sizes import sizes_from_flags
     backends = split_list(args.backends, "--backends") if args.backends \
         else list(dict.fromkeys([*BACKENDS, *PLANNED]))
@@ -81,7 +81,7 @@ def config_from_args(args):
 
 def main(args, argv) -> int:
     from ..compare.session import rebuild, run_compare
-    from ..launch.rankjob import check_rank_flags
+    from .rankjob import check_rank_flags
     from ..report.outputs import check_outputs
     if args.from_paths:
         return rebuild(args.from_paths, args.variant, args.plot_dir)

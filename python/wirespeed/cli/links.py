@@ -43,7 +43,7 @@ def register(sub) -> None:
 
 def config_from_args(args):
     from ..explain.links_rank import LinksConfig
-    from ..launch.rankjob import parse_iters_timeout, parse_num, resolve_backend
+    from .rankjob import parse_iters_timeout, parse_num, resolve_backend
     from ..sizes import parse_size
     backend, device = resolve_backend(args.backend, args.device)
     if backend == "mpi":
@@ -63,7 +63,7 @@ def config_from_args(args):
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
-    from ..launch.rankjob import check_rank_flags, default_nproc, launch_ranks
+    from .rankjob import check_rank_flags, default_nproc, launch_ranks
     from ..report.outputs import check_outputs
     check_rank_flags(args)
     cfg = config_from_args(args)
@@ -85,7 +85,7 @@ def main(args, argv) -> int:
 
 def run_as_rank(cfg, info, args) -> int:
     from ..explain.links_rank import run_links
-    from ..launch.rankjob import guarded_rank, start_backend
+    from .rankjob import guarded_rank, start_backend
     if info.world_size < 2:
         raise UsageError("links needs 2 ranks or more")
     backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)

@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from ..errors import UsageError
-from ..launch.rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
+from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
                               launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
                               start_backend, uses_torch_distributed)
 from .common import add
@@ -21,7 +21,7 @@ from .common import add
 
 def register(sub) -> None:
     from ..workloads.models import CATALOGUE
-    from ..workloads.runner import STRATEGIES
+    from ..workloads.config import STRATEGIES
     p = sub.add_parser("model", help="time one training step's gradient sync of a real network",
                        description="Synchronise the gradients of a real network (shapes only, nothing "
                        "downloaded) with each strategy, bucketed as DDP does; time and check every step.")
@@ -58,7 +58,7 @@ def register(sub) -> None:
 def config_from_args(args):
     from ..bench.dtypes import parse_dtypes
     from ..workloads.bucketing import parse_bucket_mb
-    from ..workloads.runner import ModelConfig, parse_strategies
+    from ..workloads.config import ModelConfig, parse_strategies
     dtypes = parse_dtypes(args.dtype)
     if len(dtypes) != 1 or not dtypes[0].is_float:
         raise UsageError("--dtype takes one floating-point type for gradients: float32, float16, "
@@ -134,7 +134,7 @@ def _check_memory(shapes, cfg, ranks_here: int) -> None:
 def launch_local(cfg, args, argv) -> int:
     from ..backends import create
     from ..launch.memory import check_local_ranks
-    from ..workloads.runner import validate
+    from ..workloads.config import validate
     from ..report.outputs import check_output_file
     check_local_ranks(cfg.nproc)
     check_output_file(cfg.json_path, "--json")
@@ -159,7 +159,8 @@ def launch_local(cfg, args, argv) -> int:
 
 def run_as_rank(cfg, info, shapes) -> int:
     from ..envinfo import record_env
-    from ..workloads.runner import plan_for, run_rank, validate
+    from ..workloads.config import validate
+    from ..workloads.runner import plan_for, run_rank
     validate(cfg, info.world_size)
     if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         _check_memory(shapes, cfg, info.local_world_size)

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from ..errors import UsageError
-from ..launch.rankjob import (check_local_gpus, check_rank_flags, guarded_rank, launch_ranks,
+from .rankjob import (check_local_gpus, check_rank_flags, guarded_rank, launch_ranks,
                               parse_iters_timeout, parse_num, resolve_backend, start_backend,
                               uses_torch_distributed)
 from .common import add

@@ -57,7 +57,7 @@ def config_from_args(args):
     from ..bench.dtypes import parse_dtypes, parse_ops
     from ..errors import UsageError
     from ..launch.gpus import most_ranks_on_one_host
-    from ..launch.rankjob import parse_iters_timeout, parse_num
+    from .rankjob import parse_iters_timeout, parse_num
     from ..sizes import sizes_from_flags
     from ..tune.knobs import parse_values, select
     from ..tune.sweep import TuneConfig

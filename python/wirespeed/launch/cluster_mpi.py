@@ -16,6 +16,7 @@ import sys
 from ..errors import UsageError
 from ..netem import cluster as C
 from .local import _die_with_parent, supervise
+from .mpirun import ROOT_ENV, mpirun_command
 
 # Variables the ranks need besides Open MPI's own, forwarded with mpirun -x.
 FORWARD = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "WIRESPEED_IFNAME", "_WIRESPEED_CLUSTER",
@@ -42,7 +43,6 @@ def write_agent(cluster: C.Cluster) -> str:
 def mpirun_on_cluster(cluster: C.Cluster, argv: list[str], nproc: int, hosts_of: list[int],
                       round_robin: bool, env: dict) -> list[str]:
     """The full command line: host 0's prefix, then mpirun with the cluster's hosts and agent."""
-    from ..backends.mpi import mpirun_command
     program = [sys.executable, "-m", "wirespeed.cli.main"]
     cmd = mpirun_command(argv, nproc, program=program)
     at = len(cmd) - len(argv) - len(program)
@@ -63,7 +63,6 @@ def mpirun_on_cluster(cluster: C.Cluster, argv: list[str], nproc: int, hosts_of:
 
 def spawn_mpi_on_cluster(cluster: C.Cluster, argv: list[str], hosts_of: list[int], round_robin: bool,
                          base_env: dict) -> int:
-    from ..backends.mpi import ROOT_ENV
     env = dict(base_env)
     env.setdefault("OMPI_MCA_opal_warn_on_missing_libcuda", "0")
     if os.geteuid() == 0:

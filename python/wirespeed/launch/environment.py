@@ -14,11 +14,23 @@ from __future__ import annotations
 import os
 import re
 import socket
+from dataclasses import dataclass
 
-from ..backends.base import RankInfo
 from ..errors import UsageError
 
 DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job, from the launcher's environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
 
 
 def _int(env, *names, default=None):

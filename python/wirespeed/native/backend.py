@@ -22,6 +22,7 @@ import torch
 from . import monitored
 from .anysource import Announcer, AnySourceWork
 from .errors import UnsupportedError
+from .rendezvous import rendezvous
 from .tensors import REDUCE_DTYPES, SUM, Staging, buf, check, nbytes, reduction
 from .work import FutureCompleter, Work
 
@@ -434,7 +435,6 @@ class WirespeedBackend(_C10dBackend):
         return self.split_ranks(store, ranks, getattr(opts, "_timeout", None))
 
     def split_ranks(self, store, ranks, timeout: timedelta | None):
-        from .registration import rendezvous
         ranks = list(ranks)
         if self._rank not in ranks:
             return None

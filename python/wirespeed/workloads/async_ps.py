@@ -21,7 +21,10 @@ import time
 import torch
 
 from ..bench.dtypes import DTYPES
+from ..bench.harness import summarize
 from ..errors import UsageError
+from .check import check_slice, finish
+from .config import servers_for
 from .data import LR, fill_grad, fill_weights, grad_divisor, reference
 
 
@@ -117,7 +120,6 @@ def work(dist, plan, grads, pulled, servers: int, steps: int, warmup: int, rank:
 
 
 def run_async(backend, info, plan, cfg, device: str, watchdog) -> dict:
-    from .runner import _check_slice, finish, servers_for
     dist = _require_gloo(device)
     rank, world = info.rank, info.world_size
     servers = servers_for("async-ps", cfg, world)
@@ -152,13 +154,12 @@ def run_async(backend, info, plan, cfg, device: str, watchdog) -> dict:
         backend.broadcast(result[b.index], result[b.index], b.index % servers)
     backend.synchronize()
     watchdog.step("checking async-ps")
-    meter = _check_slice(result, plan, rank, world, lambda s, c: reference(
+    meter = check_slice(result, plan, rank, world, lambda s, c: reference(
         workers, s, c, dt, divisor, cfg.optimizer, repeats=steps))
     is_worker = rank >= servers
     padded = times if is_worker else [0.0] * cfg.iters
     out, extras = finish(backend, rank, world, [], meter, result,
                          extra=[float(is_worker), *ledger.summary(), *padded])
-    from ..bench.harness import summarize
     out.update(summarize([e[4:] for e in extras if e[0] == 1.0]))
     st_sum = sum(e[1] for e in extras)
     pushes = int(sum(e[3] for e in extras))

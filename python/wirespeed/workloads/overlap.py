@@ -22,6 +22,7 @@ import torch
 from ..bench.dtypes import DTYPES
 from ..bench.harness import summarize
 from ..errors import UsageError
+from .check import check_slice, finish
 from .data import LR, grad_divisor, reference
 from .strategies import StepState
 
@@ -54,7 +55,6 @@ def _timed(backend, fn) -> float:
 
 def run_overlap(backend, info, plan, cfg, device: str, watchdog) -> dict:
     import torch.distributed as dist
-    from .runner import _check_slice, finish
     if not dist.is_available() or not dist.is_initialized():
         raise UsageError("--overlap needs a torch.distributed backend (gloo or nccl) for "
                          "asynchronous collectives; drop --overlap or choose --backend gloo")
@@ -132,7 +132,7 @@ def run_overlap(backend, info, plan, cfg, device: str, watchdog) -> dict:
     overlapped()
     backend.synchronize()
     results = state.results()
-    meter = _check_slice(results, plan, rank, world, lambda s, c: reference(
+    meter = check_slice(results, plan, rank, world, lambda s, c: reference(
         range(world), s, c, dt, divisor, opt))
     flat = [t for k in variants for t in times[k]]
     out, rows = finish(backend, rank, world, [], meter, results, extra=flat)

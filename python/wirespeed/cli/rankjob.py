@@ -102,7 +102,7 @@ def check_local_gpus(nproc: int, backend: str, ranks_on_one_host: int | None = N
     on CUDA tensors), may share one (launch/gpus.py)."""
     if backend == "nccl":
         import torch
-        from .gpus import gpu_problem
+        from ..launch.gpus import gpu_problem
         why = gpu_problem(backend, nproc, torch.cuda.device_count(),
                           nproc if ranks_on_one_host is None else ranks_on_one_host)
         if why:
@@ -137,16 +137,16 @@ def launch_ranks(argv: list[str], nproc: int, backend: str, master_port_text,
     """Start nproc ranks of `wirespeed <argv>`: on the emulated cluster's hosts with --cluster,
     else under mpirun for the MPI backend (its ranks rendezvous through MPI), else wirespeed's own
     spawner with torchrun's environment."""
-    from .memory import check_local_ranks
+    from ..launch.memory import check_local_ranks
     port = parse_port(master_port_text)
     check_local_ranks(nproc)  # the emulated cluster's and mpirun's ranks run here too
     if cluster:
-        from .cluster import spawn_on_cluster
+        from ..launch.cluster import spawn_on_cluster
         return spawn_on_cluster(argv, nproc, ranks_per_host, cluster, port, backend=backend)
     if backend == "mpi":
-        from ..backends.mpi import launch_mpirun
+        from ..launch.mpirun import launch_mpirun
         return launch_mpirun(argv, nproc)
-    from .local import spawn
+    from ..launch.local import spawn
     return spawn(argv, nproc, port)
 
 
