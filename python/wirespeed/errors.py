@@ -58,8 +58,3 @@ class RanksDisagree(WirespeedError):
 
     exit_code = EXIT_MISMATCH
 
-
-class CheckFailed(WirespeedError):
-    """At least one collective produced a wrong element."""
-
-    exit_code = EXIT_FAILED

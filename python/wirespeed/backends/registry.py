@@ -84,11 +84,6 @@ def _native_missing() -> str | None:
 BACKENDS["wirespeed"] = BackendEntry("wirespeed", ("cpu",), _native_missing, _native_factory)
 
 
-def register(entry: BackendEntry) -> None:
-    """Add an adapter (the MPI and native wirespeed backends register themselves here)."""
-    BACKENDS[entry.name] = entry
-
-
 def names() -> list[str]:
     return list(BACKENDS)
 
@@ -111,9 +106,3 @@ def create(name: str, device: str = "cpu"):
                          f"(it supports: {', '.join(entry.devices)})")
     return entry.factory()
 
-
-def default_backend() -> tuple[str, str]:
-    """(backend, device): NCCL on GPUs where there are any, otherwise the best CPU backend."""
-    if availability("nccl") is None:
-        return "nccl", "cuda"
-    return "gloo", "cpu"

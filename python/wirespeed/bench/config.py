@@ -1,7 +1,7 @@
 """The typed configuration of a benchmark run: what the CLI flags (and WIRESPEED_* twins) become."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -29,9 +29,3 @@ class BenchConfig:
     progress: bool = True
     host_per_rank: bool = False   # each rank its own host id (NCCL_HOSTID, WIRESPEED_HOSTID)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "BenchConfig":
-        return cls(**d)
