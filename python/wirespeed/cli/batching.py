@@ -10,6 +10,7 @@ import sys
 import time
 
 from ..errors import UsageError
+from . import flags
 from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
                               launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
                               start_backend)
@@ -27,15 +28,10 @@ def register(sub) -> None:
         "power of two up to 4G that fits this machine)")
     add(p, "--chunks", default="1,10,100,1000", help="comma list of call counts")
     add(p, "-d", "--dtype", default="float32", help="float32, float16, bfloat16, float64, int32, ...")
-    add(p, "--backend", default=None, help="gloo, nccl, ... (default: nccl with GPUs, else gloo)")
-    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffer lives")
-    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
-    add(p, "-w", "--warmup-iters", default="1", help="untimed steps per chunk count")
-    add(p, "-n", "--iters", default="3", help="timed steps per chunk count")
-    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
+    flags.ranks(p, holds="the buffer")
+    flags.iterations(p, warmup="1", iters="3", unit="steps per chunk count")
     add(p, "--json", default=None, help="write one JSON-lines record per chunk count here")
     add(p, "--plot", default=None, help="write a PNG of total time vs chunk count with the fit here")
-    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
     p.set_defaults(func=main)
 
 

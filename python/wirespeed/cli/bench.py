@@ -12,10 +12,11 @@ from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError, WirespeedError
 from ..sizes import sizes_from_flags
+from . import flags
 from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
                               parse_iters_timeout, parse_num, rank_error, resolve_backend,
                               start_backend)
-from .common import add, positive_int
+from .common import add
 
 
 # The names for --help, without importing torch (which every collective module needs) at start-up;
@@ -35,38 +36,27 @@ def register(sub) -> None:
     add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
     add(p, "-i", "--stepbytes", default=None, help="add this many bytes each step instead of -f")
     add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
-    add(p, "-w", "--warmup-iters", default="5", help="untimed iterations per size")
-    add(p, "-n", "--iters", default="20", help="timed iterations per size")
     add(p, "-d", "--dtype", default="float32",
         help="comma list of float32, float16, bfloat16, float64, int8, uint8, int32, int64, or all")
     add(p, "-o", "--op", default="sum", help="comma list of sum, prod, min, max, avg, or all")
-    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffers live")
-    add(p, "--backend", default=None, help="gloo, nccl, ... (default: nccl with GPUs, else gloo)")
-    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
+    flags.ranks(p)
+    flags.iterations(p, warmup="5", iters="20", unit="iterations per size")
     add(p, "-r", "--root", default="0", help="root rank of broadcast and reduce")
     add(p, "--no-check", action="store_true", help="skip checking results (the #wrong column shows N/A)")
     add(p, "-I", "--per-op-stats", action="store_true",
         help="add the p50 and p99 of single timed calls to the table (records always have them)")
     add(p, "--no-per-op", action="store_true",
         help="time only the loop, not single calls too (records then lack p50/p99/min/max)")
-    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
     add(p, "--format", default="table", choices=("table", "md"), help="nccl-tests table or markdown")
     add(p, "--json", default=None, help="write JSON-lines records here")
     add(p, "--csv", default=None, help="write CSV here")
     add(p, "--plot", default=None, help="write a PNG plot of busbw and algbw here")
     add(p, "--save-dir", default="runs", help="every run also lands in SAVE_DIR/<timestamp>/")
     add(p, "--no-save", action="store_true", help="do not save the run under --save-dir")
-    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
     add(p, "--no-progress", action="store_true", help="no progress bar even on a terminal")
-    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
-        help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host round robin")
-    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
-        help="with --cluster: place ranks in blocks of this many per host (default -N = hosts x this)")
+    flags.placement(p, rph="place ranks in blocks of this many per host (default -N = hosts x this)")
     add(p, "--fast-net", action="store_true", help="NCCL only: move inter-host traffic through the "
         "wirespeed network plugin (multi-stream TCP; `make plugin` builds it)")
-    add(p, "--host-per-rank", action="store_true",
-        help="give every rank a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID): libraries treat "
-        "the ranks as nodes of a cluster, and several NCCL ranks may share one GPU")
     p.set_defaults(func=main)
 
 

@@ -6,6 +6,7 @@ are renderings of the records, which `--from` rebuilds later from a saved run.
 from __future__ import annotations
 
 from ..errors import UsageError
+from . import flags
 from .common import add
 
 
@@ -25,9 +26,7 @@ def register(sub) -> None:
     add(p, "-e", "--maxbytes", default="64M", help="largest size")
     add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
     add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
-    add(p, "-n", "--iters", default="20", help="timed iterations per size")
-    add(p, "-w", "--warmup-iters", default="5", help="untimed iterations per size")
-    add(p, "-T", "--timeout", default="300", help="seconds without progress before a run fails")
+    flags.iterations(p, warmup="5", iters="20", unit="iterations per size", who="a run fails")
     add(p, "--repeat", default="1",
         help="run the whole matrix this many times, interleaved; report median and spread")
     add(p, "--variant", default="best", choices=("best", "in-place", "out-of-place"),
@@ -36,11 +35,7 @@ def register(sub) -> None:
     add(p, "--save-dir", default="runs", help="records, summary, plots and logs go to SAVE_DIR/compare-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
     add(p, "--plot-dir", default=None, help="write the plots here (default: the saved run's directory)")
-    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
-        help="run every combination's ranks on the emulated cluster (`wirespeed cluster up`)")
-    add(p, "--ranks-per-host", default=None, help="with --cluster: ranks per host (default 1, round robin)")
-    add(p, "--host-per-rank", action="store_true",
-        help="every rank a host of its own (bench --host-per-rank): NCCL ranks may share GPUs")
+    flags.placement(p, what="every combination's ranks", rph="ranks per host (default 1, round robin)")
     p.add_argument("--from", dest="from_paths", nargs="+", default=None, metavar="RUNDIR",
                    help="rebuild tables, summary and plots from saved records instead of running")
     p.set_defaults(func=main)
@@ -76,7 +71,7 @@ def config_from_args(args):
         repeat=_int(args.repeat, "--repeat", 1), variant=args.variant, json_path=args.json,
         save_dir=None if args.no_save else args.save_dir, plot_dir=args.plot_dir,
         cluster=args.cluster, host_per_rank=args.host_per_rank,
-        ranks_per_host=None if args.ranks_per_host is None else _int(args.ranks_per_host, "--ranks-per-host", 1))
+        ranks_per_host=args.ranks_per_host)
 
 
 def main(args, argv) -> int:

@@ -8,7 +8,8 @@ import sys
 import time
 
 from ..errors import UsageError, WirespeedError
-from .common import add, positive_int
+from . import flags
+from .common import add
 
 SCHEMA = "wirespeed.links/1"
 
@@ -20,24 +21,16 @@ def register(sub) -> None:
                        "the matrices and `slow: ...` (a host below half the median), writes a heatmap "
                        "and JSON records.")
     add(p, "--size", default="16M", help="bytes per bandwidth message (K/M/G binary suffixes)")
-    add(p, "-n", "--iters", default="5", help="timed messages each way per pair")
-    add(p, "-w", "--warmup-iters", default="1", help="untimed messages each way per pair")
     add(p, "--lat-iters", default="20", help="timed round trips per pair for the latency")
     add(p, "--by", default="auto", choices=("auto", "rank", "host"),
         help="pairs of ranks, or of hosts (one rank each); auto: ranks up to 16, else hosts")
-    add(p, "--backend", default=None, help="gloo, nccl or wirespeed (default: nccl with GPUs, else gloo)")
-    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffers live")
-    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
-    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
+    flags.ranks(p, backends="gloo, nccl or wirespeed")
+    flags.iterations(p, warmup="1", iters="5", unit="messages each way per pair")
     add(p, "--json", default=None, help="write the pair records (JSON lines) here")
     add(p, "--plot", default=None, help="write the heatmap PNG here")
     add(p, "--save-dir", default="runs", help="records and heatmap also go to SAVE_DIR/links-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
-    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
-    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
-        help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host")
-    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
-        help="with --cluster: ranks per host")
+    flags.placement(p, rph="ranks per host", host_per_rank=False)
     p.set_defaults(func=main)
 
 

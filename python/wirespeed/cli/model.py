@@ -13,6 +13,7 @@ import tempfile
 import time
 
 from ..errors import UsageError
+from . import flags
 from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
                               launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
                               start_backend, uses_torch_distributed)
@@ -39,17 +40,10 @@ def register(sub) -> None:
     add(p, "--overlap", action="store_true", help="also time allreduce with each bucket launched "
         "asynchronously while a matching amount of computation runs (torch.distributed backends)")
     add(p, "-d", "--dtype", default="float32", help="float32, float16, bfloat16, float64, ...")
-    add(p, "--backend", default=None, help="gloo, nccl, ... (default: nccl with GPUs, else gloo)")
-    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the gradients live")
-    add(p, "-N", "--nproc", default=None, help="local ranks to spawn when not under a launcher")
-    add(p, "-w", "--warmup-iters", default="2", help="untimed steps per strategy")
-    add(p, "-n", "--iters", default="10", help="timed steps per strategy")
-    add(p, "-T", "--timeout", default="300", help="seconds without progress before a rank gives up")
+    flags.ranks(p, holds="the gradients")
+    flags.iterations(p, warmup="2", iters="10", unit="steps per strategy")
     add(p, "--json", default=None, help="write one JSON-lines record per strategy here")
-    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
-    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
-        help="run the ranks on the emulated cluster (`wirespeed cluster up`), one per host round robin")
-    add(p, "--ranks-per-host", default=None, help="with --cluster: place ranks in blocks of this many per host")
+    flags.placement(p, host_per_rank=False)
     # The launcher resolves the shapes once and hands them to its ranks (no model build per rank).
     p.add_argument("--resolved-shapes", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
@@ -150,9 +144,8 @@ def launch_local(cfg, args, argv) -> int:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(shapes.to_json(), f)
-        rph = parse_num(args.ranks_per_host, "--ranks-per-host") if args.ranks_per_host else None
         return launch_ranks([*argv, "--resolved-shapes", path], cfg.nproc, cfg.backend, args.master_port,
-                            args.cluster, rph)
+                            args.cluster, args.ranks_per_host)
     finally:
         os.unlink(path)
 

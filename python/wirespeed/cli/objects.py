@@ -14,6 +14,7 @@ import tempfile
 import time
 
 from ..errors import UsageError
+from . import flags
 from .rankjob import (check_local_gpus, check_rank_flags, guarded_rank, launch_ranks,
                               parse_iters_timeout, parse_num, resolve_backend, start_backend,
                               uses_torch_distributed)
@@ -24,14 +25,10 @@ def register(sub) -> None:
     p = sub.add_parser("objects", help="all_gather_object vs all_reduce/all_gather for a done flag",
                        description="Time the 'is every rank done?' flag as all_gather_object, as an "
                        "all_reduce of one element and as an all_gather of one element, per world size.")
-    add(p, "-N", "--nproc", default="2,4", help="comma list of world sizes to launch locally")
-    add(p, "--backend", default=None, help="gloo, nccl (default: nccl with GPUs, else gloo)")
-    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the flag tensors live")
-    add(p, "-w", "--warmup-iters", default="20", help="untimed calls per method")
-    add(p, "-n", "--iters", default="200", help="timed calls per method")
-    add(p, "-T", "--timeout", default="120", help="seconds without progress before a rank gives up")
+    flags.ranks(p, holds="the flag tensors", backends="gloo, nccl", nproc="2,4",
+                nproc_help="comma list of world sizes to launch locally")
+    flags.iterations(p, warmup="20", iters="200", unit="calls per method", timeout="120")
     add(p, "--json", default=None, help="write one JSON-lines record per world size and method here")
-    add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
     p.add_argument("--records-to", default=None, help=argparse.SUPPRESS)  # launcher <- rank 0
     p.set_defaults(func=main)
 

@@ -1,7 +1,8 @@
 """`wirespeed tune`: sweep a backend's knobs over sizes and say what to export (docs/tune.md)."""
 from __future__ import annotations
 
-from .common import add, positive_int
+from . import flags
+from .common import add
 
 
 def register(sub) -> None:
@@ -10,9 +11,8 @@ def register(sub) -> None:
                        "library starts), repeats interleaved, every result checked; print each "
                        "setting's time per size, the best setting per size range with its gain over "
                        "the defaults, and the export lines.")
-    add(p, "--backend", default=None, help="nccl or wirespeed (default: nccl with GPUs, else wirespeed)")
-    add(p, "--device", default=None, choices=("cpu", "cuda"), help="where the buffers live")
-    add(p, "-N", "--nproc", default="2", help="ranks")
+    flags.ranks(p, backends="nccl or wirespeed", default_backend="nccl with GPUs, else wirespeed", nproc="2",
+                nproc_help="ranks", port=False)
     add(p, "-c", "--collective", default="all_reduce", help="comma list of collectives")
     add(p, "-d", "--dtype", default="float32", help="comma list of dtypes")
     add(p, "-o", "--op", default="sum", help="comma list of reduction ops")
@@ -20,22 +20,16 @@ def register(sub) -> None:
     add(p, "-e", "--maxbytes", default="64M", help="largest size")
     add(p, "-f", "--stepfactor", default="4", help="multiply the size by this each step")
     add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
-    add(p, "-n", "--iters", default="20", help="calls per size in each run")
-    add(p, "-w", "--warmup-iters", default="5", help="untimed calls per size")
     add(p, "--repeat", default="3", help="run every setting this many times, interleaved")
-    add(p, "-T", "--timeout", default="300", help="seconds without progress before a run fails")
+    flags.iterations(p, warmup="5", iters="20", unit="calls per size", timed="calls per size in each run",
+                     who="a run fails")
     add(p, "--knobs", default=None,
         help="comma list of knobs to sweep (default: the backend's usual subset; --list shows all)")
     add(p, "--all-knobs", action="store_true", help="sweep every knob of the backend that acts here")
     p.add_argument("--values", action="append", default=None, metavar="NAME=V1,V2",
                    help="values to try for a knob instead of the table's (repeatable)")
     add(p, "--list", action="store_true", help="print the knob table and exit")
-    add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
-        help="run on the emulated cluster (`wirespeed cluster up`)")
-    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host"),
-        help="with --cluster: ranks per host (default 1, round robin)")
-    add(p, "--host-per-rank", action="store_true",
-        help="every rank a host of its own (bench --host-per-rank): network knobs act on one machine")
+    flags.placement(p, rph="ranks per host (default 1, round robin)")
     add(p, "--json", default=None, help="write every record (JSON lines) here")
     add(p, "--save-dir", default="runs", help="records, verdict and logs go to SAVE_DIR/tune-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
