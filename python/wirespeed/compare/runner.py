@@ -27,20 +27,43 @@ class Outcome:
     empty: list[tuple[str, str]] = field(default_factory=list)
 
 
-def bench_argv(combo: Combo, cfg: CompareConfig, json_path: str) -> list[str]:
-    """The `wirespeed bench` command line of one combination (sizes explicit, so all get the same)."""
-    argv = ["bench", "--backend", combo.backend, "--device", combo.device, "-d", combo.dtype,
-            "-N", str(combo.nproc), "-c", ",".join(cfg.collectives), "-o", ",".join(cfg.ops),
-            "--sizes", ",".join(str(s) for s in cfg.sizes), "-n", str(cfg.iters),
-            "-w", str(cfg.warmup_iters), "-T", f"{cfg.timeout_s:g}", "--json", json_path,
-            "--no-save", "--no-progress"]
-    if cfg.host_per_rank:
-        argv += ["--host-per-rank"]
-    if cfg.cluster:
-        argv += ["--cluster", cfg.cluster]
-        if cfg.ranks_per_host:
-            argv += ["--ranks-per-host", str(cfg.ranks_per_host)]
-    return argv
+@dataclass(frozen=True)
+class BenchRun:
+    """One `wirespeed bench` of compare's or tune's: which ranks, which cases, how long."""
+    backend: str
+    device: str
+    nproc: int
+    collectives: list[str]
+    dtypes: list[str]
+    ops: list[str]
+    sizes: list[int]
+    iters: int
+    warmup_iters: int
+    timeout_s: float
+    cluster: str | None = None
+    ranks_per_host: int | None = None
+    host_per_rank: bool = False
+    extra: tuple[str, ...] = ()          # further bench flags (tune: --no-per-op)
+
+    def argv(self, json_path: str) -> list[str]:
+        """The command line (sizes explicit, so every run gets the same)."""
+        argv = ["bench", "--backend", self.backend, "--device", self.device, "-N", str(self.nproc),
+                "-c", ",".join(self.collectives), "-d", ",".join(self.dtypes), "-o", ",".join(self.ops),
+                "--sizes", ",".join(str(s) for s in self.sizes), "-n", str(self.iters),
+                "-w", str(self.warmup_iters), "-T", f"{self.timeout_s:g}", "--json", json_path,
+                "--no-save", "--no-progress", *self.extra]
+        if self.host_per_rank:
+            argv += ["--host-per-rank"]
+        if self.cluster:
+            argv += ["--cluster", self.cluster]
+            if self.ranks_per_host:
+                argv += ["--ranks-per-host", str(self.ranks_per_host)]
+        return argv
+
+
+def bench_run(combo: Combo, cfg: CompareConfig) -> BenchRun:
+    return BenchRun(combo.backend, combo.device, combo.nproc, cfg.collectives, [combo.dtype], cfg.ops, cfg.sizes,
+                    cfg.iters, cfg.warmup_iters, cfg.timeout_s, cfg.cluster, cfg.ranks_per_host, cfg.host_per_rank)
 
 
 def child_env() -> dict:
@@ -58,22 +81,26 @@ def _why(stderr: str, code: int) -> str:
     return (lines[-1] if lines else f"exited with code {code}")[:300]
 
 
+def run_bench(run: BenchRun, json_path: Path, env: dict, log_path: Path | None,
+              log_header: str = "") -> tuple[list[dict], str | None, int]:
+    """Run one bench in processes of its own: (its records, why it failed or None, exit code)."""
+    if json_path.exists():
+        json_path.unlink()
+    cmd = [sys.executable, "-m", "wirespeed.cli.main", *run.argv(str(json_path))]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(f"{log_header}$ {' '.join(cmd)}\n# exit code {proc.returncode}\n{proc.stdout}\n"
+                            f"# stderr\n{proc.stderr}")
+    records = read_records(json_path) if json_path.exists() else []
+    return records, (None if proc.returncode == 0 else _why(proc.stderr, proc.returncode)), proc.returncode
+
+
 def run_one(combo: Combo, cfg: CompareConfig, workdir: Path, log_path: Path | None) -> tuple[list[dict], str | None]:
     """Run one combination; (records, None) on success, (records so far, why) when it failed."""
     json_path = workdir / f"{combo.backend}-{combo.device}-{combo.dtype}-n{combo.nproc}.jsonl"
-    if json_path.exists():
-        json_path.unlink()
-    cmd = [sys.executable, "-m", "wirespeed.cli.main", *bench_argv(combo, cfg, str(json_path))]
-    proc = subprocess.run(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, errors="replace")
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"$ {' '.join(cmd)}\n# exit code {proc.returncode}\n{proc.stdout}\n"
-                            f"# stderr\n{proc.stderr}")
-    records = read_records(json_path) if json_path.exists() else []
-    if proc.returncode == 0:
-        return records, None
-    return records, _why(proc.stderr, proc.returncode)
+    records, why, _ = run_bench(bench_run(combo, cfg), json_path, child_env(), log_path)
+    return records, why
 
 
 def run_matrix(plan: Plan, cfg: CompareConfig, compare_id: str, log_dir: Path | None,

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..compare.runner import BenchRun, run_bench
 from ..knobs import for_children
 from .knobs import GROUP_RULES, KNOBS, Knob
 
@@ -72,20 +71,12 @@ def settings(knobs: list[Knob]) -> list[Setting]:
     return out
 
 
-def bench_argv(cfg: TuneConfig, json_path: str) -> list[str]:
+def bench_run(cfg: TuneConfig) -> BenchRun:
     """One setting's `wirespeed bench` (loop timing only: the single-call phase would double the
     time and the verdict reads the loop's time)."""
-    argv = ["bench", "--backend", cfg.backend, "--device", cfg.device, "-N", str(cfg.nproc),
-            "-c", ",".join(cfg.collectives), "-d", ",".join(cfg.dtypes), "-o", ",".join(cfg.ops),
-            "--sizes", ",".join(map(str, cfg.sizes)), "-n", str(cfg.iters), "-w", str(cfg.warmup_iters),
-            "-T", f"{cfg.timeout_s:g}", "--json", json_path, "--no-save", "--no-progress", "--no-per-op"]
-    if cfg.host_per_rank:
-        argv.append("--host-per-rank")
-    if cfg.cluster:
-        argv += ["--cluster", cfg.cluster]
-        if cfg.ranks_per_host:
-            argv += ["--ranks-per-host", str(cfg.ranks_per_host)]
-    return argv
+    return BenchRun(cfg.backend, cfg.device, cfg.nproc, cfg.collectives, cfg.dtypes, cfg.ops, cfg.sizes, cfg.iters,
+                    cfg.warmup_iters, cfg.timeout_s, cfg.cluster, cfg.ranks_per_host, cfg.host_per_rank,
+                    extra=("--no-per-op",))
 
 
 def setting_env(setting: Setting, base=None) -> dict:
@@ -98,14 +89,6 @@ def setting_env(setting: Setting, base=None) -> dict:
     return env
 
 
-def _why(stderr: str, code: int) -> str:
-    errors = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("wirespeed: error:")]
-    if errors:
-        return errors[0][len("wirespeed: error:"):].strip()
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    return (lines[-1] if lines else f"exited with code {code}")[:300]
-
-
 @dataclass
 class Outcome:
     records: list[dict] = field(default_factory=list)
@@ -114,33 +97,24 @@ class Outcome:
 
 def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path | None,
               say: Callable[[str], None] = print) -> Outcome:
-    from ..report.records import read_records
     out = Outcome()
     total, step = len(plan) * cfg.repeat, 0
     with tempfile.TemporaryDirectory(prefix="wirespeed-tune-") as tmp:
         for rep in range(cfg.repeat):
             for i, setting in enumerate(plan):
                 step += 1
-                json_path = Path(tmp) / f"s{i}-r{rep}.jsonl"
-                cmd = [sys.executable, "-m", "wirespeed.cli.main", *bench_argv(cfg, str(json_path))]
                 t0 = time.monotonic()
-                proc = subprocess.run(cmd, env=setting_env(setting), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, errors="replace")
+                records, why, code = run_bench(bench_run(cfg), Path(tmp) / f"s{i}-r{rep}.jsonl", setting_env(setting),
+                                               log_dir / f"s{i}-r{rep}.log" if log_dir is not None else None,
+                                               log_header=f"# {setting.label}\n")
                 took = time.monotonic() - t0
-                if log_dir is not None:
-                    log_dir.mkdir(parents=True, exist_ok=True)
-                    (log_dir / f"s{i}-r{rep}.log").write_text(
-                        f"# {setting.label}\n$ {' '.join(cmd)}\n# exit code {proc.returncode}\n"
-                        f"{proc.stdout}\n# stderr\n{proc.stderr}")
-                records = read_records(json_path) if json_path.exists() else []
                 for r in records:
                     r.update(tune_id=tune_id, repeat=rep, setting=setting.as_dict(),
                              setting_label=setting.label)
                 out.records.extend(records)
                 tag = f"[{step:>3}/{total}] {setting.label}" + (f" (repeat {rep + 1})" if cfg.repeat > 1 else "")
                 wrong = sum(int(r["wrong"]) for r in records)
-                if proc.returncode != 0 and not wrong:
-                    why = _why(proc.stderr, proc.returncode)
+                if code != 0 and not wrong:
                     out.failures.append((setting.label, why))
                     say(f"{tag}: FAILED after {took:.1f} s: {why}")
                 else:
