@@ -51,13 +51,15 @@ def fail(err: Exception) -> NoReturn:
     sys.exit(code)
 
 
-def positive_int(name):
+def positive_int(name, minimum: int = 0):
+    """argparse type: a whole number of at least `minimum`, or a one-line UsageError naming the flag."""
     def conv(text):
         try:
             v = int(text)
         except ValueError:
-            raise UsageError(f"{name} must be an integer, got {text!r}") from None
-        if v < 0:
-            raise UsageError(f"{name} must not be negative, got {v}")
+            raise UsageError(f"{name} must be a whole number, got {text!r}") from None
+        if v < minimum:
+            raise UsageError(f"{name} must not be negative, got {v}" if minimum == 0
+                             else f"{name} must be at least {minimum}, got {v}")
         return v
     return conv

@@ -4,21 +4,7 @@ and where they run (--cluster/--ranks-per-host/--host-per-rank). Each command sa
 iterations count and its buffers hold."""
 from __future__ import annotations
 
-from ..errors import UsageError
-from .common import add
-
-
-def at_least_one(name):
-    """argparse type: a whole number of at least 1, or a one-line UsageError naming the flag."""
-    def conv(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise UsageError(f"{name} must be a whole number, got {text!r}") from None
-        if v < 1:
-            raise UsageError(f"{name} must be at least 1, got {v}")
-        return v
-    return conv
+from .common import add, positive_int
 
 
 def iterations(p, *, warmup: str, iters: str, unit: str, timeout: str = "300",
@@ -46,7 +32,7 @@ def placement(p, *, what: str = "the ranks", rph: str = "place ranks in blocks o
     """--cluster, --ranks-per-host (a whole number of at least 1) and --host-per-rank."""
     add(p, "--cluster", nargs="?", const="ws", default=None, metavar="NAME",
         help=f"run {what} on the emulated cluster (`wirespeed cluster up`), one per host round robin")
-    add(p, "--ranks-per-host", default=None, type=at_least_one("--ranks-per-host"), help=f"with --cluster: {rph}")
+    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host", 1), help=f"with --cluster: {rph}")
     if host_per_rank:
         add(p, "--host-per-rank", action="store_true",
             help="give every rank a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID): libraries treat "
