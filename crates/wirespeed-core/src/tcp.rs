@@ -1,4 +1,4 @@
-//! A group's TCP side: one connection (transport/tcp.rs) to every rank on another host, made with a
+//! A group's TCP side: one connection (transport/tcp/) to every rank on another host, made with a
 //! handshake that names the job and both ranks.
 //!
 //! Connections. Every rank listens on one port (`Listener`, address from iface.rs, published

@@ -1,0 +1,157 @@
+//! The reactor: the I/O threads of a process, each an epoll loop over the sockets assigned to it.
+use super::conn::Stream;
+use super::handshake::ListenerInner;
+use super::{NetConfig, REACTOR_TICK};
+use crate::error::{Error, Result};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+pub(super) enum Entry {
+    Stream(Weak<Stream>),
+    Listener(Weak<ListenerInner>),
+    Hello(Weak<ListenerInner>, usize),
+}
+
+pub(super) struct IoThread {
+    pub(super) registry: Registry,
+    pub(super) waker: Waker,
+    pub(super) entries: Mutex<HashMap<usize, Entry>>,
+}
+
+/// The I/O threads of a process, shared by every connection and listener.
+pub struct Reactor {
+    pub(super) threads: Vec<Arc<IoThread>>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    stop: Arc<AtomicBool>,
+    pub(super) next_token: AtomicUsize,
+    next_thread: AtomicUsize,
+}
+
+const WAKER: Token = Token(0);
+
+impl Reactor {
+    pub fn new(cfg: &NetConfig) -> Result<Arc<Reactor>> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let mut handles = Vec::new();
+        for i in 0..cfg.io_threads.max(1) {
+            let poll = Poll::new().map_err(|_| Error::os("epoll_create"))?;
+            let registry = poll.registry().try_clone().map_err(|_| Error::os("epoll dup"))?;
+            let waker = Waker::new(poll.registry(), WAKER).map_err(|_| Error::os("eventfd"))?;
+            let t = Arc::new(IoThread { registry, waker, entries: Mutex::new(HashMap::new()) });
+            let (t2, stop2) = (t.clone(), stop.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("wirespeed-io{i}"))
+                .spawn(move || io_loop(poll, &t2, &stop2))
+                .map_err(|e| Error::Unsupported(format!("cannot start a wirespeed I/O thread: {e}")))?;
+            threads.push(t);
+            handles.push(h);
+        }
+        Ok(Arc::new(Reactor { threads, handles: Mutex::new(handles), stop, next_token: AtomicUsize::new(1), next_thread: AtomicUsize::new(0) }))
+    }
+
+    /// One reactor per process for the collective groups, made on first use.
+    pub fn global(cfg: &NetConfig) -> Result<Arc<Reactor>> {
+        static GLOBAL: OnceLock<Arc<Reactor>> = OnceLock::new();
+        if let Some(r) = GLOBAL.get() {
+            return Ok(r.clone());
+        }
+        let r = Reactor::new(cfg)?;
+        Ok(GLOBAL.get_or_init(|| r).clone())
+    }
+
+    pub(super) fn pick(&self) -> usize {
+        self.next_thread.fetch_add(1, Relaxed) % self.threads.len()
+    }
+
+    pub(super) fn register(&self, thread: usize, fd: i32, interest: Interest, entry: Entry) -> Result<usize> {
+        let token = self.next_token.fetch_add(1, Relaxed);
+        let t = &self.threads[thread];
+        t.entries.lock().unwrap().insert(token, entry);
+        if let Err(e) = t.registry.register(&mut SourceFd(&fd), Token(token), interest) {
+            t.entries.lock().unwrap().remove(&token);
+            return Err(Error::Unsupported(format!("cannot register a socket with epoll: {e}")));
+        }
+        Ok(token)
+    }
+
+    pub(super) fn forget(&self, thread: usize, token: usize, fd: i32) {
+        let t = &self.threads[thread];
+        let _ = t.registry.deregister(&mut SourceFd(&fd));
+        t.entries.lock().unwrap().remove(&token);
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.stop.store(true, SeqCst);
+        for t in &self.threads {
+            let _ = t.waker.wake();
+        }
+        for h in self.handles.lock().unwrap().drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
+    let mut events = Events::with_capacity(256);
+    let mut last_tick = Instant::now();
+    while !stop.load(Acquire) {
+        if let Err(e) = poll.poll(&mut events, Some(REACTOR_TICK)) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                eprintln!("wirespeed: epoll failed ({e}); the I/O thread stops");
+                return;
+            }
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let entry = match t.entries.lock().unwrap().get(&ev.token().0) {
+                Some(Entry::Stream(w)) => Entry::Stream(w.clone()),
+                Some(Entry::Listener(w)) => Entry::Listener(w.clone()),
+                Some(Entry::Hello(w, i)) => Entry::Hello(w.clone(), *i),
+                None => continue,
+            };
+            match entry {
+                Entry::Stream(w) => {
+                    let Some(s) = w.upgrade() else { continue };
+                    let Some(c) = s.conn.upgrade() else { continue };
+                    if ev.is_writable() || ev.is_write_closed() {
+                        let mut tx = s.tx.lock().unwrap();
+                        c.flush(&s, &mut tx);
+                    }
+                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                        let mut rx = s.rx.lock().unwrap();
+                        c.read(&s, &mut rx);
+                    }
+                }
+                Entry::Listener(w) => {
+                    if let Some(l) = w.upgrade() {
+                        l.accept_all();
+                    }
+                }
+                Entry::Hello(w, id) => {
+                    if let Some(l) = w.upgrade() {
+                        l.read_hello(id);
+                    }
+                }
+            }
+        }
+        if last_tick.elapsed() >= REACTOR_TICK {
+            last_tick = Instant::now();
+            let listeners: Vec<Arc<ListenerInner>> = t.entries.lock().unwrap().values()
+                .filter_map(|e| if let Entry::Listener(w) = e { w.upgrade() } else { None })
+                .collect();
+            for l in listeners {
+                l.expire();
+            }
+        }
+    }
+}
