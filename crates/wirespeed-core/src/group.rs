@@ -5,12 +5,12 @@
 //! Setup is two steps so any store can carry the rendezvous: `Setup::new` (knowing every rank's
 //! host id) creates what peers need to reach this rank and returns it from `info`; the caller
 //! exchanges infos through its store and hands them all to `connect`.
-use crate::collectives::Buf;
-use crate::comm::{Comm, RankInfo};
+use crate::shm::collectives::Buf;
+use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::hosts::{HostsComm, HostsSetup};
-use crate::p2p::Ticket;
+use crate::shm::p2p::Ticket;
 use std::time::Duration;
 
 /// The collectives of a connected group.

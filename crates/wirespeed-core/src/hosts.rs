@@ -30,11 +30,11 @@
 //! group: the local segment says why (local peers raise at once) and the TCP connections are shut
 //! (remote peers raise at once).
 use crate::plan::{AllReduceAlgo, Tuning};
-use crate::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
-use crate::comm::{Comm, RankInfo};
+use crate::shm::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
+use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::p2p::Ticket;
+use crate::shm::p2p::Ticket;
 use crate::tcp::{Config, Listener, Tcp};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
@@ -150,7 +150,7 @@ pub struct HostsComm {
 /// A posted operation of the Transport interface. Shared-memory receives read the sender's
 /// buffer, so they run when waited (after any earlier receive from the same peer).
 enum Pend {
-    ShmSend(crate::p2p::SendTicket),
+    ShmSend(crate::shm::p2p::SendTicket),
     ShmRecv { from: usize, ptr: *mut u8, len: usize, tag: u64 },
     TcpSend(crate::tcp::SendTicket),
     TcpRecv(crate::tcp::RecvTicket),
@@ -270,7 +270,7 @@ impl HostsComm {
 
     fn all_reduce_impl(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let algo = self.tuning.pick_across_hosts(buf.len(), self.world, self.lay.hosts.len());
-        let tag = self.tag(crate::collectives::ALL_REDUCE, Some(dtype), Some(op), algo as usize);
+        let tag = self.tag(crate::shm::collectives::ALL_REDUCE, Some(dtype), Some(op), algo as usize);
         let world = self.world;
         match algo {
             AllReduceAlgo::Ring => {

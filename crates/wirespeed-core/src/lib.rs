@@ -15,8 +15,6 @@
 //!   (ordered background execution), which the bindings call.
 pub mod algo;
 pub mod plan;
-pub mod collectives;
-pub mod comm;
 pub mod dtype;
 pub mod engine;
 pub mod error;
@@ -24,14 +22,13 @@ pub mod group;
 pub mod hier;
 pub mod hosts;
 pub mod iface;
-pub mod p2p;
 pub mod reduce;
-pub mod segment;
+pub mod shm;
 pub mod sys;
 pub mod tcp;
 pub mod transport;
 
-pub use comm::{Comm, RankInfo};
+pub use shm::comm::{Comm, RankInfo};
 pub use dtype::{DType, ReduceOp};
 pub use engine::{Engine, Op};
 pub use group::{Collectives, Setup};

@@ -2,7 +2,7 @@
 //! model, overridable with WIRESPEED_ALGO. All ranks compute the same choice from the same inputs
 //! (size, world, host), and a disagreement is caught by the descriptor check anyway.
 //!
-//! all_reduce algorithms (one file's worth each, in collectives.rs):
+//! all_reduce algorithms (one file's worth each, in shm/collectives.rs):
 //! - `oneshot`: every rank copies its input into its staging slot, one sync, then every rank
 //!   reduces all slots itself. One sync, (n+1)*S bytes per rank: best for small messages.
 //! - `staged`: reduce-scatter then all-gather through the staging slots: copy in, sync, reduce

@@ -3,7 +3,7 @@
 //! with equal ids real shared memory. Multi-process and namespace runs are in tests/native.
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use wirespeed_core::comm::RankInfo;
+use wirespeed_core::shm::comm::RankInfo;
 use wirespeed_core::plan::AllReduceAlgo;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
 use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};

@@ -5,7 +5,7 @@
 //! - `sim`: an in-memory simulated network of N ranks in one process, deterministic, with link
 //!   latency and bandwidth, per-flow caps and faults, for testing algorithms at 1..64 ranks;
 //! - shared memory between ranks of one host: `hosts::HostsComm` implements the trait over its
-//!   shm `Comm` (p2p.rs) and its TCP connections, choosing per peer.
+//!   shm `Comm` (shm/p2p.rs) and its TCP connections, choosing per peer.
 //!
 //! Semantics, the same for every implementation. Messages from one rank to another are matched
 //! in posting order: the n-th send from A to B fills the n-th receive B posted from A. A receive

@@ -11,11 +11,11 @@
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
 use crate::plan::AllReduceAlgo;
-use crate::comm::Comm;
+use super::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::reduce::reduce_many;
-use crate::segment::{DescHeader, Piece, MODE_ADDR, MODE_NONE, MODE_SLOT};
+use super::segment::{DescHeader, Piece, MODE_ADDR, MODE_NONE, MODE_SLOT};
 use crate::sys;
 
 pub const ALL_REDUCE: u32 = 1;

@@ -6,7 +6,7 @@
 //! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
 //! through its store and hands every rank's info to `connect`.
 use crate::error::{Error, Result};
-use crate::segment::{DescHeader, Layout, Piece, Seg, MAGIC};
+use super::segment::{DescHeader, Layout, Piece, Seg, MAGIC};
 use crate::sys::{self, Mapping, PidFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering::*};
 use std::sync::Arc;
@@ -237,7 +237,7 @@ impl Comm {
             if d.kind != mine.kind {
                 return Err(Error::Mismatch(format!(
                     "rank {r} called {} while rank {} called {}",
-                    crate::collectives::kind_name(d.kind), self.rank, crate::collectives::kind_name(mine.kind)
+                    super::collectives::kind_name(d.kind), self.rank, super::collectives::kind_name(mine.kind)
                 )));
             }
             if d.dtype != mine.dtype {
@@ -253,14 +253,14 @@ impl Comm {
             if d.count != mine.count && d.count != u64::MAX && mine.count != u64::MAX {
                 return Err(Error::Mismatch(format!(
                     "rank {r} passed {} elements while rank {} passed {} ({})",
-                    d.count, self.rank, mine.count, crate::collectives::kind_name(mine.kind)
+                    d.count, self.rank, mine.count, super::collectives::kind_name(mine.kind)
                 )));
             }
             // After the count check: different sizes also choose differently, and say so better.
             if d.algo != mine.algo {
                 return Err(Error::Mismatch(format!(
                     "rank {r} chose algorithm {} for {} while rank {} chose {}: set the WIRESPEED_* tuning variables alike on every rank",
-                    d.algo, crate::collectives::kind_name(mine.kind), self.rank, mine.algo
+                    d.algo, super::collectives::kind_name(mine.kind), self.rank, mine.algo
                 )));
             }
         }

@@ -5,9 +5,9 @@
 //! before they receive cannot deadlock. The receiver waits for the counter, reads the bytes from
 //! the sender's memory (process_vm_readv) and bumps its `acked[src]` counter; the send completes
 //! when that counter passes it (`SendTicket::wait`), after which the sender may reuse its buffer.
-use crate::comm::{Comm, Net};
+use super::comm::{Comm, Net};
 use crate::error::{Error, Result};
-use crate::segment::{SendEntry, P2P_RING};
+use super::segment::{SendEntry, P2P_RING};
 use std::sync::Arc;
 
 /// What a posted send still waits for: the receiver's acknowledgement.
