@@ -1,7 +1,7 @@
 //! Throughput of the reduction kernel and of the copy routines on this machine.
 //!     cargo run --release --example kernels
 use std::time::Instant;
-use wirespeed_core::{reduce::reduce_many, sys, DType, ReduceOp};
+use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, DType, ReduceOp};
 
 fn main() {
     let n = 8 << 20; // floats (32 MiB)
@@ -39,7 +39,7 @@ fn main() {
     let t = Instant::now();
     for _ in 0..5 {
         // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-        unsafe { sys::copy(c.as_mut_ptr() as *mut u8, a.as_ptr() as *const u8, n * 4) };
+        unsafe { copy::copy(c.as_mut_ptr() as *mut u8, a.as_ptr() as *const u8, n * 4) };
     }
     println!("nt copy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let pid = sys::getpid();

@@ -5,7 +5,7 @@
 //!     cargo run --release --example shm_costs -- [ranks] [sizes in bytes, comma separated]
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use wirespeed_core::{reduce::reduce_many, sys, Comm, DType, Engine, Op, ReduceOp};
+use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, Comm, DType, Engine, Op, ReduceOp};
 
 /// Best per-op time of 5 loops of `iters` calls.
 fn best(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -39,7 +39,7 @@ fn building_blocks(sizes: &[usize]) {
         let other = vec![2u8; b];
         let it = iters_for(b);
         // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-        let copy = best(it, || unsafe { sys::copy(dst.as_mut_ptr(), src.as_ptr(), b) });
+        let copy = best(it, || unsafe { copy::copy(dst.as_mut_ptr(), src.as_ptr(), b) });
         let red = best(it, || unsafe {
             reduce_many(dst.as_mut_ptr(), &[src.as_ptr(), other.as_ptr()], b / 4, DType::F32, ReduceOp::Sum, 2)
         });
@@ -50,7 +50,7 @@ fn building_blocks(sizes: &[usize]) {
             "{:>8} B: copy {} ({:5.1} GB/s)  reduce 2 srcs f32 {} ({:5.1} GB/s)  process_vm_readv {} ({:5.1} GB/s)",
             b, us(copy), b as f64 / copy / 1e9, us(red), b as f64 / red / 1e9, us(cma), b as f64 / cma / 1e9
         );
-        // The destination 8 bytes past the source modulo 4096: glibc's memcpy against sys::copy.
+        // The destination 8 bytes past the source modulo 4096: glibc's memcpy against kernels::copy.
         let mut area = vec![0u8; 2 * b + 4 * 4096];
         let s_at = area.as_ptr().align_offset(4096);
         let d_at = s_at + b.next_multiple_of(4096) + 4096 + 8;
@@ -58,8 +58,8 @@ fn building_blocks(sizes: &[usize]) {
         // SAFETY: both ranges hold b bytes inside `area` and do not overlap (d_at >= s_at + b).
         let glibc = best(it, || unsafe { std::ptr::copy_nonoverlapping(sp, dp, b) });
         // SAFETY: as above.
-        let ours = best(it, || unsafe { sys::copy(dp, sp, b) });
-        println!("{:>8} B: copy to 8 B past the source mod 4096: memcpy {}  sys::copy {}", b, us(glibc), us(ours));
+        let ours = best(it, || unsafe { copy::copy(dp, sp, b) });
+        println!("{:>8} B: copy to 8 B past the source mod 4096: memcpy {}  kernels::copy {}", b, us(glibc), us(ours));
     }
 }
 

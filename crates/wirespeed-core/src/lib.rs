@@ -22,7 +22,7 @@ pub mod group;
 pub mod hier;
 pub mod hosts;
 pub mod iface;
-pub mod reduce;
+pub mod kernels;
 pub mod shm;
 pub mod sys;
 pub mod tcp;

@@ -16,7 +16,7 @@
 use super::{divide, position, scratch, summing};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::reduce::reduce_many;
+use crate::kernels::reduce::reduce_many;
 use crate::transport::{Handle, Transport};
 
 /// Bytes per reduce_scatter round: the receiver reduces piece k while piece k+1 is in flight.

@@ -14,7 +14,7 @@
 //! element-aligned byte slices. A reduction combines partial results in an order fixed by
 //! positions, never by arrival, so every rank ends with identical bits.
 use crate::dtype::{DType, ReduceOp};
-use crate::reduce::reduce_many;
+use crate::kernels::reduce::reduce_many;
 
 pub mod direct;
 pub mod doubling;

@@ -14,9 +14,9 @@ use crate::plan::AllReduceAlgo;
 use super::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::reduce::reduce_many;
+use crate::kernels::reduce::reduce_many;
 use super::segment::{DescHeader, Piece, MODE_ADDR, MODE_NONE, MODE_SLOT};
-use crate::sys;
+use crate::kernels::copy;
 
 pub const ALL_REDUCE: u32 = 1;
 pub const REDUCE: u32 = 2;
@@ -98,7 +98,7 @@ impl Comm {
         let mut off = 0usize;
         for &(a, l) in &uniq {
             // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-            unsafe { sys::copy(slot.add(off), a as *const u8, l) };
+            unsafe { copy::copy(slot.add(off), a as *const u8, l) };
             offs.push(off);
             off += l.next_multiple_of(64);
         }
@@ -147,7 +147,7 @@ impl Comm {
         if j == self.rank {
             if own_src != dst {
                 // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-                unsafe { sys::copy(dst as *mut u8, own_src as *const u8, len) };
+                unsafe { copy::copy(dst as *mut u8, own_src as *const u8, len) };
             }
             return Ok(());
         }
@@ -155,7 +155,7 @@ impl Comm {
         match p.mode {
             MODE_SLOT => {
                 // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-                unsafe { sys::copy(dst as *mut u8, self.net.segs[j].slot(parity).add(p.loc as usize), len) };
+                unsafe { copy::copy(dst as *mut u8, self.net.segs[j].slot(parity).add(p.loc as usize), len) };
                 Ok(())
             }
             _ => self.net.read_from(j, p.loc, dst as *mut u8, len),
@@ -298,7 +298,7 @@ impl Comm {
                         let j = (me + k) % c.world;
                         let (s, n) = ch[j];
                         // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
-                        unsafe { sys::copy((buf + s * es) as *mut u8, base[j].add(s * es), n * es) };
+                        unsafe { copy::copy((buf + s * es) as *mut u8, base[j].add(s * es), n * es) };
                     }
                     Ok(())
                 }
@@ -512,6 +512,7 @@ pub(crate) fn check_list(world: usize, n: usize, what: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys;
     use std::time::Duration;
 
     /// Run `f` on `world` connected ranks (threads of this process); results in rank order.
