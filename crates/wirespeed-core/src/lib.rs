@@ -19,13 +19,11 @@ pub mod dtype;
 pub mod engine;
 pub mod error;
 pub mod group;
-pub mod hier;
 pub mod hosts;
 pub mod iface;
 pub mod kernels;
 pub mod shm;
 pub mod sys;
-pub mod tcp;
 pub mod transport;
 
 pub use shm::comm::{Comm, RankInfo};

@@ -1,5 +1,5 @@
 //! Collective algorithms, each written once over the `Transport` trait (transport/mod.rs), so the
-//! same code runs over TCP between hosts, over shared memory and TCP mixed (hosts.rs), and over
+//! same code runs over TCP between hosts, over shared memory and TCP mixed (hosts/), and over
 //! the in-memory simulator in tests. Each file opens with its protocol, step by step.
 //!
 //! - ring.rs: pipelined ring all_reduce (bandwidth-optimal);

@@ -111,7 +111,7 @@ impl SendTicket {
 /// A send that may still be in flight, over shared memory or TCP.
 pub enum Ticket {
     Shm(SendTicket),
-    Tcp(crate::tcp::SendTicket),
+    Tcp(crate::hosts::mesh::SendTicket),
 }
 
 impl Ticket {

@@ -8,7 +8,7 @@
 //! recursive doubling (algo/doubling.rs: log2(H) messages of the whole buffer).
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
-use crate::hosts::HostsComm;
+use super::HostsComm;
 
 impl HostsComm {
     pub(crate) fn hier_all_reduce(&mut self, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {

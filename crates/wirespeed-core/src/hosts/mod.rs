@@ -1,6 +1,6 @@
 //! A group whose ranks live on several hosts: ranks are grouped by host id; the ranks of one host
 //! form a shared-memory `Comm` (its own local numbering), and every pair of ranks on different
-//! hosts is joined by TCP (tcp.rs). Point-to-point goes over whichever of the two joins a pair.
+//! hosts is joined by TCP (mesh.rs). Point-to-point goes over whichever of the two joins a pair.
 //!
 //! Streams per pair (`Layout::pair_streams`). The bandwidth paths get WIRESPEED_NSTREAMS streams:
 //! a rank and its counterpart on every other host (same local index: the host leaders, which
@@ -29,13 +29,16 @@
 //! checked by every receive. Such an error is seen by the receiver only, so any error breaks the
 //! group: the local segment says why (local peers raise at once) and the TCP connections are shut
 //! (remote peers raise at once).
+pub mod hier;
+pub mod mesh;
+
 use crate::plan::{AllReduceAlgo, Tuning};
 use crate::shm::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::shm::p2p::Ticket;
-use crate::tcp::{Config, Listener, Tcp};
+use mesh::{Config, Listener, Tcp};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
 use std::time::Duration;
@@ -105,7 +108,7 @@ impl HostsSetup {
         let local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout)?;
         let cfg = Config::from_env()?;
         let (ip, _how) = crate::iface::listen_ip()?;
-        // Lower ranks on other hosts dial this one (tcp.rs): those are the connections to expect.
+        // Lower ranks on other hosts dial this one (mesh.rs): those are the connections to expect.
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
         let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();
         let listener = Listener::bind(ip, rank, world, token, cfg, &dialers, &streams)?;
@@ -152,8 +155,8 @@ pub struct HostsComm {
 enum Pend {
     ShmSend(crate::shm::p2p::SendTicket),
     ShmRecv { from: usize, ptr: *mut u8, len: usize, tag: u64 },
-    TcpSend(crate::tcp::SendTicket),
-    TcpRecv(crate::tcp::RecvTicket),
+    TcpSend(mesh::SendTicket),
+    TcpRecv(mesh::RecvTicket),
     Done,
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Connections. Every rank listens on one port (`Listener`, address from iface.rs, published
 //! through the store). For each pair of ranks on different hosts, the lower rank dials the higher
-//! one with as many streams as hosts.rs gives that pair (`pair_streams`). The 32-byte key of the
+//! one with as many streams as hosts/mod.rs gives that pair (`pair_streams`). The 32-byte key of the
 //! engine's hello carries the job's random token, both ranks, the world size and the stream
 //! count; the listener's vetting refuses (and logs, and counts) a key of another job, for another
 //! rank, with another stream count, from a rank that is not expected to dial, or any connection
