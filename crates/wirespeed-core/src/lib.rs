@@ -20,13 +20,14 @@ pub mod engine;
 pub mod error;
 pub mod group;
 pub mod hosts;
-pub mod iface;
 pub mod kernels;
 pub mod shm;
 pub mod sys;
 pub mod transport;
 
 pub use shm::comm::{Comm, RankInfo};
+/// `transport::iface` under its old path: the NCCL plugin imports `wirespeed_core::iface`.
+pub use transport::iface;
 pub use dtype::{DType, ReduceOp};
 pub use engine::{Engine, Op};
 pub use group::{Collectives, Setup};

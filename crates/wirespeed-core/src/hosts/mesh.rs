@@ -1,13 +1,13 @@
 //! A group's TCP side: one connection (transport/tcp/) to every rank on another host, made with a
 //! handshake that names the job and both ranks.
 //!
-//! Connections. Every rank listens on one port (`Listener`, address from iface.rs, published
-//! through the store). For each pair of ranks on different hosts, the lower rank dials the higher
-//! one with as many streams as hosts/mod.rs gives that pair (`pair_streams`). The 32-byte key of the
-//! engine's hello carries the job's random token, both ranks, the world size and the stream
-//! count; the listener's vetting refuses (and logs, and counts) a key of another job, for another
-//! rank, with another stream count, from a rank that is not expected to dial, or any connection
-//! after setup, so a stranger or a port scan never reaches a collective.
+//! Connections. Every rank listens on one port (`Listener`, address from transport/iface.rs,
+//! published through the store). For each pair of ranks on different hosts, the lower rank dials
+//! the higher one with as many streams as hosts/mod.rs gives that pair (`pair_streams`). The
+//! 32-byte key of the engine's hello carries the job's random token, both ranks, the world size and
+//! the stream count; the listener's vetting refuses (and logs, and counts) a key of another job,
+//! for another rank, with another stream count, from a rank that is not expected to dial, or any
+//! connection after setup, so a stranger or a port scan never reaches a collective.
 //!
 //! Messages between a pair are matched in order; every receive states its exact length and tag,
 //! and a message of another length or tag is a `Mismatch` (a rank that called another

@@ -107,7 +107,7 @@ impl HostsSetup {
         let h = lay.host_of[rank];
         let local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout)?;
         let cfg = Config::from_env()?;
-        let (ip, _how) = crate::iface::listen_ip()?;
+        let (ip, _how) = crate::transport::iface::listen_ip()?;
         // Lower ranks on other hosts dial this one (mesh.rs): those are the connections to expect.
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
         let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();

@@ -7,6 +7,8 @@
 //! - shared memory between ranks of one host: `hosts::HostsComm` implements the trait over its
 //!   shm `Comm` (shm/p2p.rs) and its TCP connections, choosing per peer.
 //!
+//! Beside them, `iface`: which address a rank or the NCCL plugin listens on.
+//!
 //! Semantics, the same for every implementation. Messages from one rank to another are matched
 //! in posting order: the n-th send from A to B fills the n-th receive B posted from A. A receive
 //! states the exact length and tag it expects; anything else is `Error::Mismatch`. Posting never
@@ -16,6 +18,7 @@
 //! progress. Every posted handle is waited (or the transport shut down) before its buffer goes.
 use crate::error::Result;
 
+pub mod iface;
 pub mod sim;
 pub mod tcp;
 
