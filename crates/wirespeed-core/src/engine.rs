@@ -19,12 +19,10 @@
 //! held that way when the engine is dropped is leaked, not freed. So a caller that drops its own
 //! handle to an op early (a Python Work, a temporary input) cannot free memory the op uses: the
 //! owner travels with the op, whatever wraps, joins or forgets the handle.
-use crate::shm::collectives::Buf;
+use crate::api::{Buf, Collectives, Ticket};
 use crate::shm::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::group::Collectives;
-use crate::shm::p2p::Ticket;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};

@@ -1,53 +1,23 @@
-//! A group as the engine sees it: one set of collectives, whatever carries them. Ranks that all
+//! A group as the engine sees it: one set of collectives (`api::Collectives`), whatever carries
+//! them; this file makes the group (`Setup`) and implements the trait for `Comm`. Ranks that all
 //! share a host get the shared-memory `Comm` unchanged (its speed is the product on one host);
 //! ranks spread over hosts get `HostsComm`, which uses a `Comm` per host plus TCP between hosts.
 //!
 //! Setup is two steps so any store can carry the rendezvous: `Setup::new` (knowing every rank's
 //! host id) creates what peers need to reach this rank and returns it from `info`; the caller
 //! exchanges infos through its store and hands them all to `connect`.
-use crate::shm::collectives::Buf;
+use crate::api::{Buf, Collectives, Ticket};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::hosts::{HostsComm, HostsSetup};
-use crate::shm::p2p::Ticket;
 use std::time::Duration;
-
-/// The collectives of a connected group.
-///
-/// # Safety (every method that takes buffers)
-/// Each (address, length) names memory of this process that stays valid for the whole call
-/// (and, for `send_post`, until the returned ticket completes); outputs do not overlap inputs
-/// except where a method says in place; nothing else writes them meanwhile. The bindings
-/// guarantee it by keeping the tensors alive until the work completes.
-pub trait Collectives: Send {
-    fn rank(&self) -> usize;
-    // SAFETY: the Collectives trait's contract (above) is this method's.
-    unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (above) is this method's.
-    unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
-    unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;
-    unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()>;
-    unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
-    unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()>;
-    unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()>;
-    unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()>;
-    fn barrier(&mut self) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
-    unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
-    unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
-    /// Break the group for `e`, found outside its ops (a send's wait failed, or an op panicked):
-    /// later ops fail, peers are told, and nothing in flight keeps using a caller's buffer.
-    fn abort(&mut self, e: &Error);
-}
 
 impl Collectives for Comm {
     fn rank(&self) -> usize {
         self.rank
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: this method's contract is Comm's.
         unsafe { Comm::all_reduce(self, buf, count, dtype, op) }
@@ -83,10 +53,10 @@ impl Collectives for Comm {
     fn barrier(&mut self) -> Result<()> {
         Comm::barrier(self)
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         // SAFETY: this method's contract is Comm's.
-        unsafe { Comm::send_post(self, to, addr, len, tag).map(Ticket::Shm) }
+        unsafe { Comm::send_post(self, to, addr, len, tag).map(|t| Box::new(t) as Ticket) }
     }
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         // SAFETY: this method's contract is Comm's.

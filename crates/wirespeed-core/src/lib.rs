@@ -14,6 +14,7 @@
 //!   across, itself a `Transport`), `group` (one interface over both kinds of group), `engine`
 //!   (ordered background execution), which the bindings call.
 pub mod algo;
+pub mod api;
 pub mod plan;
 pub mod dtype;
 pub mod engine;
@@ -30,7 +31,8 @@ pub use shm::comm::{Comm, RankInfo};
 pub use transport::iface;
 pub use dtype::{DType, ReduceOp};
 pub use engine::{Engine, Op};
-pub use group::{Collectives, Setup};
+pub use api::Collectives;
+pub use group::Setup;
 pub use error::{Error, Result};
 
 /// Version of the core, reported by `wirespeed env` so a bug report names the native build.

@@ -436,7 +436,7 @@ impl wirespeed_core::Collectives for Panicky {
     fn barrier(&mut self) -> wirespeed_core::Result<()> {
         panic!("a bug")
     }
-    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::shm::p2p::Ticket> {
+    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::api::Ticket> {
         unimplemented!()
     }
     unsafe fn recv(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<()> {

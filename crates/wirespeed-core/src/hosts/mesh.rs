@@ -102,6 +102,16 @@ impl SendTicket {
     }
 }
 
+/// A send over TCP, as `Collectives::send_post` returns it (api::Ticket).
+impl crate::api::Pending for SendTicket {
+    fn wait(&self) -> Result<()> {
+        SendTicket::wait(self)
+    }
+    fn is_acked(&self) -> bool {
+        self.is_done()
+    }
+}
+
 /// A receive in flight: `wait` checks the message had exactly the posted length.
 pub struct RecvTicket {
     req: Request,

@@ -33,11 +33,11 @@ pub mod hier;
 pub mod mesh;
 
 use crate::plan::{AllReduceAlgo, Tuning};
-use crate::shm::collectives::{check_list, check_rank, Buf, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
+use crate::api::{Buf, Ticket};
+use crate::shm::collectives::{check_list, check_rank, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::shm::p2p::Ticket;
 use mesh::{Config, Listener, Tcp};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
@@ -210,9 +210,9 @@ impl HostsComm {
     pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
             // SAFETY: `b` stays valid until the ticket completes (this function's contract, send_post's).
-            unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(Ticket::Shm)
+            unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(|t| Box::new(t) as Ticket)
         } else {
-            self.tcp.send(to, b.0 as *const u8, b.1, tag).map(Ticket::Tcp)
+            self.tcp.send(to, b.0 as *const u8, b.1, tag).map(|t| Box::new(t) as Ticket)
         }
     }
 
@@ -382,17 +382,17 @@ impl Transport for HostsComm {
     }
 }
 
-impl crate::group::Collectives for HostsComm {
+impl crate::api::Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: the Collectives contract: `buf` holds `count` elements for the op's duration.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -404,7 +404,7 @@ impl crate::group::Collectives for HostsComm {
             c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce.
@@ -416,7 +416,7 @@ impl crate::group::Collectives for HostsComm {
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -426,7 +426,7 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -437,7 +437,7 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: this method's contract.
@@ -459,7 +459,7 @@ impl crate::group::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -483,7 +483,7 @@ impl crate::group::Collectives for HostsComm {
             crate::algo::direct::barrier(c, &members, tag)
         })
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -502,7 +502,7 @@ impl crate::group::Collectives for HostsComm {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
-    // SAFETY: the Collectives trait's contract (group.rs) is this method's.
+    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {
@@ -516,7 +516,7 @@ impl crate::group::Collectives for HostsComm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::group::Collectives;
+    use crate::api::Collectives;
     use std::sync::{Arc, Barrier};
     use std::time::Instant;
 

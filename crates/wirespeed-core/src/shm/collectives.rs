@@ -10,6 +10,7 @@
 //! (it is whenever a rank's memory is read directly, so it must not return and reuse it early).
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
+use crate::api::Buf;
 use crate::plan::AllReduceAlgo;
 use super::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
@@ -42,9 +43,6 @@ pub fn kind_name(k: u32) -> &'static str {
         _ => "?",
     }
 }
-
-/// A byte range in this process: (address, length).
-pub type Buf = (usize, usize);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -253,7 +251,7 @@ impl Comm {
 
     /// In-place all_reduce of `count` elements at `buf`.
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
@@ -324,7 +322,7 @@ impl Comm {
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -340,7 +338,7 @@ impl Comm {
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
@@ -360,7 +358,7 @@ impl Comm {
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -373,7 +371,7 @@ impl Comm {
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -386,7 +384,7 @@ impl Comm {
 
     /// `buf` on every rank = `buf` on `root`.
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -446,7 +444,7 @@ impl Comm {
 
     /// On `root`, recv[j] = rank j's `send`.
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -465,7 +463,7 @@ impl Comm {
 
     /// recv = `root`'s send[rank].
     /// # Safety
-    /// As `group::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
     pub unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {

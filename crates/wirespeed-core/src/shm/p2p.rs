@@ -108,23 +108,12 @@ impl SendTicket {
     }
 }
 
-/// A send that may still be in flight, over shared memory or TCP.
-pub enum Ticket {
-    Shm(SendTicket),
-    Tcp(crate::hosts::mesh::SendTicket),
-}
-
-impl Ticket {
-    pub fn wait(&self) -> Result<()> {
-        match self {
-            Ticket::Shm(t) => t.wait(),
-            Ticket::Tcp(t) => t.wait(),
-        }
+/// A send over shared memory, as `Collectives::send_post` returns it (api::Ticket).
+impl crate::api::Pending for SendTicket {
+    fn wait(&self) -> Result<()> {
+        SendTicket::wait(self)
     }
-    pub fn is_acked(&self) -> bool {
-        match self {
-            Ticket::Shm(t) => t.is_acked(),
-            Ticket::Tcp(t) => t.is_done(),
-        }
+    fn is_acked(&self) -> bool {
+        SendTicket::is_acked(self)
     }
 }
