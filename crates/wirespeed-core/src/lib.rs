@@ -1,18 +1,24 @@
 //! wirespeed-core: the transport and collective algorithms shared by the Python bindings
 //! (`wirespeed._native`) and the NCCL network plugin. No Python, CUDA or NCCL code here.
 //!
-//! Layers, bottom up (docs/architecture.md draws them):
+//! Modules, bottom up: each uses only modules listed before it, and no two import each other
+//! (docs/architecture.md draws them).
+//! - vocabulary: `error`, `dtype`, `api` (what every group offers: `Buf`, the `Collectives`
+//!   trait, a send in flight as `Pending`/`Ticket`), `plan` (which algorithm per size and layout,
+//!   with the constants' sources);
+//! - the machine: `sys` (Linux calls), `kernels` (`reduce`, the reduction kernels; `copy`, the
+//!   copy kernels);
 //! - transport: `transport` (the `Transport` trait; `transport::tcp`, the event-driven
-//!   multi-stream TCP engine; `transport::sim`, the in-memory simulated network), the one-host
-//!   shared-memory transport (`sys` Linux calls, `segment` layout, `comm` connect/waits/sync
-//!   points/failure detection, `p2p` send/recv), `iface` (which address to listen on);
-//! - algorithms: `algo` (ring, doubling, tree, direct: each written once over the trait), the
-//!   one-host shared-memory collectives that read peers' buffers in place (`collectives`), and
-//!   the hierarchical all_reduce (`hier`);
-//! - planner: `plan` (which algorithm per size and layout, with the constants' sources);
-//! - groups: `tcp` (a group's TCP connections), `hosts` (ranks grouped by host: shm inside, TCP
-//!   across, itself a `Transport`), `group` (one interface over both kinds of group), `engine`
-//!   (ordered background execution), which the bindings call.
+//!   multi-stream TCP engine, also what the NCCL plugin wraps; `transport::sim`, the in-memory
+//!   simulated network; `transport::iface`, which address to listen on);
+//! - one host: `shm` (`segment` layout, `comm` connect/waits/sync points/failure detection,
+//!   `collectives` that read peers' buffers in place, `p2p` send/recv);
+//! - algorithms: `algo` (ring, doubling, tree, direct: each written once over the trait);
+//! - several hosts: `hosts` (ranks grouped by host: shm inside, TCP across, itself a
+//!   `Transport`; `hosts::mesh`, the group's TCP connections; `hosts::hier`, the hierarchical
+//!   all_reduce);
+//! - on top: `group` (`Setup`: the one-host or the multi-host group, behind `Collectives`) and
+//!   `engine` (ordered background execution), which the bindings call.
 pub mod algo;
 pub mod api;
 pub mod plan;
