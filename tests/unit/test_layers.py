@@ -1,10 +1,14 @@
 """The house's layers hold: no import circle between Python modules of the package (imports at
-module level and inside functions both count), and no import from a lower layer into a higher one
-(docs/architecture.md draws the layers)."""
+module level and inside functions both count), no import from a lower layer into a higher one, and
+no circle between the Rust core's top-level modules, whose files stay readable (docs/architecture.md
+draws the layers)."""
 import ast
+import re
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "python" / "wirespeed"
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "python" / "wirespeed"
+CORE = ROOT / "crates" / "wirespeed-core" / "src"
 
 # package -> packages it may never import (lower layers do not reach up)
 FORBIDDEN = {
@@ -102,3 +106,39 @@ def test_no_package_imports_a_higher_layer():
     # and no two packages import each other
     pairs = {(package(m), package(d)) for m, ds in import_graph().items() for d in ds if package(m) != package(d)}
     assert sorted((a, b) for a, b in pairs if (b, a) in pairs and a < b) == []
+
+
+def core_graph() -> dict[str, set[str]]:
+    """Top-level module of the core (a file or folder under src/) -> the others its code names
+    through `crate::` paths (comments left out)."""
+    top = {p.stem for p in CORE.glob("*.rs") if p.stem != "lib"} | {p.name for p in CORE.iterdir() if p.is_dir()}
+    graph = {m: set() for m in top}
+    for f in CORE.rglob("*.rs"):
+        rel = f.relative_to(CORE).parts
+        me = rel[0] if len(rel) > 1 else f.stem
+        if me == "lib":
+            continue
+        code = "\n".join(line.split("//")[0] for line in f.read_text().splitlines())
+        for used in re.findall(r"\bcrate::(\w+)", code):
+            if used in top and used != me:
+                graph[me].add(used)
+        # `use crate::{a, b::c}` groups
+        for group in re.findall(r"\bcrate::\{([^}]*)\}", code):
+            for used in re.findall(r"(?:^|,)\s*(\w+)", group):
+                if used in top and used != me:
+                    graph[me].add(used)
+    return graph
+
+
+def test_no_circle_between_the_cores_modules():
+    graph = core_graph()
+    assert {"engine", "shm", "hosts", "transport", "algo", "api"} <= set(graph)
+    assert graph["hosts"] >= {"shm", "transport"}, graph["hosts"]
+    assert circles(graph) == []
+
+
+def test_the_cores_files_stay_readable_and_one_name_means_one_thing():
+    long = {str(f.relative_to(CORE)): n for f in CORE.rglob("*.rs")
+            if (n := len(f.read_text().splitlines())) > 800}
+    assert long == {}
+    assert [str(f.relative_to(CORE)) for f in CORE.rglob("tcp.rs")] == []
