@@ -33,6 +33,16 @@ def format_size(nbytes: int) -> str:
     return str(nbytes)
 
 
+def human_bytes(n: int) -> str:
+    """32768 -> '32 KiB', 1.5 MiB -> '1.5 MiB': a size for people (tables, plots, messages), where
+    format_size gives the form the flags read back."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} B"
+
+
 def sweep(minbytes: int, maxbytes: int, stepfactor: float | None = 2.0,
           stepbytes: int | None = None) -> list[int]:
     """The sizes nccl-tests visits: multiply by stepfactor (or add stepbytes) from min up to max."""

@@ -14,7 +14,7 @@ from . import flags
 from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
                               launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
                               start_backend)
-from ..sizes import format_size, parse_size
+from ..sizes import format_size, human_bytes, parse_size
 from .common import add
 
 MAX_DEFAULT_TOTAL = 4 << 30  # the 1 x 4 GB of the comparison, when the machine has room for it
@@ -154,7 +154,7 @@ def _report(c, info, total, rows, args) -> None:
     for r in rows:
         t = r["time_us"]
         model = (r["chunks"] * fit[0] + fit[1] * total) * 1e3 if fit else float("nan")
-        print(f"{r['chunks']:>7} {_human(r['chunk_bytes']):>11} {t / 1e3:>11.3f} "
+        print(f"{r['chunks']:>7} {human_bytes(r['chunk_bytes']):>11} {t / 1e3:>11.3f} "
               f"{t / r['chunks']:>13.1f} {total / (t * 1e-6) / 1e9 if t else 0:>8.3f} {model:>9.3f} "
               f"{r['wrong']:>7}")
         records.append({"schema": "wirespeed.batching/1", "run_id": run_id, "backend": c["backend"],
@@ -172,9 +172,9 @@ def _report(c, info, total, rows, args) -> None:
         print("# fit: needs at least two different chunk counts")
     if len(rows) > 1:
         lo, hi = rows[0], rows[-1]
-        print(f"# {hi['chunks']} calls of {_human(hi['chunk_bytes'])} took "
+        print(f"# {hi['chunks']} calls of {human_bytes(hi['chunk_bytes'])} took "
               f"{hi['time_us'] / lo['time_us']:.2f}x the time of {lo['chunks']} call(s) of "
-              f"{_human(lo['chunk_bytes'])}")
+              f"{human_bytes(lo['chunk_bytes'])}")
     if args.json:
         write_jsonl(args.json, records)
     if args.plot:
@@ -183,9 +183,3 @@ def _report(c, info, total, rows, args) -> None:
         print(f"# plot written to {args.plot}")
     sys.stdout.flush()
 
-
-def _human(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g}{unit}"
-    return str(nbytes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..report.table import human_bytes
+from ..sizes import human_bytes
 from .stats import fold
 
 _STYLES = {"float32": "-", "float16": "--", "bfloat16": ":", "float64": "-.", "int8": (0, (1, 1)),

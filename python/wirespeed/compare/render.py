@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..report.table import human_bytes
+from ..sizes import human_bytes
 from .stats import Cell, contested, fold, ranking
 
 COL_W = 27

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..report.table import human_bytes
+from ..sizes import human_bytes
 from . import fields as F
 
 

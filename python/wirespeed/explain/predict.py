@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..report.records import SCHEMA
-from ..report.table import human_bytes
+from ..sizes import human_bytes
 from . import fields as F
 from .costs import algorithm_for, busbw_factor, count_for, terms
 from .fit import PARAMS, MissingClass, Model, fit

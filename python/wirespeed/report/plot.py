@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .records import kind
-from .table import human_bytes
+from ..sizes import human_bytes
 
 # The panels of the collective row: (record field, title, y label, log y).
 SIZE_PANELS = (("busbw_gbps", "bus bandwidth", "busbw (GB/s, 1e9 B/s)", False),

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from ..sizes import human_bytes
+
 _SHORT = {"float32": "float", "float16": "half", "float64": "double"}
 # The left half of the header (size .. root) and the width of each cell of a variant's block.
 _LEFT = "#{:>11} {:>12} {:>8} {:>6} {:>5}"
@@ -86,14 +88,6 @@ def footer(records) -> str:
         lines.append(f"# Avg bus bandwidth    : {sum(bw) / len(bw):.4f} GB/s "
                      "(unweighted mean over sizes, as nccl-tests prints it)")
     return "\n".join(lines)
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
-    return f"{n} B"
 
 
 def markdown_table(records) -> str:

@@ -12,7 +12,7 @@ import math
 
 from ..compare.render import fmt_time
 from ..compare.stats import Cell, contested, fold, ranking
-from ..report.table import human_bytes
+from ..sizes import human_bytes
 from .sweep import DEFAULT
 
 DEFAULT_LABEL = DEFAULT.label
