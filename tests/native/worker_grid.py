@@ -26,12 +26,19 @@ BIG = 100_003           # large enough for the cross-memory path, odd to test ch
 rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-failures, checked, gloo_skipped = [], [0], []
+failures, gloo_skipped = [], []
+checked: dict[str, int] = {}     # "collective w<world>" -> cases checked
 
 
 def fail(msg):
-    if len(failures) < 50:
+    if len(failures) < 200:
         failures.append(msg)
+
+
+def case_of(name: str) -> str:
+    """"reduce (non-root untouched) w3 float32 n7 sum" -> "reduce w3": the test that owns it."""
+    coll, rest = name.split(" w", 1)
+    return f"{coll.split(' (')[0]} w{rest.split()[0]}"
 
 
 def inputs(seed, n, dt, op, w, start=0):
@@ -41,7 +48,7 @@ def inputs(seed, n, dt, op, w, start=0):
 
 
 def same(name, got_ws, got_gloo, expect):
-    checked[0] += 1
+    checked[case_of(name)] = checked.get(case_of(name), 0) + 1
     if not torch.equal(got_ws, expect):
         bad = (got_ws != expect).nonzero()[:3].flatten().tolist()
         fail(f"{name}: wirespeed differs from the exact result at {bad}: "
@@ -181,6 +188,6 @@ try:
     dist.barrier()
 except Exception:  # noqa: BLE001 - reported to the test
     fail(traceback.format_exc())
-report({"rank": rank, "failures": failures, "checked": checked[0],
+report({"rank": rank, "failures": failures, "checked": checked,
         "gloo_skipped": sorted(set(gloo_skipped)), "gloo_skip_count": len(gloo_skipped)})
 os._exit(0)
