@@ -16,11 +16,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from wirespeed.launch.environment import free_port
+from wirespeed.launch.local import rank_env
 
 SIZES = {"4K": 4 << 10, "1M": 1 << 20, "16M": 16 << 20, "64M": 64 << 20}
 
@@ -120,12 +122,6 @@ def mpi_worker(sizes):
 
 
 # ---------------------------------------------------------------- driver side
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def result_of(stdout: str, what: str) -> dict:
     for line in stdout.splitlines():
         if line.startswith("RESULT "):
@@ -137,8 +133,7 @@ def run_torch(world, sizes_arg, timeout):
     port = free_port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        env = rank_env(r, world, port)
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "torch", "--sizes", sizes_arg],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []

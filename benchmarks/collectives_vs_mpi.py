@@ -35,11 +35,12 @@ import datetime
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from wirespeed.launch.environment import free_port
 
 SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20,
          "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20}
@@ -219,12 +220,6 @@ def worker(a):
 
 
 # ---------------------------------------------------------------- driver side
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load():
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 

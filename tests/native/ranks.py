@@ -6,20 +6,15 @@ killed (and the test fails), so no test can hang and nothing is left running.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from wirespeed.launch.environment import free_port  # noqa: F401 - tests import it from here
+from wirespeed.launch.local import rank_env
+
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(script: str, world: int, timeout: float, extra_env: dict | None = None,
@@ -28,9 +23,7 @@ def run_ranks(script: str, world: int, timeout: float, extra_env: dict | None = 
     port = free_port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", **(extra_env or {}))
+        env = dict(rank_env(r, world, port), OMP_NUM_THREADS="1", **(extra_env or {}))
         procs.append(subprocess.Popen([sys.executable, str(HERE / script), *map(str, args)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout
