@@ -93,9 +93,9 @@ def torch_worker(sizes):
         # The native API without torch's dispatch (same engine, same algorithms).
         native = ws.native
         buf = torch.full((n,), float(rank + 1))
-        native.all_reduce(buf.data_ptr(), n, 0, 0, keep=buf, blocking=True)  # blocking, as MPI_Allreduce is
+        native.all_reduce(buf.data_ptr(), n, 0, 0, buf, True)  # blocking, as MPI_Allreduce is
         check(buf, world, "wirespeed-native")
-        out[f"wirespeed-native|{label}"] = time_op(lambda: native.all_reduce(buf.data_ptr(), n, 0, 0, keep=buf, blocking=True),
+        out[f"wirespeed-native|{label}"] = time_op(lambda: native.all_reduce(buf.data_ptr(), n, 0, 0, buf, True),
                                                    lambda: dist.barrier(group=ws), gather_with(ws), nbytes)
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)

@@ -8,7 +8,7 @@ One `mpirun` per world size starts the ranks; each rank is at once an MPI proces
 MPI, its default shared-memory transport: vader/sm with CMA) and a torch.distributed rank of a
 "wirespeed" group. So the contenders run in the very same processes, one after the other, on
 the same buffers' sizes:
-- `ws-native`: wirespeed's native API, the blocking form (`g.all_reduce(ptr, n, dtype, op, keep=t, blocking=True)`),
+- `ws-native`: wirespeed's native API, the blocking form (`g.all_reduce(ptr, n, dtype, op, t, True)`: t owns the memory),
   as MPI_Allreduce is blocking;
 - `ws-torch`: `torch.distributed.all_reduce(t, group=wirespeed_group)` and friends (async_op=False);
 - `Open MPI`: `comm.Allreduce(MPI.IN_PLACE, buf)`, `Allgather`, `Reduce_scatter_block`, `Bcast`.
@@ -101,16 +101,16 @@ class Case:
         w, pa = self.world, a.data_ptr()
         if coll == "all_reduce":
             n = self.n
-            return lambda: g.all_reduce(pa, n, 0, 0, keep=a, blocking=True)
+            return lambda: g.all_reduce(pa, n, 0, 0, a, True)
         if coll == "broadcast":
             buf = (pa, self.n * 4)
-            return lambda: g.broadcast(buf, 0, keep=a, blocking=True)
+            return lambda: g.broadcast(buf, 0, a, True)
         pb, chunk = b.data_ptr(), self.per * 4
         if coll == "all_gather":
             send, recv = (pa, chunk), [(pb + r * chunk, chunk) for r in range(w)]
-            return lambda: g.all_gather(send, recv, keep=(a, b), blocking=True)
+            return lambda: g.all_gather(send, recv, (a, b), True)
         send, per = [(pa + r * chunk, chunk) for r in range(w)], self.per
-        return lambda: g.reduce_scatter(send, pb, per, 0, 0, keep=(a, b), blocking=True)
+        return lambda: g.reduce_scatter(send, pb, per, 0, 0, (a, b), True)
 
     def check(self):
         """Run the op once on inputs whose exact result is known; raise if any element differs."""

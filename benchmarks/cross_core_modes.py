@@ -31,19 +31,19 @@ def _rank(rank: int, port: int, nbytes: int, loops: int, q) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     g = rendezvous(store, rank, 2, datetime.timedelta(seconds=30))
     t = torch.arange(nbytes, dtype=torch.uint8) if rank == 0 else torch.zeros(nbytes, dtype=torch.uint8)
-    g.broadcast((t.data_ptr(), nbytes), 0, keep=t, blocking=True)
+    g.broadcast((t.data_ptr(), nbytes), 0, t, True)
     if not torch.equal(t, torch.arange(nbytes, dtype=torch.uint8)):
         q.put((rank, f"rank {rank}: broadcast result is wrong: not timed"))
         return
     for _ in range(200):   # warm-up: page faults, the first slot reuse
-        g.broadcast((t.data_ptr(), nbytes), 0, keep=t, blocking=True)
+        g.broadcast((t.data_ptr(), nbytes), 0, t, True)
     times = []
     for _ in range(loops):
-        g.barrier(blocking=True)
+        g.barrier(True)
         n = 2000
         t0 = time.perf_counter()
         for _ in range(n):
-            g.broadcast((t.data_ptr(), nbytes), 0, keep=t, blocking=True)
+            g.broadcast((t.data_ptr(), nbytes), 0, t, True)
         times.append((time.perf_counter() - t0) / n * 1e6)
     q.put((rank, times))
 

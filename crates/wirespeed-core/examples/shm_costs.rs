@@ -5,7 +5,7 @@
 //!     cargo run --release --example shm_costs -- [ranks] [sizes in bytes, comma separated]
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, Comm, DType, Engine, Op, ReduceOp};
+use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, Comm, Config, DType, Engine, Op, ReduceOp};
 
 /// Best per-op time of 5 loops of `iters` calls.
 fn best(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -64,9 +64,9 @@ fn building_blocks(sizes: &[usize]) {
 }
 
 /// Run `f(rank, comm)` on `world` connected ranks (threads); the slowest rank's result per op.
-fn on_ranks(world: usize, f: impl Fn(Comm) -> Vec<(String, f64)> + Send + Sync + 'static) -> Vec<(String, f64)> {
+fn on_ranks(world: usize, cfg: &Config, f: impl Fn(Comm) -> Vec<(String, f64)> + Send + Sync + 'static) -> Vec<(String, f64)> {
     let token = sys::random_token().unwrap();
-    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60)).unwrap()).collect();
+    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60), cfg).unwrap()).collect();
     let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
     let f = Arc::new(f);
     let hs: Vec<_> = comms
@@ -83,10 +83,11 @@ fn on_ranks(world: usize, f: impl Fn(Comm) -> Vec<(String, f64)> + Send + Sync +
     all[0].iter().enumerate().map(|(i, (name, _))| (name.clone(), all.iter().map(|v| v[i].1).fold(0.0, f64::max))).collect()
 }
 
-fn collectives(world: usize, sizes: Vec<usize>) {
+fn collectives(world: usize, sizes: Vec<usize>, cfg: &Config) {
     println!("# {world} rank(s) as threads: time per op, back-to-back loop, slowest rank");
     let gate = Arc::new(Barrier::new(world));
-    let rows = on_ranks(world, move |mut c| {
+    let wake_worker = cfg.wake_worker;
+    let rows = on_ranks(world, cfg, move |mut c| {
         // SAFETY (every unsafe call below): the buffers are this closure's vectors, alive and
         // touched by nobody else during each call.
         let mut out = vec![];
@@ -111,7 +112,7 @@ fn collectives(world: usize, sizes: Vec<usize>) {
             out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
         }
         // The same all_reduce through the engine's blocking path (what the bindings call).
-        let e = Engine::new(c).unwrap();
+        let e = Engine::new(c, wake_worker).unwrap();
         for &b in &sizes {
             let n = b / 4;
             let mut v = vec![0f32; n];
@@ -140,9 +141,11 @@ fn main() {
         .get(1)
         .map(|s| s.split(',').map(|x| x.parse().expect("sizes: integers")).collect())
         .unwrap_or_else(|| vec![4096, 65536, 262144, 1 << 20]);
+    // The WIRESPEED_* knobs (WIRESPEED_ALGO, WIRESPEED_SPIN_US, ...) apply as in a real run.
+    let cfg = Config::from_env().unwrap();
     building_blocks(&sizes);
-    collectives(1, sizes.clone());
+    collectives(1, sizes.clone(), &cfg);
     if world > 1 {
-        collectives(world, sizes);
+        collectives(world, sizes, &cfg);
     }
 }

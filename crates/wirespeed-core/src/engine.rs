@@ -202,12 +202,15 @@ impl Shared {
 }
 
 impl Engine {
-    pub fn new(comm: Comm) -> Result<Engine> {
-        Engine::with(Box::new(comm))
+    /// `Engine::with` over one host's `Comm`.
+    pub fn new(comm: Comm, wake_worker: bool) -> Result<Engine> {
+        Engine::with(Box::new(comm), wake_worker)
     }
 
     /// An engine over any group (one host's `Comm`, or a multi-host group from `Setup::connect`).
-    pub fn with(comm: Box<dyn Collectives>) -> Result<Engine> {
+    /// `wake_worker` (`Config::wake_worker`, WIRESPEED_WORKER): whether `submit` wakes the
+    /// worker; without, an async op progresses only when waited on or when another op is queued.
+    pub fn with(comm: Box<dyn Collectives>, wake_worker: bool) -> Result<Engine> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State { next_id: 1, ..State::default() }),
             work: Condvar::new(),
@@ -220,7 +223,6 @@ impl Engine {
             .name("wirespeed-worker".into())
             .spawn(move || worker_loop(&s))
             .map_err(|e| Error::Unsupported(format!("cannot start wirespeed's worker thread ({e}): raise the process's thread limit")))?;
-        let wake_worker = std::env::var("WIRESPEED_WORKER").map(|v| v != "0").unwrap_or(true);
         Ok(Engine { shared, worker: Some(worker), wake_worker })
     }
 
@@ -290,6 +292,13 @@ impl Engine {
 
     /// How many ops' owners the engine holds because their ops failed, and how many sends are
     /// still waiting for their receivers (for tests and diagnostics).
+    /// Keep `owner` for the engine's life, as a failed op's: for a caller that held an op's memory
+    /// itself through a blocking `run` (an empty owner) and must not let it go now that the op
+    /// failed.
+    pub fn retain(&self, owner: Owner) {
+        self.shared.state.lock().unwrap().retained.push(owner);
+    }
+
     pub fn held(&self) -> (usize, usize) {
         let st = self.shared.state.lock().unwrap();
         (st.retained.len(), st.sends.len())

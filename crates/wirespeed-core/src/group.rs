@@ -7,6 +7,7 @@
 //! host id) creates what peers need to reach this rank and returns it from `info`; the caller
 //! exchanges infos through its store and hands them all to `connect`.
 use crate::api::{Buf, Collectives, Ticket};
+use crate::config::Config;
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -74,12 +75,13 @@ pub enum Setup {
 }
 
 impl Setup {
-    /// `hosts[r]` is rank r's host id (sys::host_id, or WIRESPEED_HOSTID where set).
-    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, hosts: &[String]) -> Result<Setup> {
+    /// `hosts[r]` is rank r's host id (`Config::host_id`); `cfg` is the core's configuration,
+    /// read once by the caller (`Config::from_env` in the bindings).
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, hosts: &[String], cfg: &Config) -> Result<Setup> {
         if hosts.is_empty() || hosts.iter().all(|h| *h == hosts[0]) {
-            return Ok(Setup::OneHost(Comm::new(rank, world, token, timeout)?));
+            return Ok(Setup::OneHost(Comm::new(rank, world, token, timeout, cfg)?));
         }
-        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts)?))
+        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts, cfg)?))
     }
 
     pub fn info(&self) -> RankInfo {

@@ -11,6 +11,9 @@
 //! - transport: `transport` (the `Transport` trait; `transport::tcp`, the event-driven
 //!   multi-stream TCP engine, also what the NCCL plugin wraps; `transport::sim`, the in-memory
 //!   simulated network; `transport::iface`, which address to listen on);
+//! - `config`: every knob the core takes from the environment (`Config`: the planner's `Tuning`,
+//!   the engine's `NetConfig`, the rest), read in that one file, once, by the caller at the edge
+//!   (the bindings, the plugin's init) and passed down; no other module reads the environment;
 //! - one host: `shm` (`segment` layout, `comm` connect/waits/sync points/failure detection,
 //!   `collectives` that read peers' buffers in place, `p2p` send/recv);
 //! - algorithms: `algo` (ring, doubling, tree, direct: each written once over the trait);
@@ -21,6 +24,7 @@
 //!   `engine` (ordered background execution), which the bindings call.
 pub mod algo;
 pub mod api;
+pub mod config;
 pub mod plan;
 pub mod dtype;
 pub mod engine;
@@ -38,6 +42,7 @@ pub use transport::iface;
 pub use dtype::{DType, ReduceOp};
 pub use engine::{Engine, Op};
 pub use api::Collectives;
+pub use config::Config;
 pub use group::Setup;
 pub use error::{Error, Result};
 

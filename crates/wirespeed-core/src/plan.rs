@@ -11,7 +11,6 @@
 //! - `rsag`: reduce-scatter then all-gather, reading peers' buffers where they lie with
 //!   process_vm_readv. Three syncs and 2(n-1) system calls, ~2*S bytes per rank: for messages
 //!   larger than the slot.
-use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllReduceAlgo {
@@ -45,38 +44,16 @@ pub struct Tuning {
 /// The most a 2-rank exchange or broadcast stages by default (see `Tuning::exchange_stages`).
 pub const PAIR_STAGE_MAX: usize = 16 << 10;
 
-fn env_bytes(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => v.trim().parse::<usize>().map_err(|_| {
-            Error::Unsupported(format!("{name}={v:?} is not a byte count: give a plain integer, e.g. {default}"))
-        }),
+impl Default for Tuning {
+    /// The planner's defaults, what it uses where no `WIRESPEED_*` variable is set (config.rs
+    /// reads them): the cost model's choice, 1 MiB slots, exchanges staged up to 64 KiB (2 ranks:
+    /// `PAIR_STAGE_MAX`), 64 KiB reduction blocks.
+    fn default() -> Tuning {
+        Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 64 << 10, pair_stage_max: PAIR_STAGE_MAX }
     }
 }
 
 impl Tuning {
-    pub fn from_env() -> Result<Tuning> {
-        let all_reduce = match std::env::var("WIRESPEED_ALGO").unwrap_or_default().trim() {
-            "" | "auto" => AllReduceAlgo::Auto,
-            "oneshot" => AllReduceAlgo::OneShot,
-            "rsag" => AllReduceAlgo::Rsag,
-            "staged" => AllReduceAlgo::Staged,
-            "ring" => AllReduceAlgo::Ring,
-            "hier" => AllReduceAlgo::Hier,
-            "doubling" => AllReduceAlgo::Doubling,
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, staged, rsag (one host), ring, hier or doubling (across hosts)"
-                )))
-            }
-        };
-        let slot_bytes = env_bytes("WIRESPEED_SLOT_BYTES", 1 << 20)?.max(4096).next_multiple_of(4096);
-        let stage_max = env_bytes("WIRESPEED_STAGE_MAX", 64 << 10)?;
-        let block_bytes = env_bytes("WIRESPEED_BLOCK_BYTES", 64 << 10)?.max(4096).next_multiple_of(64);
-        let pair_stage_max = env_bytes("WIRESPEED_PAIR_STAGE_MAX", PAIR_STAGE_MAX)?;
-        Ok(Tuning { all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max })
-    }
-
     /// The all_reduce algorithm for `bytes` per rank among `world` ranks on `cpus` cores.
     pub fn pick_all_reduce(&self, bytes: usize, world: usize, cpus: usize) -> AllReduceAlgo {
         let fits = bytes <= self.slot_bytes;

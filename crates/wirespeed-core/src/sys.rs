@@ -4,9 +4,9 @@
 //!
 //! Linux calls only (the copy kernels are in kernels/copy.rs). Who uses it: the shared-memory
 //! group (shm/: segments, waits, peer reads and writes), the TCP engine (transport/tcp/: the CPU
-//! count behind its thread default), the groups and their tests (`random_token`, `host_id`), the
-//! Python bindings (`host_id`, `random_token`) and the NCCL plugin (`random_bytes` for its
-//! handle's key).
+//! count behind its thread default), the groups and their tests (`random_token`), config.rs
+//! (`host_id`, behind `Config::host_id`), the Python bindings (`random_token`) and the NCCL
+//! plugin (`random_bytes` for its handle's key).
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
@@ -284,13 +284,12 @@ unsafe fn peer_copy(pid: i32, remote: u64, local: *mut u8, len: usize, write: bo
 }
 
 /// Identity of the machine (hostname + boot id): ranks with equal ids may share memory.
-/// `WIRESPEED_HOSTID` overrides it (as NCCL_HOSTID does), so ranks of one machine can be made to
-/// talk TCP to each other: tests of the multi-host path without network namespaces.
-pub fn host_id() -> String {
-    if let Ok(h) = std::env::var("WIRESPEED_HOSTID") {
-        if !h.is_empty() {
-            return h;
-        }
+/// `given` overrides it where not empty (WIRESPEED_HOSTID, as NCCL_HOSTID does: config.rs reads
+/// it), so ranks of one machine can be made to talk TCP to each other: tests of the multi-host
+/// path without network namespaces.
+pub fn host_id(given: Option<&str>) -> String {
+    if let Some(h) = given.filter(|h| !h.is_empty()) {
+        return h.to_string();
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();

@@ -6,13 +6,18 @@ use std::time::{Duration, Instant};
 use wirespeed_core::shm::comm::RankInfo;
 use wirespeed_core::plan::AllReduceAlgo;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
-use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
+use wirespeed_core::{Collectives, Config, DType, Engine, Error, Op, ReduceOp};
+
+/// The ranks' configuration: the defaults, listening on loopback.
+fn config() -> Config {
+    Config::from_vars(&|v| (v == "WIRESPEED_IFNAME").then(|| "lo".to_string())).unwrap()
+}
 
 fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
-    std::env::set_var("WIRESPEED_IFNAME", "lo");
     let token = wirespeed_core::sys::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids).unwrap()).collect()
+    let cfg = config();
+    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, &cfg).unwrap()).collect()
 }
 
 /// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
@@ -101,7 +106,7 @@ fn every_other_collective_and_p2p_across_hosts() {
             if w == 6 {
                 // Counterparts (same local index) and rank-order neighbours get every stream;
                 // 0-3, 1-4 and 2-5 are neither and get one; ranks of one host none.
-                let full = wirespeed_core::transport::tcp::NetConfig::from_env().unwrap().nstreams;
+                let full = config().net.unwrap().nstreams;
                 for r in 0..w {
                     let want = if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { full };
                     assert_eq!(c.streams_to(r), want, "streams between {me} and {r}");
@@ -270,7 +275,7 @@ fn a_timed_out_tcp_send_is_stopped_and_breaks_the_group() {
     let n = 64 << 20;
     let out = with_hosts_owned(&["a", "b"], Duration::from_secs(1), move |mut c| {
         if c.rank == 0 {
-            let e = Engine::with(Box::new(c)).unwrap();
+            let e = Engine::with(Box::new(c), true).unwrap();
             let msg = vec![7u8; n];
             let addr = msg.as_ptr() as usize;
             // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.

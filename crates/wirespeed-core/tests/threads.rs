@@ -3,7 +3,7 @@
 //! dead peer, torch integration) is tested from Python in tests/native.
 use std::sync::mpsc;
 use std::time::Duration;
-use wirespeed_core::{Comm, DType, Engine, Error, Op, ReduceOp};
+use wirespeed_core::{Comm, Config, DType, Engine, Error, Op, ReduceOp};
 
 /// Run `f(comm)` on `world` connected ranks, one thread each; results in rank order.
 fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
@@ -15,7 +15,8 @@ fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: imp
     let token = wirespeed_core::sys::random_token().unwrap();
     let f = std::sync::Arc::new(f);
     let (tx, rx) = mpsc::channel();
-    let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout).unwrap()).collect();
+    let cfg = Config::default();
+    let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
     let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
     let handles: Vec<_> = comms
         .drain(..)
@@ -125,9 +126,9 @@ fn mismatched_counts_raise_on_every_rank_and_the_group_survives() {
 fn engine_runs_async_ops_in_order_in_the_background() {
     let out = with_ranks(2, |c| {
         // Move the connected comm into an engine (replace with a placeholder that is never used).
-        let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1)).unwrap();
+        let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1), &Config::default()).unwrap();
         let comm = std::mem::replace(c, placeholder);
-        let e = Engine::new(comm).unwrap();
+        let e = Engine::new(comm, true).unwrap();
         let mut a = vec![e.rank() as f64 + 1.0; 100_000];
         let mut b = vec![2.0f64; 10];
         // SAFETY: `a` and `b` are dropped before the engine, but only after both ops were waited
@@ -167,8 +168,8 @@ fn dropped(f: &std::sync::atomic::AtomicBool) -> bool {
 #[test]
 fn engine_holds_an_ops_owner_until_nobody_can_touch_its_buffers() {
     let out = with_ranks(2, |c| {
-        let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1)).unwrap();
-        let e = Engine::new(std::mem::replace(c, placeholder)).unwrap();
+        let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1), &Config::default()).unwrap();
+        let e = Engine::new(std::mem::replace(c, placeholder), true).unwrap();
         if e.rank() == 0 {
             // A send whose receiver comes late: the receiver reads the buffer until it acknowledges,
             // so the engine keeps the buffer (moved into the owner; its heap address is stable).
@@ -217,7 +218,7 @@ fn engine_holds_an_ops_owner_until_nobody_can_touch_its_buffers() {
 
 /// Take the connected comm out of `with_ranks`'s hands (a never-connected one is left behind).
 fn take(c: &mut Comm) -> Comm {
-    std::mem::replace(c, Comm::new(0, 1, [0; 16], Duration::from_secs(1)).unwrap())
+    std::mem::replace(c, Comm::new(0, 1, [0; 16], Duration::from_secs(1), &Config::default()).unwrap())
 }
 
 /// Rank 0 posts a send, then gives up on the group (a barrier rank 1 never joins times out) and
@@ -262,7 +263,7 @@ fn a_timed_out_send_breaks_the_group() {
     let out = with_ranks_timeout(2, Duration::from_secs(1), move |c| {
         let n = 1 << 16;
         if c.rank == 0 {
-            let e = Engine::new(take(c)).unwrap();
+            let e = Engine::new(take(c), true).unwrap();
             let msg = vec![7u8; n];
             let addr = msg.as_ptr() as usize;
             // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.
@@ -452,7 +453,7 @@ impl wirespeed_core::Collectives for Panicky {
 #[test]
 fn the_engine_breaks_the_group_when_an_op_panics() {
     let aborts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let e = Engine::with(Box::new(Panicky(aborts.clone()))).unwrap();
+    let e = Engine::with(Box::new(Panicky(aborts.clone())), true).unwrap();
     // SAFETY: no buffers.
     let r = unsafe { e.run(Op::Barrier, Box::new(())) };
     assert!(matches!(&r, Err(Error::Broken(m)) if m.contains("a bug")), "{r:?}");

@@ -1,8 +1,9 @@
 //! The plugin's knobs and its devices (the network interfaces it offers NCCL).
 //!
-//! Knobs, read once at the first `init`:
+//! Knobs, read once at the first `init` and handed to the engine from there:
 //! - the engine's: WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES, WIRESPEED_IO_THREADS,
-//!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT (wirespeed_core::transport::tcp::NetConfig);
+//!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT (a `NetConfig`, read by the
+//!   core's config module, `wirespeed_core::config::net`, as the groups read them);
 //! - which interfaces: WIRESPEED_IFNAME, else NCCL_SOCKET_IFNAME, in NCCL's syntax (a comma list
 //!   of name prefixes; `=` before the list for exact names; `^` for an exclusion list; parsed by
 //!   wirespeed_core::iface, as the groups parse it); unset,
@@ -15,7 +16,7 @@ use std::ffi::CString;
 use std::net::IpAddr;
 pub use wirespeed_core::iface::Family;
 use wirespeed_core::iface::{interfaces, IfSpec, Iface};
-use wirespeed_core::transport::tcp::NetConfig;
+use wirespeed_core::config::{self, NetConfig};
 
 /// As many interfaces as NCCL's socket transport offers at most.
 const MAX_DEVICES: usize = 16;
@@ -37,7 +38,7 @@ fn env(name: &str) -> Option<String> {
 
 impl PluginConfig {
     pub fn from_env() -> Result<PluginConfig, String> {
-        let net = NetConfig::from_env().map_err(|e| e.to_string())?;
+        let net = config::net(&config::env).map_err(|e| e.to_string())?;
         let ifname = ["WIRESPEED_IFNAME", "NCCL_SOCKET_IFNAME"].into_iter().find_map(|v| env(v).map(|s| (v, s)));
         let allow_loopback = match env("WIRESPEED_NET_ALLOW_LOOPBACK").as_deref().map(str::trim) {
             None | Some("0") => false,
@@ -153,7 +154,7 @@ mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn cfg(ifname: Option<&str>, allow_loopback: bool, family: Option<Family>) -> PluginConfig {
-        PluginConfig { net: NetConfig::from_env().unwrap(), ifname: ifname.map(|v| ("WIRESPEED_IFNAME", v.to_string())), allow_loopback, family }
+        PluginConfig { net: NetConfig::default(), ifname: ifname.map(|v| ("WIRESPEED_IFNAME", v.to_string())), allow_loopback, family }
     }
 
     #[test]

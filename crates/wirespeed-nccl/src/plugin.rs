@@ -132,7 +132,7 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Bo
     let label = format!("listener on {}", d.name.to_string_lossy());
     // Refusals go through NCCL's logger as WARN, where NCCL users look (NCCL_DEBUG=WARN).
     let report: Report = Box::new(|line: &str| log::warn(line));
-    let listener = Listener::bind_vetted(&g.reactor, bind, vet, label, Some(report)).map_err(|e| from_core(e, "listen"))?;
+    let listener = Listener::bind_vetted(&g.reactor, &g.cfg.net, bind, vet, label, Some(report)).map_err(|e| from_core(e, "listen"))?;
     let nstreams = u16::try_from(g.cfg.net.nstreams).map_err(|_| usage("WIRESPEED_NSTREAMS is too large"))?;
     Handle { addr: listener.local_addr(), nstreams, key }.encode(handle);
     Ok(Box::new(ListenComm { listener, key }))
@@ -165,7 +165,7 @@ pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<O
         0 => {
             let h = Handle::decode(handle).map_err(usage)?;
             let key = h.key;
-            let d = Dialer::start(&g.reactor, h.addr, key, h.nstreams as usize).map_err(|e| from_core(e, &format!("connecting to {}", h.addr)))?;
+            let d = Dialer::start(&g.reactor, &g.cfg.net, h.addr, key, h.nstreams as usize).map_err(|e| from_core(e, &format!("connecting to {}", h.addr)))?;
             Box::new(d)
         }
         // SAFETY: a non-zero stage is the Box<Dialer> an earlier call on this same handle leaked

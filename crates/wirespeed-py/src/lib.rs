@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
 use wirespeed_core::engine::Owner;
-use wirespeed_core::{DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
+use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
 
 create_exception!(_native, WirespeedError, PyRuntimeError, "Base of every error the native transport raises.");
 create_exception!(_native, PeerDiedError, WirespeedError, "A peer process died while this rank depended on it.");
@@ -59,6 +59,8 @@ struct Group {
     world: usize,
     /// Ranks on more than one host: all_reduce then reduces in stages (hier.rs, ring.rs).
     spans_hosts: bool,
+    /// Whether async ops wake the engine's worker (`Config::wake_worker`), for `connect`.
+    wake_worker: bool,
 }
 
 impl Group {
@@ -72,16 +74,26 @@ impl Group {
     /// stays valid whatever the caller does with its own references or its Work.
     fn submit(&self, py: Python<'_>, op: Op, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let e = self.engine()?;
-        let owner: Owner = Box::new(keep);
+        // `keep` is positional (keywords cost ~75 ns a call here); refuse what cannot own memory,
+        // such as the `blocking` flag passed where `keep` goes.
+        if !matches!(op, Op::Barrier) && (keep.is_none(py) || keep.bind(py).is_instance_of::<pyo3::types::PyBool>()) {
+            return Err(UnsupportedError::new_err("keep must be what owns the op's buffers (the tensors), not None or a bool"));
+        }
         // SAFETY: Python can only hand addresses over as integers. This module is private
         // (`wirespeed._native`); its callers (wirespeed.native's backend, the benchmarks) pass the
         // data_ptr() of tensors they checked (size, dtype, contiguity) and hand those tensors in
-        // as `keep`, which the engine holds for as long as the op may touch them.
+        // as `keep`, which stays alive for as long as the op may touch them: held by the engine
+        // for a queued op; for a blocking one, by this frame until `run` returns (nothing touches
+        // the memory after a success) and by the engine for good after a failure. A blocking op
+        // so costs no deferred release of a Python object (~0.2 us at 4 KiB).
         if blocking {
-            py.allow_threads(|| unsafe { e.run(op, owner) }).map_err(to_py)
-        } else {
-            Ok(unsafe { e.submit(op, owner) })
+            return py.allow_threads(|| unsafe { e.run(op, Box::new(())) }).map_err(|err| {
+                e.retain(Box::new(keep));
+                to_py(err)
+            });
         }
+        let owner: Owner = Box::new(keep);
+        Ok(unsafe { e.submit(op, owner) })
     }
 }
 
@@ -126,8 +138,10 @@ impl Group {
         }
         let hosts = hosts.unwrap_or_default();
         let spans_hosts = hosts.iter().any(|h| h != &hosts[0]);
-        let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts).map_err(to_py)?;
-        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts })
+        // The one read of the core's WIRESPEED_* knobs for this group; the core reads no variable.
+        let cfg = Config::from_env().map_err(to_py)?;
+        let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &cfg).map_err(to_py)?;
+        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker })
     }
 
     /// (pid, memfd number, host id, TCP address or ""): what peers need to connect to this rank.
@@ -143,7 +157,7 @@ impl Group {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
         let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
-        self.engine = Some(Engine::with(group).map_err(to_py)?);
+        self.engine = Some(Engine::with(group, self.wake_worker).map_err(to_py)?);
         Ok(())
     }
 
@@ -156,12 +170,12 @@ impl Group {
         self.world
     }
 
-    #[pyo3(signature = (buf, count, dtype_code, op, *, keep, blocking=false))]
+    #[pyo3(signature = (buf, count, dtype_code, op, keep, blocking=false))]
     fn all_reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "all_reduce")?;
         self.submit(py, Op::AllReduce { buf, count, dtype, op }, keep, blocking)
     }
-    #[pyo3(signature = (send, out, count, dtype_code, op, *, keep, blocking=false))]
+    #[pyo3(signature = (send, out, count, dtype_code, op, keep, blocking=false))]
     fn reduce_scatter(&self, py: Python<'_>, send: Bufs, out: usize, count: usize, dtype_code: u32, op: u32, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
         self.submit(py, Op::ReduceScatter { send, out, count, dtype, op }, keep, blocking)
@@ -169,7 +183,7 @@ impl Group {
     /// reduce_scatter of one flat input (torch's reduce_scatter_tensor): rank r's piece is the
     /// `count` elements at `send` + r·count·element size. The pieces are laid out here rather
     /// than in Python, where a list of `world` tuples per call costs microseconds.
-    #[pyo3(signature = (send, out, count, dtype_code, op, *, keep, blocking=false))]
+    #[pyo3(signature = (send, out, count, dtype_code, op, keep, blocking=false))]
     fn reduce_scatter_flat(&self, py: Python<'_>, send: usize, out: usize, count: usize, dtype_code: u32, op: u32, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce_scatter")?;
         let each = count.checked_mul(dtype.size()).ok_or_else(|| UnsupportedError::new_err(format!("wirespeed: {count} elements overflow a byte count")))?;
@@ -178,46 +192,46 @@ impl Group {
     }
     /// all_gather into one flat output (torch's all_gather_into_tensor): rank r's `bytes` land at
     /// `recv` + r·bytes.
-    #[pyo3(signature = (send, recv, bytes, *, keep, blocking=false))]
+    #[pyo3(signature = (send, recv, bytes, keep, blocking=false))]
     fn all_gather_flat(&self, py: Python<'_>, send: usize, recv: usize, bytes: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let recv = flat_pieces(recv, bytes, self.world, "all_gather output")?;
         self.submit(py, Op::AllGather { send: (send, bytes), recv }, keep, blocking)
     }
-    #[pyo3(signature = (buf, count, dtype_code, op, root, *, keep, blocking=false))]
+    #[pyo3(signature = (buf, count, dtype_code, op, root, keep, blocking=false))]
     fn reduce(&self, py: Python<'_>, buf: usize, count: usize, dtype_code: u32, op: u32, root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         let (dtype, op) = self.reducible(dtype_code, op, "reduce")?;
         self.submit(py, Op::Reduce { buf, count, dtype, op, root }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, *, keep, blocking=false))]
+    #[pyo3(signature = (send, recv, keep, blocking=false))]
     fn all_gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::AllGather { send, recv }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, *, keep, blocking=false))]
+    #[pyo3(signature = (send, recv, keep, blocking=false))]
     fn all_to_all(&self, py: Python<'_>, send: Bufs, recv: Bufs, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::AllToAll { send, recv }, keep, blocking)
     }
-    #[pyo3(signature = (buf, root, *, keep, blocking=false))]
+    #[pyo3(signature = (buf, root, keep, blocking=false))]
     fn broadcast(&self, py: Python<'_>, buf: (usize, usize), root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::Broadcast { buf, root }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, root, *, keep, blocking=false))]
+    #[pyo3(signature = (send, recv, root, keep, blocking=false))]
     fn gather(&self, py: Python<'_>, send: (usize, usize), recv: Bufs, root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::Gather { send, recv, root }, keep, blocking)
     }
-    #[pyo3(signature = (send, recv, root, *, keep, blocking=false))]
+    #[pyo3(signature = (send, recv, root, keep, blocking=false))]
     fn scatter(&self, py: Python<'_>, send: Bufs, recv: (usize, usize), root: usize, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::Scatter { send, recv, root }, keep, blocking)
     }
     /// (No buffers, so nothing to keep.)
-    #[pyo3(signature = (*, blocking=false))]
+    #[pyo3(signature = (blocking=false))]
     fn barrier(&self, py: Python<'_>, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::Barrier, py.None(), blocking)
     }
-    #[pyo3(signature = (to, buf, tag, *, keep, blocking=false))]
+    #[pyo3(signature = (to, buf, tag, keep, blocking=false))]
     fn send(&self, py: Python<'_>, to: usize, buf: (usize, usize), tag: u64, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::Send { to, buf, tag }, keep, blocking)
     }
-    #[pyo3(signature = (from, buf, tag, *, keep, blocking=false))]
+    #[pyo3(signature = (from, buf, tag, keep, blocking=false))]
     fn recv(&self, py: Python<'_>, from: usize, buf: (usize, usize), tag: u64, keep: PyObject, blocking: bool) -> PyResult<u64> {
         self.submit(py, Op::Recv { from, buf, tag }, keep, blocking)
     }
@@ -255,7 +269,7 @@ fn core_version() -> &'static str {
 /// This machine's id (hostname + boot id, or WIRESPEED_HOSTID): ranks with equal ids share memory.
 #[pyfunction]
 fn host_id() -> String {
-    wirespeed_core::sys::host_id()
+    wirespeed_core::config::host_id_from_env()
 }
 
 /// 16 random bytes from the kernel, for a job token.

@@ -9,8 +9,8 @@ caller's thread and returns None, as torch allows for a backend that completed t
 async call is queued and returns a Work. The engine runs ops in order, in the background or
 inline in whichever thread waits first, with the GIL released.
 
-Every native call hands the engine what owns the memory behind its addresses (`keep=`: the
-tensors, or the Staging's list of them and of its copies); the engine holds it until the op can
+Every native call hands the engine what owns the memory behind its addresses (`keep`, the
+argument after the op's own: the tensors, or the Staging's list of them and of its copies); the engine holds it until the op can
 no longer touch it, whatever happens to the Work (docs/architecture.md, "Who owns a buffer").
 """
 from __future__ import annotations
@@ -92,10 +92,10 @@ class WirespeedBackend(_C10dBackend):
         """Run one native op over the Staging's buffers (which the engine keeps): inline when torch
         waits at once (returns None), else queued (a Work that copies staged results back)."""
         if _blocking(opts):
-            call(*args, keep=st.keep, blocking=True)
+            call(*args, st.keep, True)
             st.finish()
             return None
-        return self._work(call(*args, keep=st.keep), result, st)
+        return self._work(call(*args, st.keep), result, st)
 
     def _work(self, op_id: int, result, st: Staging) -> Work:
         return Work(self.native, [op_id], result, st.finish if st.back else None, self._futures)
@@ -120,9 +120,9 @@ class WirespeedBackend(_C10dBackend):
             if (code is not None and opts.reduceOp == SUM and t.is_cpu and t.layout is torch.strided
                     and t.is_contiguous()):
                 if not opts.asyncOp:
-                    self._all_reduce(t.data_ptr(), t.numel(), code, 0, keep=t, blocking=True)
+                    self._all_reduce(t.data_ptr(), t.numel(), code, 0, t, True)
                     return None
-                return Work(self.native, [self._all_reduce(t.data_ptr(), t.numel(), code, 0, keep=t)], tensors,
+                return Work(self.native, [self._all_reduce(t.data_ptr(), t.numel(), code, 0, t)], tensors,
                             None, self._futures)
         t = _one(tensors, "allreduce")
         return self._allreduce_one(t, opts, "the all_reduce tensor")
@@ -195,9 +195,9 @@ class WirespeedBackend(_C10dBackend):
                 and input.numel() == output.numel() * self._size):
             args = (input.data_ptr(), output.data_ptr(), output.numel(), code, 0)
             if not opts.asyncOp:
-                self._reduce_scatter_flat(*args, keep=(input, output), blocking=True)
+                self._reduce_scatter_flat(*args, (input, output), True)
                 return None
-            return Work(self.native, [self._reduce_scatter_flat(*args, keep=(input, output))], [output], None,
+            return Work(self.native, [self._reduce_scatter_flat(*args, (input, output))], [output], None,
                         self._futures)
         check(input, "the reduce_scatter input")
         if input.numel() != output.numel() * self._size:
@@ -261,9 +261,9 @@ class WirespeedBackend(_C10dBackend):
                 and output.numel() == input.numel() * self._size):
             args = (input.data_ptr(), output.data_ptr(), input.numel() * input.element_size())
             if not opts.asyncOp:
-                self._all_gather_flat(*args, keep=(input, output), blocking=True)
+                self._all_gather_flat(*args, (input, output), True)
                 return None
-            return Work(self.native, [self._all_gather_flat(*args, keep=(input, output))], [output], None,
+            return Work(self.native, [self._all_gather_flat(*args, (input, output))], [output], None,
                         self._futures)
         check(input, "the all_gather input")
         check(output, "the all_gather output")

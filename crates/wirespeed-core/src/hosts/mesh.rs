@@ -20,8 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub type Config = NetConfig;
-
 const KEY_MAGIC: [u8; 4] = *b"WSG1";
 
 fn key(token: &[u8; 16], from: usize, to: usize, world: usize, nstreams: usize) -> [u8; 32] {
@@ -56,12 +54,14 @@ pub struct Listener {
     inner: crate::transport::tcp::Listener,
     expect: Arc<Expect>,
     reactor: Arc<Reactor>,
+    /// The engine's knobs, for the connections this rank dials (`Tcp::connect`).
+    cfg: NetConfig,
 }
 
 impl Listener {
     /// Listen on `ip` for the connections of the ranks in `dialers`; `streams[r]` is how many
-    /// streams rank r's connection must have.
-    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: Config, dialers: &[usize], streams: &[usize]) -> Result<Listener> {
+    /// streams rank r's connection must have; `cfg` the engine's knobs for every connection.
+    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize]) -> Result<Listener> {
         let reactor = Reactor::global(&cfg)?;
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
         let e = expect.clone();
@@ -80,8 +80,8 @@ impl Listener {
             }
             Ok(())
         });
-        let inner = crate::transport::tcp::Listener::bind_vetted(&reactor, SocketAddr::new(ip, 0), vet, format!("rank {rank}"), None)?;
-        Ok(Listener { addr: inner.local_addr(), inner, expect, reactor })
+        let inner = crate::transport::tcp::Listener::bind_vetted(&reactor, &cfg, SocketAddr::new(ip, 0), vet, format!("rank {rank}"), None)?;
+        Ok(Listener { addr: inner.local_addr(), inner, expect, reactor, cfg })
     }
 }
 
@@ -155,7 +155,7 @@ impl Tcp {
         let mut dialers = Vec::new();
         for r in (rank + 1..world).filter(|&r| remote[r]) {
             let addr: SocketAddr = addrs[r].parse().map_err(|_| Error::Unsupported(format!("rank {r} published a bad address {:?}", addrs[r])))?;
-            dialers.push((r, addr, Dialer::start(&listener.reactor, addr, key(&token, rank, r, world, streams[r]), streams[r])?));
+            dialers.push((r, addr, Dialer::start(&listener.reactor, &listener.cfg, addr, key(&token, rank, r, world, streams[r]), streams[r])?));
         }
         // Dial and accept at once: every rank makes progress on both, so no order can deadlock.
         let mut missing: usize = (0..rank).filter(|&r| remote[r]).count();
@@ -173,7 +173,7 @@ impl Tcp {
                     Ok(None) => {}
                     // The peer's listener may not be accepting yet: dial again until the deadline.
                     Err(_) if Instant::now() < deadline => {
-                        *d = Dialer::start(&listener.reactor, *addr, key(&token, rank, *r, world, streams[*r]), streams[*r])?;
+                        *d = Dialer::start(&listener.reactor, &listener.cfg, *addr, key(&token, rank, *r, world, streams[*r]), streams[*r])?;
                     }
                     Err(e) => return Err(e),
                 }

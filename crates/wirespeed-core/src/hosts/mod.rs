@@ -32,13 +32,14 @@
 pub mod hier;
 pub mod mesh;
 
+use crate::config::Config;
 use crate::plan::{AllReduceAlgo, Tuning};
 use crate::api::{Buf, Ticket};
 use crate::shm::collectives::{check_list, check_rank, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use mesh::{Config, Listener, Tcp};
+use mesh::{Listener, Tcp};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
 use std::time::Duration;
@@ -96,23 +97,27 @@ pub struct HostsSetup {
     listener: Listener,
     /// TCP streams to each rank (`Layout::pair_streams`; 0 on this host).
     streams: Vec<usize>,
+    /// The planner's knobs (`Config::tuning`), for the connected group.
+    tuning: Tuning,
 }
 
 impl HostsSetup {
-    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, ids: &[String]) -> Result<HostsSetup> {
+    /// `ids[r]` is rank r's host id; `cfg` gives the planner's and the TCP engine's knobs and the
+    /// variables that choose the listening address.
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, ids: &[String], cfg: &Config) -> Result<HostsSetup> {
         if ids.len() != world || rank >= world {
             return Err(Error::Unsupported(format!("{} host ids for rank {rank} of a world of {world}", ids.len())));
         }
         let lay = Layout::new(ids);
         let h = lay.host_of[rank];
-        let local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout)?;
-        let cfg = Config::from_env()?;
-        let (ip, _how) = crate::transport::iface::listen_ip()?;
+        let local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout, cfg)?;
+        let net = cfg.net.clone()?;
+        let (ip, _how) = crate::transport::iface::listen_ip(&|v| cfg.listen_var(v))?;
         // Lower ranks on other hosts dial this one (mesh.rs): those are the connections to expect.
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
-        let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, cfg.nstreams)).collect();
-        let listener = Listener::bind(ip, rank, world, token, cfg, &dialers, &streams)?;
-        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams })
+        let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, net.nstreams)).collect();
+        let listener = Listener::bind(ip, rank, world, token, net, &dialers, &streams)?;
+        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams, tuning: cfg.tuning })
     }
 
     pub fn info(&self) -> RankInfo {
@@ -122,7 +127,7 @@ impl HostsSetup {
     }
 
     pub fn connect(self, infos: &[RankInfo]) -> Result<HostsComm> {
-        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, streams } = self;
+        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, streams, tuning } = self;
         if infos.len() != world {
             return Err(Error::Mismatch(format!("{} rank infos for a world of {world}", infos.len())));
         }
@@ -131,7 +136,6 @@ impl HostsSetup {
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
         let tcp = Tcp::connect(listener, rank, &addrs, &streams, token, timeout)?;
-        let tuning = Tuning::from_env()?;
         Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
     }
 }
@@ -527,7 +531,8 @@ mod tests {
     fn a_panic_with_a_receive_posted_into_scratch_stops_it_and_keeps_the_scratch() {
         let token = crate::sys::random_token().unwrap();
         let ids = vec!["a".to_string(), "b".to_string()];
-        let setups: Vec<HostsSetup> = (0..2).map(|r| HostsSetup::new(r, 2, token, Duration::from_secs(3), &ids).unwrap()).collect();
+        let cfg = Config::from_vars(&|v| (v == "WIRESPEED_IFNAME").then(|| "lo".to_string())).unwrap();
+        let setups: Vec<HostsSetup> = (0..2).map(|r| HostsSetup::new(r, 2, token, Duration::from_secs(3), &ids, &cfg).unwrap()).collect();
         let infos: Vec<RankInfo> = setups.iter().map(|s| s.info()).collect();
         let both = Arc::new(Barrier::new(2));
         let n = 1 << 20;

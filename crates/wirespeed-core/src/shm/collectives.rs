@@ -521,7 +521,8 @@ mod tests {
     fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
         let token = sys::random_token().unwrap();
         let f = std::sync::Arc::new(f);
-        let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout).unwrap()).collect();
+        let cfg = crate::config::Config::default();
+        let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
         let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
         let hs: Vec<_> = comms
             .into_iter()

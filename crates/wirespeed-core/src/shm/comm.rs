@@ -5,6 +5,7 @@
 //! Setup is two steps so any store can carry the rendezvous: `Comm::new` creates this rank's
 //! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
 //! through its store and hands every rank's info to `connect`.
+use crate::config::Config;
 use crate::error::{Error, Result};
 use super::segment::{DescHeader, Layout, Piece, Seg, MAGIC};
 use crate::sys::{self, Mapping, PidFd};
@@ -35,9 +36,9 @@ impl SpinPolicy {
     /// after the other has given up spinning, which then sleeps and is woken late in turn (seen
     /// with 50 us and torch's ~10 us of Python per op: 85 us per 4 KiB all_reduce instead of 14).
     /// When ranks outnumber cores, spinning only steals the core the awaited peer needs, so yield.
-    pub fn for_ranks(local_ranks: usize) -> SpinPolicy {
+    /// `spin_us` replaces the 200 us where given (WIRESPEED_SPIN_US, `Config::spin_us`).
+    pub fn for_ranks(local_ranks: usize, spin_us: Option<u64>) -> SpinPolicy {
         let cpus = sys::cpus_available();
-        let spin_us = std::env::var("WIRESPEED_SPIN_US").ok().and_then(|v| v.parse().ok());
         if local_ranks > cpus {
             SpinPolicy { spin: Duration::from_micros(spin_us.unwrap_or(200)), yield_while_spinning: true }
         } else {
@@ -79,6 +80,8 @@ pub struct Comm {
     pub(crate) p2p_sent: Vec<u32>,
     pub(crate) p2p_recvd: Vec<u32>,
     pub(crate) tuning: crate::plan::Tuning,
+    /// This rank's host id (`Config::host_id`), published in its `RankInfo`.
+    host: String,
     /// CPUs the planner assumes: the least any rank of the host may run on, agreed at connect
     /// (read once: a system call per op would cost ~0.3 us).
     pub(crate) cpus: usize,
@@ -88,11 +91,12 @@ pub struct Comm {
 
 impl Comm {
     /// Create this rank's segment. `token` names the job; peers with another token are refused.
-    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration) -> Result<Comm> {
+    /// `cfg` gives the planner's knobs, the waits' spin and the host id.
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, cfg: &Config) -> Result<Comm> {
         if world == 0 || rank >= world {
             return Err(Error::Unsupported(format!("rank {rank} is outside a world of {world}")));
         }
-        let tuning = crate::plan::Tuning::from_env()?;
+        let tuning = cfg.tuning;
         let lay = Layout::new(world, tuning.slot_bytes);
         let (fd, map) = sys::memfd_segment(lay.total)?;
         let own = Seg { map: Arc::new(map), lay };
@@ -109,7 +113,7 @@ impl Comm {
                 pids: vec![],
                 pidfds: vec![],
                 timeout,
-                spin: SpinPolicy::for_ranks(world),
+                spin: SpinPolicy::for_ranks(world, cfg.spin_us),
             }),
             own_fd: fd,
             token,
@@ -119,13 +123,14 @@ impl Comm {
             p2p_sent: vec![0; world],
             p2p_recvd: vec![0; world],
             tuning,
+            host: cfg.host_id(),
             cpus: sys::cpus_available(),
             _attach: attach,
         })
     }
 
     pub fn info(&self) -> RankInfo {
-        RankInfo { pid: sys::getpid(), fd: self.own_fd, host: sys::host_id(), addr: String::new() }
+        RankInfo { pid: sys::getpid(), fd: self.own_fd, host: self.host.clone(), addr: String::new() }
     }
 
     /// Map every peer's segment, check it belongs to this job, then wait for all ranks to do the

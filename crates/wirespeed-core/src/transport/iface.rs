@@ -150,9 +150,10 @@ pub fn interfaces() -> Vec<Iface> {
 /// The variables that select the groups' interface, in the order they are looked at.
 pub const IFNAME_VARS: [&str; 3] = ["WIRESPEED_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"];
 
-/// The address to listen on and how it was chosen (for error messages and `wirespeed env`).
-pub fn listen_ip() -> Result<(IpAddr, String)> {
-    listen_ip_from(&|v| std::env::var(v).ok(), &interfaces())
+/// The address to listen on and how it was chosen (for error messages and `wirespeed env`);
+/// `var` gives the variables named above as they were read (`config::Config::listen_var`).
+pub fn listen_ip(var: &dyn Fn(&str) -> Option<String>) -> Result<(IpAddr, String)> {
+    listen_ip_from(var, &interfaces())
 }
 
 /// `listen_ip` over given variables and interfaces. A selection takes the first interface it

@@ -221,14 +221,15 @@ impl ListenerInner {
 
 impl Listener {
     /// Listen on `addr` (port 0 for any) and accept any key.
-    pub fn bind(reactor: &Arc<Reactor>, addr: SocketAddr) -> Result<Listener> {
-        Listener::bind_vetted(reactor, addr, Box::new(|_| Ok(())), "wirespeed".into(), None)
+    pub fn bind(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr) -> Result<Listener> {
+        Listener::bind_vetted(reactor, cfg, addr, Box::new(|_| Ok(())), "wirespeed".into(), None)
     }
 
     /// Listen on `addr`; `vet` decides on each dialer's key, `label` names this end in logs, and
-    /// `report` (stderr when None) receives each refusal's line.
-    pub fn bind_vetted(reactor: &Arc<Reactor>, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>) -> Result<Listener> {
-        let cfg = NetConfig::from_env()?;
+    /// `report` (stderr when None) receives each refusal's line. Accepted connections are made
+    /// with `cfg`'s chunk size, spin and socket options.
+    pub fn bind_vetted(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>) -> Result<Listener> {
+        let cfg = *cfg;
         let sock = TcpListener::bind(addr).map_err(|e| Error::Unsupported(format!("cannot listen on {addr}: {e}")))?;
         let addr = sock.local_addr().map_err(|_| Error::os("getsockname"))?;
         sock.set_nonblocking(true).map_err(|_| Error::os("fcntl"))?;
@@ -344,12 +345,13 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 }
 
 impl Dialer {
-    /// Start `nstreams` connections to `addr`, each to greet the listener with `key`.
-    pub fn start(reactor: &Arc<Reactor>, addr: SocketAddr, key: [u8; 32], nstreams: usize) -> Result<Dialer> {
+    /// Start `nstreams` connections to `addr`, each to greet the listener with `key`; the
+    /// connection is made with `cfg`'s chunk size, spin and socket options.
+    pub fn start(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize) -> Result<Dialer> {
         if nstreams == 0 || nstreams > 64 {
             return Err(Error::Unsupported(format!("{nstreams} streams per connection: give 1 to 64")));
         }
-        let cfg = NetConfig::from_env()?;
+        let cfg = *cfg;
         let streams = (0..nstreams).map(|_| connect_nonblocking(addr).map(|s| Some(DialStream::Connecting(s)))).collect::<Result<Vec<_>>>()?;
         Ok(Dialer { reactor: reactor.clone(), cfg, addr, key, streams })
     }

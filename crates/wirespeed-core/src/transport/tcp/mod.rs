@@ -49,7 +49,6 @@
 //! Failure. End of file or a reset on any stream, or a malformed frame, fails the whole
 //! connection: every pending request then returns the error. `close` shuts the sockets and takes
 //! every stream's lock once, so when it returns no engine thread touches a caller's buffer again.
-use crate::error::{Error, Result};
 use std::time::Duration;
 
 mod conn;
@@ -80,7 +79,9 @@ const REACTOR_TICK: Duration = Duration::from_millis(100);
 /// Longest single sleep of a waiting caller: how often it checks its deadline.
 const WAIT_SLICE: Duration = Duration::from_millis(20);
 
-/// The engine's knobs, read once from the environment.
+/// The engine's knobs, given to `Reactor::new`, `Listener::bind_vetted` and `Dialer::start`.
+/// config.rs reads them from the environment (`config::net`), once, where the engine is started
+/// (a multi-host group's `Config`, the NCCL plugin's init); the engine itself reads no variable.
 #[derive(Clone, Copy, Debug)]
 pub struct NetConfig {
     /// TCP connections per peer (WIRESPEED_NSTREAMS).
@@ -98,17 +99,7 @@ pub struct NetConfig {
     pub notsent_lowat: usize,
 }
 
-pub(crate) fn env_usize(name: &str, default: usize, min: usize, max: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(n),
-            _ => Err(Error::Unsupported(format!("{name}={v:?}: give an integer from {min} to {max}, e.g. {default}"))),
-        },
-    }
-}
-
-impl NetConfig {
+impl Default for NetConfig {
     /// Defaults (the measurements behind them are in docs/transport.md):
     /// - 12 streams: clouds and the emulated cluster cap each flow (e.g. 250 Mbit/s flows on a
     ///   2 Gbit/s link). 8 such flows can carry at most 0.89 of that link (TCP's headers, and htb
@@ -126,15 +117,15 @@ impl NetConfig {
     ///   5 Gbit/s flow busy across a ~100 us wake-up, small enough that a half-speed flow holds
     ///   back little (see "Streams pull chunks" above); 64 KiB gave 0.88-0.89 of the capped
     ///   link where 128 and 256 KiB gave 0.79-0.92.
-    pub fn from_env() -> Result<NetConfig> {
+    fn default() -> NetConfig {
         let cpus = crate::sys::cpus_available();
-        Ok(NetConfig {
-            nstreams: env_usize("WIRESPEED_NSTREAMS", 12, 1, 64)?,
-            chunk: env_usize("WIRESPEED_CHUNK_BYTES", 512 << 10, 4096, 1 << 30)?,
-            io_threads: env_usize("WIRESPEED_IO_THREADS", if cpus > 4 { 2 } else { 1 }, 1, 16)?,
-            sockbuf: env_usize("WIRESPEED_SOCKBUF", 0, 0, 1 << 30)?,
-            spin: Duration::from_micros(env_usize("WIRESPEED_NET_SPIN_US", 50, 0, 1_000_000)? as u64),
-            notsent_lowat: env_usize("WIRESPEED_NOTSENT_LOWAT", 64 << 10, 0, 1 << 30)?,
-        })
+        NetConfig {
+            nstreams: 12,
+            chunk: 512 << 10,
+            io_threads: if cpus > 4 { 2 } else { 1 },
+            sockbuf: 0,
+            spin: Duration::from_micros(50),
+            notsent_lowat: 64 << 10,
+        }
     }
 }

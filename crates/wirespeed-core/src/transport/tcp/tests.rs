@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::Error;
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering::*};
@@ -6,11 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 fn pair(nstreams: usize) -> (Conn, Conn, Listener) {
-    let cfg = NetConfig::from_env().unwrap();
+    let cfg = NetConfig::default();
     let r = Reactor::new(&cfg).unwrap();
-    let l = Listener::bind(&r, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = Listener::bind(&r, &cfg, "127.0.0.1:0".parse().unwrap()).unwrap();
     let key = [7u8; 32];
-    let d = Dialer::start(&r, l.local_addr(), key, nstreams).unwrap();
+    let d = Dialer::start(&r, &cfg, l.local_addr(), key, nstreams).unwrap();
     let a = d.finish(Instant::now() + Duration::from_secs(5)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let b = loop {
@@ -112,13 +113,13 @@ fn a_slow_stream_carries_less_than_its_share() {
     // One of four flows runs at 512 KB/s, the others at loopback speed. A stream takes chunks
     // only as fast as its flow drains, so the slow one carries far less than a quarter (about
     // one chunk: the transfer takes a fraction of a second; with an equal share it would take
-    // 8 s). Fails with WIRESPEED_NOTSENT_LOWAT=0: the kernel then takes a quarter at once.
+    // 8 s). Fails with `notsent_lowat` 0: the kernel then takes a quarter at once.
     let n = 4;
-    let cfg = NetConfig::from_env().unwrap();
+    let cfg = NetConfig::default();
     let r = Reactor::new(&cfg).unwrap();
-    let l = Listener::bind(&r, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = Listener::bind(&r, &cfg, "127.0.0.1:0".parse().unwrap()).unwrap();
     let (relay, counts) = relay_with_one_slow_flow(l.local_addr(), n, 512 << 10);
-    let a = Dialer::start(&r, relay, [3u8; 32], n).unwrap().finish(Instant::now() + Duration::from_secs(10)).unwrap();
+    let a = Dialer::start(&r, &cfg, relay, [3u8; 32], n).unwrap().finish(Instant::now() + Duration::from_secs(10)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let b = loop {
         if let Some((_, c)) = l.poll_accept().unwrap() {
@@ -227,15 +228,15 @@ fn a_silent_receiver_times_out() {
 
 #[test]
 fn strangers_are_refused_and_never_accepted() {
-    let cfg = NetConfig::from_env().unwrap();
+    let cfg = NetConfig::default();
     let r = Reactor::new(&cfg).unwrap();
-    let l = Listener::bind_vetted(&r, "127.0.0.1:0".parse().unwrap(), Box::new(|k| if k[0] == 1 { Ok(()) } else { Err("wrong job".into()) }), "test".into(), None).unwrap();
+    let l = Listener::bind_vetted(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|k| if k[0] == 1 { Ok(()) } else { Err("wrong job".into()) }), "test".into(), None).unwrap();
     // Garbage, then a wrong key, then a right one.
     let mut g = TcpStream::connect(l.local_addr()).unwrap();
     g.write_all(&[0xAB; HELLO_LEN]).unwrap();
-    let bad = Dialer::start(&r, l.local_addr(), [2u8; 32], 2).unwrap();
+    let bad = Dialer::start(&r, &cfg, l.local_addr(), [2u8; 32], 2).unwrap();
     assert!(bad.finish(Instant::now() + Duration::from_secs(5)).is_err());
-    let good = Dialer::start(&r, l.local_addr(), [1u8; 32], 2).unwrap().finish(Instant::now() + Duration::from_secs(5)).unwrap();
+    let good = Dialer::start(&r, &cfg, l.local_addr(), [1u8; 32], 2).unwrap().finish(Instant::now() + Duration::from_secs(5)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let (k, _c) = loop {
         if let Some(x) = l.poll_accept().unwrap() {
