@@ -142,3 +142,8 @@ def test_the_cores_files_stay_readable_and_one_name_means_one_thing():
             if (n := len(f.read_text().splitlines())) > 800}
     assert long == {}
     assert [str(f.relative_to(CORE)) for f in CORE.rglob("tcp.rs")] == []
+
+
+def test_the_core_reads_the_environment_in_one_module():
+    readers = sorted(str(f.relative_to(CORE)) for f in CORE.rglob("*.rs") if "env::var" in f.read_text())
+    assert readers == ["config.rs"]
