@@ -23,8 +23,9 @@ EXIT_MEANING = {EXIT_FAILED: "failed", EXIT_USAGE: "usage error",
                 EXIT_MISMATCH: "ranks disagree"}
 
 
-class WirespeedError(Exception):
-    """Base of every error wirespeed reports to a user. `exit_code` is what the CLI exits with."""
+class WirespeedError(RuntimeError):
+    """Base of every error wirespeed reports to a user. `exit_code` is what the CLI exits with.
+    A RuntimeError, as torch.distributed's own errors are, so code written for those catches ours."""
 
     exit_code = EXIT_FAILED
 
@@ -58,3 +59,41 @@ class RanksDisagree(WirespeedError):
 
     exit_code = EXIT_MISMATCH
 
+
+
+# ---- the native transport's errors (wirespeed._native raises these: the binding imports them) ----
+# Each is the kind of failure it is, so its exit status comes from its type; TransportError says it
+# came from the transport (a rank's own error, to be named with its rank when reported).
+
+
+class TransportError(WirespeedError):
+    """Base of every error the native transport raises (wirespeed.native.WirespeedError)."""
+
+
+class PeerDiedError(TransportError, PeerLost):
+    """A peer process died while this rank depended on it."""
+
+
+class PeerAbortedError(TransportError, PeerLost):
+    """A peer failed with an error of its own and aborted the group; the message carries its
+    reason, whose kind (a timeout, a mismatch) is the job's (faults.kind_of)."""
+
+
+class BrokenGroupError(TransportError, PeerLost):
+    """The group was broken by an earlier error and must be recreated; the message carries it."""
+
+
+class CollectiveTimeout(TransportError, PeerTimeout):
+    """No progress within the group's timeout."""
+
+
+class MismatchError(TransportError, RanksDisagree):
+    """Ranks called a collective with different sizes, dtypes, ops, roots or kinds."""
+
+
+class UnsupportedError(TransportError, UsageError):
+    """A request this backend cannot serve (the message names what it supports)."""
+
+
+class StrangerError(TransportError):
+    """A peer that does not belong to this job was refused."""

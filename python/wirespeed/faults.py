@@ -1,16 +1,18 @@
 """What a library's exception means, so every rank reports a fault as the same kind of error with
 the same exit status (errors.py), whichever library raised it and whichever rank saw it first.
 
-- wirespeed's own transport raises one exception class per failure; a peer that aborted the group
-  passes its reason on ("peer rank 2 failed: timed out ..."), so a rank that only heard of a
-  timeout reports a timeout, as the rank that timed out does.
+- wirespeed's own transport raises one typed exception per failure (errors.py: each a subclass of
+  the kind it is); a peer that aborted the group passes its reason on ("peer rank 2 failed: timed
+  out ..."), so a rank that only heard of a timeout reports a timeout, as the rank that timed out
+  does.
 - gloo, NCCL and the TCP store raise RuntimeError-like errors whose text says what happened.
 """
 from __future__ import annotations
 
 import re
 
-from .errors import (PeerLost, PeerTimeout, RanksDisagree, UsageError, WirespeedError)
+from .errors import (BrokenGroupError, PeerAbortedError, PeerLost, PeerTimeout, RanksDisagree, TransportError,
+                     UsageError, WirespeedError)
 
 # Lower-case fragments of library messages, most specific first.
 _TIMEOUT_TEXT = ("timed out", "timeout", "deadline exceeded")
@@ -29,28 +31,25 @@ def first_line(e: BaseException) -> str:
     return _SOURCE_PREFIX.sub("", text.splitlines()[0])[:300]
 
 
+_KINDS = (PeerTimeout, PeerLost, RanksDisagree, UsageError)
+
+
 def kind_of(e: BaseException) -> type[WirespeedError]:
     """The wirespeed error class a library exception amounts to."""
-    if isinstance(e, WirespeedError):
-        return type(e)
-    name = type(e).__name__
     text = str(e).lower()
-    # wirespeed's own transport (wirespeed._native), by class: no import of the native module.
-    if name in ("CollectiveTimeout",):
-        return PeerTimeout
-    if name in ("MismatchError",):
-        return RanksDisagree
-    if name in ("UnsupportedError",):
-        return UsageError
-    if name in ("PeerDiedError",):
-        return PeerLost
-    if name in ("PeerAbortedError", "BrokenGroupError"):
-        # The first rank's reason travels with the abort: report what it saw.
+    if isinstance(e, (PeerAbortedError, BrokenGroupError)):
+        # The first rank's reason travels with the abort, as text: report what that rank saw.
         if "timed out" in text:
             return PeerTimeout
         if "ranks disagree" in text:
             return RanksDisagree
         return PeerLost
+    if isinstance(e, WirespeedError):
+        # wirespeed's own errors and the transport's are typed: the kind is the class
+        return next((k for k in _KINDS if isinstance(e, k)), WirespeedError) if isinstance(e, TransportError) \
+            else type(e)
+    # gloo, NCCL, the TCP store, and transport errors that came back through torch's C++ layer
+    # (as a plain RuntimeError): by what their text says.
     if any(t in text for t in _TIMEOUT_TEXT):
         return PeerTimeout
     if any(t in text for t in _LOST_TEXT):
@@ -61,7 +60,8 @@ def kind_of(e: BaseException) -> type[WirespeedError]:
 
 
 def rank_error(rank: int, e: BaseException) -> WirespeedError:
-    """A library exception raised on `rank` as the one-line, typed error the CLI prints."""
-    if isinstance(e, WirespeedError):
+    """A library exception raised on `rank` as the one-line, typed error the CLI prints. wirespeed's
+    own errors are reported as they are; the transport's, like any library's, name the rank."""
+    if isinstance(e, WirespeedError) and not isinstance(e, TransportError):
         return e
     return kind_of(e)(f"rank {rank}: {first_line(e)}")

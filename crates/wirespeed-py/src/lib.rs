@@ -4,22 +4,26 @@
 //! `wirespeed._native`: thin pyo3 bindings over wirespeed-core. Logic lives in the core; this crate
 //! only converts types, maps each core error to its own Python exception, and releases the GIL
 //! around anything that waits.
-use pyo3::create_exception;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::import_exception;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
 use wirespeed_core::engine::Owner;
 use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
 
-create_exception!(_native, WirespeedError, PyRuntimeError, "Base of every error the native transport raises.");
-create_exception!(_native, PeerDiedError, WirespeedError, "A peer process died while this rank depended on it.");
-create_exception!(_native, PeerAbortedError, WirespeedError, "A peer failed with an error of its own and aborted the group.");
-create_exception!(_native, CollectiveTimeout, WirespeedError, "No progress within the group's timeout.");
-create_exception!(_native, MismatchError, WirespeedError, "Ranks called a collective with different sizes, dtypes, ops, roots or kinds.");
-create_exception!(_native, UnsupportedError, WirespeedError, "A request this backend cannot serve (the message names what it supports).");
-create_exception!(_native, StrangerError, WirespeedError, "A peer that does not belong to this job was refused.");
-create_exception!(_native, BrokenGroupError, WirespeedError, "The group was broken by an earlier error and must be recreated.");
+// The exceptions are Python classes of wirespeed/errors.py, so that each is a member of the one
+// hierarchy whose type says the kind of failure (a CollectiveTimeout is a PeerTimeout, exit
+// status 3): no caller decides by a class name or a message. `WirespeedError` here is their base,
+// errors.TransportError, which wirespeed.native exports under that name.
+import_exception!(wirespeed.errors, TransportError);
+import_exception!(wirespeed.errors, PeerDiedError);
+import_exception!(wirespeed.errors, PeerAbortedError);
+import_exception!(wirespeed.errors, CollectiveTimeout);
+import_exception!(wirespeed.errors, MismatchError);
+import_exception!(wirespeed.errors, UnsupportedError);
+import_exception!(wirespeed.errors, StrangerError);
+import_exception!(wirespeed.errors, BrokenGroupError);
+type WirespeedError = TransportError;
 
 fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();

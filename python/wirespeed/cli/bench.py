@@ -10,7 +10,7 @@ import time
 
 from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
-from ..errors import UsageError, WirespeedError
+from ..errors import UsageError
 from ..sizes import sizes_from_flags
 from . import flags
 from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
@@ -196,9 +196,7 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
                 records.append({"schema": "wirespeed.bench/1", "run_id": run_id, "backend": cfg.backend,
                                 "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env})
         total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance)
-    except WirespeedError:
-        raise
-    except Exception as e:
+    except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
         progress.close()
         raise rank_error(info.rank, e) from None
     finally:

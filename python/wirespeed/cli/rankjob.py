@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from ..errors import UsageError, WirespeedError
+from ..errors import TransportError, UsageError, WirespeedError
 from ..faults import first_line, kind_of, rank_error
 
 
@@ -75,9 +75,7 @@ def guarded_rank(rank: int, timeout_s: float):
     watchdog = Watchdog(timeout_s, rank)
     try:
         yield watchdog
-    except WirespeedError:
-        raise
-    except Exception as e:
+    except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
         raise rank_error(rank, e) from None
     finally:
         watchdog.close()
@@ -89,9 +87,9 @@ def start_backend(name: str, device: str, info, timeout_s: float):
     backend = create(name, device)
     try:
         backend.init(info, device, timeout_s)
-    except WirespeedError:
-        raise
     except Exception as e:
+        if isinstance(e, WirespeedError) and not isinstance(e, TransportError):
+            raise
         raise kind_of(e)(f"rank {info.rank}: {name} could not start the job at "
                          f"{info.master_addr}:{info.master_port}: {first_line(e)}") from None
     return backend
