@@ -2,11 +2,11 @@
 plots and logs. `rebuild` does the printing and plotting again from saved records (--from)."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
+from ..report.outputs import run_dir
 from ..report.records import bench_records, read_records, write_jsonl
 from . import render
 from .plan import CompareConfig, gpu_count, make_plan
@@ -45,11 +45,7 @@ def run_compare(cfg: CompareConfig) -> int:
     plan = make_plan(cfg.backends, [*cfg.dtypes], cfg.devices, cfg.nprocs, BACKENDS, gpu_count(),
                      _placement(cfg))
     compare_id = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = None
-    if cfg.save_dir:
-        out_dir = Path(cfg.save_dir) / f"compare-{compare_id}"
-        if out_dir.exists():
-            out_dir = Path(f"{out_dir}-{os.getpid()}")
+    out_dir = run_dir(cfg.save_dir, "compare", compare_id)
     _print(f"# wirespeed compare: {len(plan.runs)} combination{'s' if len(plan.runs) != 1 else ''}"
            f" x {cfg.repeat} repeat{'s' if cfg.repeat != 1 else ''}, {', '.join(cfg.collectives)} "
            f"({', '.join(cfg.ops)}), {len(cfg.sizes)} size{'s' if len(cfg.sizes) != 1 else ''}, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 from ..errors import UsageError
 
@@ -98,3 +99,12 @@ def check_outputs(files: dict[str, str | None] = (), dirs: dict[str, str | None]
         check_output_file(path, flag)
     for flag, path in dict(dirs).items():
         check_output_dir(path, flag)
+
+
+def run_dir(save_dir: str | None, kind: str, run_id: str) -> Path | None:
+    """Where a saved compare/tune run goes: SAVE_DIR/<kind>-<run_id>, or with this process's id
+    added when another run of the same second took that name; None when not saving."""
+    if not save_dir:
+        return None
+    out = Path(save_dir) / f"{kind}-{run_id}"
+    return Path(f"{out}-{os.getpid()}") if out.exists() else out

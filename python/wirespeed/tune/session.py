@@ -1,11 +1,10 @@
 """One tune end to end: the header, the sweep, the verdict, records and logs saved."""
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 
+from ..report.outputs import run_dir
 from ..report.records import write_jsonl
 from . import verdict
 from .sweep import TuneConfig, run_sweep, settings
@@ -19,11 +18,7 @@ def _print(text: str = "") -> None:
 def run_tune(cfg: TuneConfig, notes: list[str]) -> int:
     plan = settings(cfg.knobs)
     tune_id = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = None
-    if cfg.save_dir:
-        out_dir = Path(cfg.save_dir) / f"tune-{tune_id}"
-        if out_dir.exists():
-            out_dir = Path(f"{out_dir}-{os.getpid()}")
+    out_dir = run_dir(cfg.save_dir, "tune", tune_id)
     knobs = ", ".join(dict.fromkeys(k.name for k in cfg.knobs))
     _print(f"# wirespeed tune: backend {cfg.backend}, device {cfg.device}, {cfg.nproc} ranks"
            f"{', emulated cluster ' + cfg.cluster if cfg.cluster else ''}"
