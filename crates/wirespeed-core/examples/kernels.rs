@@ -12,7 +12,9 @@ fn main() {
         let cnt = n * 4 / dt.size();
         let t = Instant::now();
         for _ in 0..5 {
-            // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
+            // SAFETY: `a` and `b` hold 32 MiB each, `cnt` elements of `dt` (f32 or bf16), aligned
+            // for either; the destination `b` is a source at the same offset, as reduce_many
+            // allows.
             unsafe { reduce_many(b.as_mut_ptr() as *mut u8, &[a.as_ptr() as *const u8, b.as_ptr() as *const u8], cnt, dt, ReduceOp::Sum, 2) };
         }
         let s = t.elapsed().as_secs_f64() / 5.0;
@@ -23,7 +25,8 @@ fn main() {
     let t = Instant::now();
     for _ in 0..5 {
         for off in (0..n).step_by(blk) {
-            // SAFETY: the buffers are locals that outlive the call.
+            // SAFETY: off + blk <= n, so each pointer covers `blk` f32s inside `a` or `b`; the
+            // destination is `b`'s block, a source at the same offset.
             unsafe {
                 reduce_many(b.as_mut_ptr().add(off) as *mut u8, &[a.as_ptr().add(off) as *const u8, b.as_ptr().add(off) as *const u8], blk, DType::F32, ReduceOp::Sum, 2)
             };
@@ -32,27 +35,28 @@ fn main() {
     println!("reduce f32 in 64 KiB blocks: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
-        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+        // SAFETY: `a` and `c` are distinct vectors of `n` f32s.
         unsafe { std::ptr::copy_nonoverlapping(a.as_ptr(), c.as_mut_ptr(), n) };
     }
     println!("memcpy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
-        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+        // SAFETY: `c` and `a` are distinct vectors of n * 4 bytes.
         unsafe { copy::copy(c.as_mut_ptr() as *mut u8, a.as_ptr() as *const u8, n * 4) };
     }
     println!("nt copy 32 MiB: {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let pid = sys::getpid();
     let t = Instant::now();
     for _ in 0..5 {
-        // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
+        // SAFETY: `c` has n * 4 writable bytes that nothing else touches (the source is this
+        // process's own `a`).
         unsafe { sys::read_peer(pid, a.as_ptr() as u64, c.as_mut_ptr() as *mut u8, n * 4) }.unwrap();
     }
     println!("process_vm_readv 32 MiB (self): {:.2} GB/s", (n * 4) as f64 / (t.elapsed().as_secs_f64() / 5.0) / 1e9);
     let t = Instant::now();
     for _ in 0..5 {
         for off in (0..n).step_by(blk) {
-            // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
+            // SAFETY: as above, for block `off` of `c` (off + blk <= n).
             unsafe { sys::read_peer(pid, a.as_ptr() as u64 + off as u64 * 4, c.as_mut_ptr().add(off) as *mut u8, blk * 4) }.unwrap();
         }
     }

@@ -38,13 +38,16 @@ fn building_blocks(sizes: &[usize]) {
         let mut dst = vec![0u8; b];
         let other = vec![2u8; b];
         let it = iters_for(b);
-        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+        // SAFETY: `dst` and `src` are distinct vectors of `b` bytes.
         let copy = best(it, || unsafe { copy::copy(dst.as_mut_ptr(), src.as_ptr(), b) });
+        // SAFETY: `dst`, `src` and `other` are distinct vectors of `b` bytes, read as b / 4 f32s
+        // (Vec<u8> memory comes from malloc: 16-byte aligned in practice, not by Rust's rules).
         let red = best(it, || unsafe {
             reduce_many(dst.as_mut_ptr(), &[src.as_ptr(), other.as_ptr()], b / 4, DType::F32, ReduceOp::Sum, 2)
         });
         let pid = sys::getpid();
-        // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
+        // SAFETY: `dst` has `b` writable bytes that nothing else touches (the source is this
+        // process's own `src`).
         let cma = best(it, || unsafe { sys::read_peer(pid, src.as_ptr() as u64, dst.as_mut_ptr(), b).unwrap() });
         println!(
             "{:>8} B: copy {} ({:5.1} GB/s)  reduce 2 srcs f32 {} ({:5.1} GB/s)  process_vm_readv {} ({:5.1} GB/s)",
@@ -88,8 +91,6 @@ fn collectives(world: usize, sizes: Vec<usize>, cfg: &Config) {
     let gate = Arc::new(Barrier::new(world));
     let wake_worker = cfg.wake_worker;
     let rows = on_ranks(world, cfg, move |mut c| {
-        // SAFETY (every unsafe call below): the buffers are this closure's vectors, alive and
-        // touched by nobody else during each call.
         let mut out = vec![];
         let w = c.world;
         out.push(("barrier".to_string(), best(5000, || c.barrier().unwrap())));
@@ -102,13 +103,17 @@ fn collectives(world: usize, sizes: Vec<usize>, cfg: &Config) {
             let p = v.as_mut_ptr() as usize;
             let q = g.as_mut_ptr() as usize;
             gate.wait();
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: `p` is `v`'s n f32s, alive for this closure and touched only by these calls.
             out.push((format!("all_reduce {b}"), best(it, || unsafe { c.all_reduce(p, n, DType::F32, ReduceOp::Sum).unwrap() })));
             let recv: Vec<(usize, usize)> = (0..w).map(|r| (q + r * per, per)).collect();
+            // SAFETY: `v` (the first `per` bytes, read) and `g` (w disjoint runs of `per`, written)
+            // outlive the calls.
             out.push((format!("all_gather {b}"), best(it, || unsafe { c.all_gather((p, per), &recv).unwrap() })));
             let send: Vec<(usize, usize)> = (0..w).map(|r| (p + r * per, per)).collect();
-            // SAFETY: the buffers are locals that outlive the call.
+            // SAFETY: `send` cuts `v` into w runs of `per` bytes; the output `q` is `g`, disjoint
+            // from `v`; both outlive the calls.
             out.push((format!("reduce_scatter {b}"), best(it, || unsafe { c.reduce_scatter(&send, q, per / 4, DType::F32, ReduceOp::Sum).unwrap() })));
+            // SAFETY: `p` is `v`'s n * 4 bytes, alive for this closure.
             out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
         }
         // The same all_reduce through the engine's blocking path (what the bindings call).
@@ -121,8 +126,10 @@ fn collectives(world: usize, sizes: Vec<usize>, cfg: &Config) {
             out.push((
                 format!("engine all_reduce {b}"),
                 best(iters_for(b), || {
-                    // SAFETY: `v` outlives the engine (dropped after it, at the end of this closure), and the
-                    // op succeeds or the unwrap ends the run; so the empty owner is enough.
+                    // SAFETY: `run` returns Ok only once the op is complete, so `v` (dropped at the
+                    // end of this loop's turn) outlives every op on it and the empty owner is
+                    // enough (`run`'s owner contract). A failure panics in the unwrap; no peer
+                    // writes into a one-host all_reduce's buffer, so nothing late touches `v`.
                     unsafe { e.run(Op::AllReduce { buf: p, count: n, dtype: DType::F32, op: ReduceOp::Sum }, Box::new(())).unwrap() };
                 }),
             ));

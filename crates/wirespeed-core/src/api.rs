@@ -24,28 +24,72 @@ pub type Ticket = Box<dyn Pending>;
 
 /// The collectives of a connected group.
 ///
-/// # Safety (every method that takes buffers)
-/// Each (address, length) names memory of this process that stays valid for the whole call
-/// (and, for `send_post`, until the returned ticket completes); outputs do not overlap inputs
-/// except where a method says in place; nothing else writes them meanwhile. The bindings
-/// guarantee it by keeping the tensors alive until the work completes.
+/// # Safety
+///
+/// The buffer contract: every `unsafe` method below is unsafe for it, the implementations
+/// (`Comm` in group.rs and shm/, `HostsComm` in hosts/) rely on it, and the engine's `Op`s carry
+/// it (engine.rs). The caller passes memory as addresses (a `Buf`, or `buf`/`out` holding
+/// `count` elements of `dtype`) and promises, for each range:
+/// - it is this process's memory, valid for reads (an input) or writes (an output) of its whole
+///   length from the call until it returns; a `send_post` input until its ticket completes,
+///   since the receiver reads it in place (on one host, from its own process);
+/// - nothing else writes it meanwhile, and nothing else reads an output;
+/// - the elements of a reduction are aligned for `dtype` (the kernels read them as typed values);
+/// - an output overlaps no other range, except in the in-place forms a method names.
+///
+/// If a call (or a ticket) fails, a peer that is only late may still reach the ranges for a
+/// while (a reader of a send that timed out, a broadcast root writing into a rank that gave
+/// up); the engine therefore keeps a failed op's memory for good (engine.rs, "Ownership").
+/// The Python bindings meet the contract with the tensors they checked and hand to the engine.
 pub trait Collectives: Send {
     fn rank(&self) -> usize;
-    // SAFETY: the Collectives trait's contract (above) is this method's.
+    /// `buf`: `count` elements of `dtype` on every rank, replaced in place by their reduction.
+    /// # Safety
+    /// The buffer contract above, for `buf` (read and written).
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (above) is this method's.
+    /// `out` (`count` elements) = the reduction over ranks of their `send[rank]`; `send` has one
+    /// chunk of `count` elements per rank.
+    /// # Safety
+    /// The buffer contract above, for every `send[j]` (read) and `out` (written; it may be
+    /// `send[rank]` itself).
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
+    /// `buf` on `root` = the reduction over ranks of their `buf`; other ranks' `buf` is input only.
+    /// # Safety
+    /// The buffer contract above, for `buf` (read everywhere, written on `root`).
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()>;
+    /// `recv[j]` = rank j's `send`.
+    /// # Safety
+    /// The buffer contract above, for `send` (read) and every `recv[j]` (written; `recv[rank]`
+    /// may be `send` itself).
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()>;
+    /// `recv[j]` = rank j's `send[rank]`.
+    /// # Safety
+    /// The buffer contract above, for every `send[j]` (read) and `recv[j]` (written; `recv[rank]`
+    /// may be `send[rank]` itself).
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
+    /// `buf` on every rank = `buf` on `root`.
+    /// # Safety
+    /// The buffer contract above, for `buf` (read on `root`, written elsewhere).
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()>;
+    /// On `root`, `recv[j]` = rank j's `send`; `recv` is ignored elsewhere.
+    /// # Safety
+    /// The buffer contract above, for `send` (read) and, on `root`, every `recv[j]` (written;
+    /// `recv[root]` may be `send` itself).
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()>;
+    /// `recv` = `root`'s `send[rank]`; `send` is ignored off `root`.
+    /// # Safety
+    /// The buffer contract above, for `recv` (written) and, on `root`, every `send[j]` (read;
+    /// `send[root]` may be `recv` itself).
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()>;
     fn barrier(&mut self) -> Result<()>;
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
+    /// Post a send of `len` bytes at `addr` to rank `to`; the ticket completes when the bytes
+    /// are taken.
+    /// # Safety
+    /// The buffer contract above, for `addr..addr+len` (read) until the ticket completes.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket>;
+    /// Receive exactly `len` bytes from rank `from` into `addr`.
+    /// # Safety
+    /// The buffer contract above, for `addr..addr+len` (written).
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()>;
     /// Break the group for `e`, found outside its ops (a send's wait failed, or an op panicked):
     /// later ops fail, peers are told, and nothing in flight keeps using a caller's buffer.

@@ -18,7 +18,8 @@
 //! root writing into a receiver that gave up) may still reach the memory. Whatever is still
 //! held that way when the engine is dropped is leaked, not freed. So a caller that drops its own
 //! handle to an op early (a Python Work, a temporary input) cannot free memory the op uses: the
-//! owner travels with the op, whatever wraps, joins or forgets the handle.
+//! owner travels with the op, whatever wraps, joins or forgets the handle. What a caller of
+//! `submit` or `run` promises in return is their `# Safety` section (the owner contract).
 use crate::api::{Buf, Collectives, Ticket};
 use crate::shm::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
@@ -89,9 +90,11 @@ pub struct Engine {
 const KEEP_FAILURES: usize = 4096;
 
 /// # Safety
-/// The op's buffers are valid as `Collectives` requires (`Engine::submit`'s contract).
+/// `op`'s buffers meet `Collectives`' contract (api.rs) for this call and, for a send, until its
+/// ticket completes: the owner contract (`Engine::submit`) under which it was queued.
 unsafe fn execute(comm: &mut dyn Collectives, op: Op) -> Result<Option<Ticket>> {
-    // SAFETY: the caller's contract is each method's.
+    // SAFETY: this function's contract is `Collectives`': each arm passes the op's own buffers,
+    // unchanged, to the method of the same name.
     unsafe {
         match op {
             Op::AllReduce { buf, count, dtype, op } => comm.all_reduce(buf, count, dtype, op).map(|_| None),
@@ -164,7 +167,9 @@ impl Shared {
             // A bug must not unwind into Python (or poison the group's lock): it becomes this
             // op's error, and the group is broken like after any other failure (the groups
             // catch panics in their collectives themselves; this covers every other path).
-            // SAFETY: ops were queued by submit/run, whose callers vouched for their buffers.
+            // SAFETY: only `submit` and `run` queue ops (`enqueue` is private), so the owner
+            // contract holds for this one: its memory is valid and ours alone until it completes,
+            // which is no earlier than this call (a send's owner moves to `sends` below).
             let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { execute(&mut *comm, op) })) {
                 Ok(r) => r,
                 Err(p) => {
@@ -231,9 +236,14 @@ impl Engine {
     }
 
     /// Queue an op to progress in the background; returns its id for `wait`/`is_done`.
+    ///
     /// # Safety
-    /// `owner` keeps the op's buffers valid for as long as it lives, and nobody but the engine
-    /// touches them until the op completes (`wait` or `is_done`), as `Collectives` requires.
+    /// The owner contract, `run`'s too. Every address in `op` meets `Collectives`' buffer
+    /// contract (api.rs) until the op is complete (`wait` returned Ok, or `is_done` said true),
+    /// the memory being kept valid either by `owner` (the engine drops it only when nobody can
+    /// touch the memory any more, and never if the op failed: module note, "Ownership") or by
+    /// the caller, who must then keep it for the engine's life if the op fails (`retain`).
+    /// Until then nothing but the engine writes the memory, nor reads an output.
     pub unsafe fn submit(&self, op: Op, owner: Owner) -> u64 {
         let id = self.enqueue(op, owner);
         if self.wake_worker {
@@ -243,8 +253,11 @@ impl Engine {
     }
 
     /// Run an op to completion in this thread (after any ops queued before it); returns its id.
+    ///
     /// # Safety
-    /// As `submit`. (A failed op's owner is kept by the engine past this call's return.)
+    /// The owner contract (`submit`). The op is complete when this returns Ok, so memory the
+    /// caller keeps itself (an empty `owner`) may go then; after an error it must be kept for the
+    /// engine's life, as a failed op's `owner` is.
     pub unsafe fn run(&self, op: Op, owner: Owner) -> Result<u64> {
         let id = self.enqueue(op, owner);
         self.wait(id).map(|_| id)
@@ -290,8 +303,6 @@ impl Engine {
         true
     }
 
-    /// How many ops' owners the engine holds because their ops failed, and how many sends are
-    /// still waiting for their receivers (for tests and diagnostics).
     /// Keep `owner` for the engine's life, as a failed op's: for a caller that held an op's memory
     /// itself through a blocking `run` (an empty owner) and must not let it go now that the op
     /// failed.
@@ -299,6 +310,8 @@ impl Engine {
         self.shared.state.lock().unwrap().retained.push(owner);
     }
 
+    /// How many ops' owners the engine holds because their ops failed, and how many sends are
+    /// still waiting for their receivers (for tests and diagnostics).
     pub fn held(&self) -> (usize, usize) {
         let st = self.shared.state.lock().unwrap();
         (st.retained.len(), st.sends.len())

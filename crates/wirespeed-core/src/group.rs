@@ -14,53 +14,59 @@ use crate::error::{Error, Result};
 use crate::hosts::{HostsComm, HostsSetup};
 use std::time::Duration;
 
+/// Each method hands its buffers on to `Comm`'s method of the same name, whose `# Safety` is
+/// `Collectives`' buffer contract (api.rs): the one this method's caller upholds.
 impl Collectives for Comm {
     fn rank(&self) -> usize {
         self.rank
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements until this
+        // returns.
         unsafe { Comm::all_reduce(self, buf, count, dtype, op) }
     }
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `send` and `out` are valid until this returns.
         unsafe { Comm::reduce_scatter(self, send, out, count, dtype, op) }
     }
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements until this
+        // returns.
         unsafe { Comm::reduce(self, buf, count, dtype, op, root) }
     }
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `send` and `recv` are valid until this returns.
         unsafe { Comm::all_gather(self, send, recv) }
     }
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `send` and `recv` are valid until this returns.
         unsafe { Comm::all_to_all(self, send, recv) }
     }
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `buf` is valid until this returns.
         unsafe { Comm::broadcast(self, buf, root) }
     }
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `send` and (on the root) `recv` are valid until
+        // this returns.
         unsafe { Comm::gather(self, send, recv, root) }
     }
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `recv` and (on the root) `send` are valid until
+        // this returns.
         unsafe { Comm::scatter(self, send, recv, root) }
     }
     fn barrier(&mut self) -> Result<()> {
         Comm::barrier(self)
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `addr..addr+len` stays valid until the ticket
+        // completes; the boxed ticket is `Comm`'s own, so its completion is the same.
         unsafe { Comm::send_post(self, to, addr, len, tag).map(|t| Box::new(t) as Ticket) }
     }
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
-        // SAFETY: this method's contract is Comm's.
+        // SAFETY: `Collectives`' contract (api.rs): `addr..addr+len` is writable, and ours alone,
+        // until this returns.
         unsafe { Comm::recv(self, from, addr, len, tag) }
     }
     fn abort(&mut self, e: &Error) {

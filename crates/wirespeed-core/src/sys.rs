@@ -19,8 +19,12 @@ pub struct Mapping {
 
 // The mapping is plain shared memory; all concurrent access goes through atomics or through
 // byte ranges the protocol hands to exactly one writer at a time.
-// SAFETY: the type holds plain memory reached only through atomics or through ranges the protocol gives to one writer at a time.
+// SAFETY: a Mapping is a pointer and length, valid until its drop unmaps them, whichever thread
+// that is; nothing in it is tied to the thread that mapped it.
 unsafe impl Send for Mapping {}
+// SAFETY: `&Mapping` gives out only the pointer and the length; the memory behind them is shared
+// with other processes anyway, and its users (shm/segment.rs) reach it through atomics or through
+// ranges the protocol gives one writer at a time.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -37,7 +41,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+        // SAFETY: `ptr` and `len` are what mmap returned in map_fd; unmapped once, here, when the
+        // last owner (Segs share it by Arc) lets go.
         unsafe {
             libc::munmap(self.ptr as *mut libc::c_void, self.len);
         }
@@ -45,7 +50,8 @@ impl Drop for Mapping {
 }
 
 fn map_fd(fd: i32, len: usize) -> Result<Mapping> {
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: no pointer arguments (a null hint lets the kernel choose); `fd` is an open
+    // descriptor the caller holds across the call.
     let p = unsafe {
         libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
     };
@@ -59,21 +65,22 @@ fn map_fd(fd: i32, len: usize) -> Result<Mapping> {
 /// it through /proc/<pid>/fd/<fd>; it vanishes with the last process that maps it, crash or not.
 pub fn memfd_segment(len: usize) -> Result<(i32, Mapping)> {
     let name = b"wirespeed\0";
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: `name` is a NUL-terminated static byte string.
     let fd = unsafe { libc::memfd_create(name.as_ptr() as *const libc::c_char, libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(Error::os("memfd_create"));
     }
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: integer arguments only; `fd` is the memfd just created.
     if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
         let e = Error::os("ftruncate");
+        // SAFETY: closes that memfd, once: on this error path nobody else gets it.
         unsafe { libc::close(fd) };
         return Err(e);
     }
     match map_fd(fd, len) {
         Ok(m) => Ok((fd, m)),
         Err(e) => {
-            // SAFETY: closes a descriptor this code owns, exactly once.
+            // SAFETY: closes the memfd created above, once: on this error path nobody else gets it.
             unsafe { libc::close(fd) };
             Err(e)
         }
@@ -84,34 +91,34 @@ pub fn memfd_segment(len: usize) -> Result<(i32, Mapping)> {
 /// cross-memory attach, so one permission check covers both).
 pub fn map_peer_segment(pid: i32, fd: i32) -> Result<Mapping> {
     let path = format!("/proc/{pid}/fd/{fd}\0");
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: `path` is NUL-terminated (the format ends in \0) and lives across the call.
     let pfd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDWR | libc::O_CLOEXEC) };
     if pfd < 0 {
         return Err(Error::os("open(/proc/<peer>/fd/<memfd>)"));
     }
     // SAFETY: a plain C struct for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `pfd` is open; `st` is a local stat for the call to fill.
     if unsafe { libc::fstat(pfd, &mut st) } != 0 {
         let e = Error::os("fstat");
-        // SAFETY: closes a descriptor this code owns, exactly once.
+        // SAFETY: closes `pfd`, opened above, once, on this error path.
         unsafe { libc::close(pfd) };
         return Err(e);
     }
     let r = map_fd(pfd, st.st_size as usize);
-    // SAFETY: closes a descriptor this code owns, exactly once.
+    // SAFETY: closes `pfd`, opened above, once: a mapping keeps the memory, not the descriptor.
     unsafe { libc::close(pfd) };
     r
 }
 
 pub fn close_fd(fd: i32) {
-    // SAFETY: closes a descriptor this code owns, exactly once.
+    // SAFETY: close touches no memory of ours. Its callers (Comm's `connect` and `drop`) pass
+    // their own memfd, once: they set it to -1 after.
     unsafe {
         libc::close(fd);
     }
 }
 
-/// Allow any process of ours to attach to this one (Yama ptrace_scope=1 otherwise forbids
-/// siblings from using process_vm_readv on each other). Harmless where Yama is absent.
 /// While one lives, processes of this user may read this one's memory (process_vm_readv) even
 /// under Yama's ptrace_scope 1: the shared-memory transport reads peers' buffers in place. The
 /// process-wide setting is reverted when the last group holding one is dropped.
@@ -119,6 +126,9 @@ pub struct AttachGuard(());
 
 static ATTACH_USERS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
 
+/// Allow any process of ours to attach to this one (Yama ptrace_scope=1 otherwise forbids
+/// siblings from using process_vm_readv on each other), for as long as the guard lives.
+/// Harmless where Yama is absent.
 pub fn allow_peers_to_attach() -> AttachGuard {
     let mut n = ATTACH_USERS.lock().unwrap_or_else(|p| p.into_inner());
     if *n == 0 {
@@ -141,7 +151,7 @@ impl Drop for AttachGuard {
 }
 
 pub fn getpid() -> i32 {
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: no arguments; getpid cannot fail.
     unsafe { libc::getpid() }
 }
 
@@ -161,7 +171,7 @@ pub fn cpus_available() -> usize {
 }
 
 pub fn sched_yield() {
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: no arguments.
     unsafe {
         libc::sched_yield();
     }
@@ -171,7 +181,8 @@ pub fn sched_yield() {
 /// memory mapped by several processes.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: `word` is a live AtomicU32 (a u32 the kernel only reads), `ts` a local timespec;
+    // the other pointer arguments are null, which FUTEX_WAIT ignores.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -186,7 +197,7 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 }
 
 pub fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: `word` is a live AtomicU32; FUTEX_WAKE reads no other pointer (both are null).
     unsafe {
         libc::syscall(libc::SYS_futex, word as *const AtomicU32 as *const u32, libc::FUTEX_WAKE, i32::MAX,
             std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0u32);
@@ -198,7 +209,7 @@ pub struct PidFd(i32);
 
 impl PidFd {
     pub fn open(pid: i32) -> Result<PidFd> {
-        // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+        // SAFETY: integer arguments only.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
         if fd < 0 {
             return Err(Error::os("pidfd_open"));
@@ -209,7 +220,7 @@ impl PidFd {
 
 impl Drop for PidFd {
     fn drop(&mut self) {
-        // SAFETY: closes a descriptor this code owns, exactly once.
+        // SAFETY: closes the pidfd this PidFd owns, once: in its drop.
         unsafe { libc::close(self.0) };
     }
 }
@@ -227,7 +238,8 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
     if polls.is_empty() {
         return None;
     }
-    // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+    // SAFETY: `polls` is a live Vec of polls.len() pollfd entries; poll writes only their
+    // `revents`.
     let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
     if n <= 0 {
         return None;
@@ -241,7 +253,7 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
 /// # Safety
 /// `local` must be valid for writes of `len` bytes (the remote side is checked by the kernel).
 pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> std::result::Result<(), i32> {
-    // SAFETY: this function's contract is peer_copy's for a read.
+    // SAFETY: this fn's contract (`local` writable for `len` bytes) is peer_copy's for a read.
     unsafe { peer_copy(pid, remote, local, len, false) }
 }
 
@@ -250,13 +262,18 @@ pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> st
 /// # Safety
 /// `local` must be valid for reads of `len` bytes; the caller must own the remote range for the
 /// op (the peer published it for this rank to fill; the kernel checks it is mapped and writable).
-// SAFETY: callers uphold the contract stated in this function's doc comment.
 pub unsafe fn write_peer(pid: i32, remote: u64, local: *const u8, len: usize) -> std::result::Result<(), i32> {
-    // SAFETY: this function's contract is peer_copy's for a write.
+    // SAFETY: this fn's contract is peer_copy's for a write, which only reads through `local`
+    // (the cast to *mut is for the shared iovec type).
     unsafe { peer_copy(pid, remote, local as *mut u8, len, true) }
 }
 
-// SAFETY: callers uphold read_peer's contract (write false) or write_peer's (write true).
+/// process_vm_readv (`write` false) or process_vm_writev (`write` true), retried until all
+/// `len` bytes have moved.
+///
+/// # Safety
+/// `read_peer`'s contract when `write` is false (`local` writable for `len` bytes), `write_peer`'s
+/// when it is true (`local` readable, the remote range given to this rank to fill).
 unsafe fn peer_copy(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> std::result::Result<(), i32> {
     let mut done = 0usize;
     while done < len {
@@ -296,7 +313,6 @@ pub fn host_id(given: Option<&str>) -> String {
     format!("{}/{}", host.trim(), boot.trim())
 }
 
-/// 16 random bytes from the kernel (a job token).
 /// Fill `buf` from the kernel's random source. A failed random source is an error of its own,
 /// never fixed bytes (a predictable token or key would let any local process pass a handshake).
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
@@ -315,7 +331,7 @@ pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// A job's random token.
+/// A job's random token: 16 bytes from the kernel's random source.
 pub fn random_token() -> Result<[u8; 16]> {
     let mut t = [0u8; 16];
     random_bytes(&mut t)?;

@@ -71,7 +71,8 @@ fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
                 for &n in &[0usize, 1, 17, 1000, 700_001] {
                     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
                         let mut v = input(c.rank, n);
-                        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+                        // SAFETY: `v` holds `n` i64s and outlives the call; nothing else touches
+                        // it.
                         unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::I64, op) }.unwrap_or_else(|e| panic!("rank {} n {n} op {op:?} {algo:?} hosts {:?}: {e:?}", c.rank, c.hosts()));
                         res.push((n, op, v));
                     }
@@ -116,40 +117,47 @@ fn every_other_collective_and_p2p_across_hosts() {
             let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
             let mut all = vec![0i32; n * w];
             let recv: Vec<(usize, usize)> = (0..w).map(|j| (all.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: `mine` (n i32s) and `all` outlive the call; `recv` cuts `all` into disjoint
+            // runs of n i32s, one per rank.
             unsafe { c.all_gather((mine.as_ptr() as usize, n * 4), &recv) }.unwrap();
             let send: Vec<i32> = (0..w * 3).map(|k| (me * 100 + k / 3) as i32).collect();
             let mut a2a = vec![0i32; w * 3];
             let s: Vec<_> = (0..w).map(|j| (send.as_ptr() as usize + j * 12, 12)).collect();
             let r: Vec<_> = (0..w).map(|j| (a2a.as_mut_ptr() as usize + j * 12, 12)).collect();
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: `send` and `a2a` outlive the call; `s` and `r` cut them into disjoint 12-byte
+            // runs, one per rank.
             unsafe { c.all_to_all(&s, &r) }.unwrap();
             let mut bcast = Vec::new();
             for root in 0..w {
                 let mut b = vec![me as u8; 5000];
-                // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+                // SAFETY: `b` holds 5000 bytes and outlives the call.
                 unsafe { c.broadcast((b.as_mut_ptr() as usize, 5000), root) }.unwrap();
                 bcast.push(b);
             }
             let mut red = input(me, 5000);
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `red` holds 5000 i64s and outlives the call.
             unsafe { c.reduce(red.as_mut_ptr() as usize, 5000, DType::I64, ReduceOp::Sum, w - 1) }.unwrap();
             let rs_in: Vec<i64> = input(me, 700 * w);
             let mut rs_out = vec![0i64; 700];
             let rs: Vec<_> = (0..w).map(|j| (rs_in.as_ptr() as usize + j * 700 * 8, 700 * 8)).collect();
-            // SAFETY: the buffers are locals that outlive the call.
+            // SAFETY: `rs_in` and `rs_out` (700 i64s) outlive the call; `rs` cuts `rs_in` into
+            // disjoint runs of 700 i64s, one per rank.
             unsafe { c.reduce_scatter(&rs, rs_out.as_mut_ptr() as usize, 700, DType::I64, ReduceOp::Sum) }.unwrap();
             let mut gathered = vec![0i32; n * w];
             let gr: Vec<_> = (0..w).map(|j| (gathered.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
-            // SAFETY: the buffers are locals that outlive the call.
+            // SAFETY: `mine` and `gathered` outlive the call; `gr` cuts `gathered` into disjoint
+            // runs (used on the root only).
             unsafe { c.gather((mine.as_ptr() as usize, n * 4), if me == 0 { &gr } else { &[] }, 0) }.unwrap();
             let mut sc = vec![0i32; n];
+            // SAFETY: `sc` holds n i32s and outlives the call; on the root (rank 1) `recv` cuts
+            // `all`, alive and unwritten during the call, into its runs.
             unsafe { c.scatter(if me == 1 { &recv } else { &[] }, (sc.as_mut_ptr() as usize, n * 4), 1) }.unwrap();
             c.barrier().unwrap();
             let msg = vec![me as u64 + 7; 333_333];
             let mut inbox = vec![0u64; 333_333];
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `msg` outlives the ticket, waited below, and is not written.
             let t = unsafe { c.send_post((me + 1) % w, msg.as_ptr() as usize, msg.len() * 8, 5) }.unwrap();
+            // SAFETY: `inbox` holds inbox.len() u64s, written only by this call.
             unsafe { c.recv((me + w - 1) % w, inbox.as_mut_ptr() as usize, inbox.len() * 8, 5) }.unwrap();
             t.wait().unwrap();
             (all, a2a, bcast, red, rs_out, gathered, sc, inbox)
@@ -206,7 +214,7 @@ fn strangers_and_other_jobs_are_refused_and_the_job_goes_on() {
             std::thread::spawn(move || {
                 let mut c = x.connect(&infos).unwrap();
                 let mut v = input(r, 100_000);
-                // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+                // SAFETY: `v` holds v.len() i64s and outlives the call.
                 unsafe { c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum) }.unwrap();
                 // A stranger during the job is refused too.
                 if r == 1 {
@@ -217,7 +225,7 @@ fn strangers_and_other_jobs_are_refused_and_the_job_goes_on() {
                     drop(late);
                     std::thread::sleep(Duration::from_millis(300));
                 }
-                // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+                // SAFETY: as for the first all_reduce.
                 unsafe { c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum) }.unwrap();
                 tx.send((r, v, c.refused())).unwrap();
             })
@@ -245,15 +253,19 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
         let buf = vec![1u8; 1000];
         let mut inbox = vec![0u8; 500];
         let first = match me {
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `buf` outlives the send: it drops when this closure ends, after the
+            // all_reduce below, which fails (rank 1 broke the group on the mismatch) and so shuts
+            // every connection before it returns (HostsComm::guarded).
             0 => unsafe { c.send_post(1, buf.as_ptr() as usize, 1000, 0) }.and_then(|t| t.wait()),
+            // SAFETY: `inbox` holds 500 bytes, written only by this call (the 1000-byte message
+            // is refused on its header).
             1 => unsafe { c.recv(0, inbox.as_mut_ptr() as usize, 500, 0) },
             _ => Ok(()),
         };
         // Rank 1 broke the group on the mismatch: rank 0 and rank 2 learn within the timeout.
         let t = Instant::now();
         let mut v = vec![1i64; 10_000];
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `v` holds 10_000 i64s and outlives the call.
         let second = unsafe { c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum) };
         (first, second, t.elapsed())
     });

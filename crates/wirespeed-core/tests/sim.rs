@@ -241,14 +241,16 @@ fn direct_exchanges_reduce_scatter_and_barrier() {
             let mut recv: Vec<Vec<u8>> = (0..w).map(|j| vec![0u8; sz(j, me)]).collect();
             let sr: Vec<Option<Region>> = send.iter_mut().map(|v| Some(Region { ptr: v.as_mut_ptr(), len: v.len() })).collect();
             let rr: Vec<Option<Region>> = recv.iter_mut().map(|v| Some(Region { ptr: v.as_mut_ptr(), len: v.len() })).collect();
-            // SAFETY: the vectors outlive the call and do not overlap.
+            // SAFETY: `send` and `recv` outlive the call, one vector per rank, none overlapping;
+            // a failure returns the error, and the simulator then cuts this rank off.
             unsafe { direct::exchange(t, &m, 5, &sr, &rr)? };
             // reduce_scatter of 100 elements per rank, avg over i32.
             let mut chunks: Vec<Vec<u8>> = (0..w).map(|j| input(DType::I32, ReduceOp::Avg, me, 100 * (j + 1))[100 * j * 4..].to_vec()).collect();
             let regions: Vec<Region> = chunks.iter_mut().map(|c| Region { ptr: c.as_mut_ptr(), len: c.len() }).collect();
             let mut out = vec![0u8; 400];
             let mut s = Vec::new();
-            // SAFETY: as above.
+            // SAFETY: every chunk (100 i32s) and `out` (400 bytes) outlive the call and do not
+            // overlap; a failure returns the error, and the simulator then cuts this rank off.
             unsafe { direct::reduce_scatter(t, &m, 6, &regions, out.as_mut_ptr(), 100, DType::I32, ReduceOp::Avg, w, &mut s)? };
             direct::barrier(t, &m, 8)?;
             Ok((recv, out))

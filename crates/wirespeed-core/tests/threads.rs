@@ -49,7 +49,7 @@ fn all_reduce_sums_exactly_for_every_size_and_algorithm() {
         for &n in &[0usize, 1, 3, 17, 1000, 70_000, 300_001] {
             let out = with_ranks(world, move |c| {
                 let mut v = input(c.rank, n);
-                // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+                // SAFETY: `v` holds `n` i64s and outlives the call; nothing else touches it.
                 unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum) }.unwrap();
                 v
             });
@@ -72,24 +72,27 @@ fn gather_family_and_p2p_move_the_right_bytes() {
         let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
         let mut all = vec![0i32; n * world];
         let recv: Vec<(usize, usize)> = (0..world).map(|j| (all.as_mut_ptr() as usize + j * n * 4, n * 4)).collect();
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `mine` (n i32s) and `all` outlive the call; `recv` cuts `all` into disjoint
+        // runs of n i32s, one per rank; nothing else touches them.
         unsafe { c.all_gather((mine.as_ptr() as usize, n * 4), &recv) }.unwrap();
         // all_to_all: chunk j of rank r holds r*100+j
         let send: Vec<i32> = (0..world * 3).map(|k| (me * 100 + k / 3) as i32).collect();
         let mut got = vec![0i32; world * 3];
         let s: Vec<_> = (0..world).map(|j| (send.as_ptr() as usize + j * 12, 12)).collect();
         let r: Vec<_> = (0..world).map(|j| (got.as_mut_ptr() as usize + j * 12, 12)).collect();
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `send` and `got` outlive the call; `s` and `r` cut them into disjoint 12-byte
+        // runs, one per rank.
         unsafe { c.all_to_all(&s, &r) }.unwrap();
         // broadcast from 2
         let mut b = vec![me as u8; 5000];
-        // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+        // SAFETY: `b` holds 5000 bytes and outlives the call; nothing else touches it.
         unsafe { c.broadcast((b.as_mut_ptr() as usize, 5000), 2) }.unwrap();
         // send/recv ring: post the send first, then receive, then wait for the ack
         let msg = vec![me as u64 + 7; 333];
         let mut inbox = vec![0u64; 333];
-        // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+        // SAFETY: `msg` (333 u64s) outlives the ticket, waited below, and is not written.
         let t = unsafe { c.send_post((me + 1) % world, msg.as_ptr() as usize, 333 * 8, 0) }.unwrap();
+        // SAFETY: `inbox` holds 333 u64s, written only by this call.
         unsafe { c.recv((me + world - 1) % world, inbox.as_mut_ptr() as usize, 333 * 8, 0) }.unwrap();
         t.wait().unwrap();
         c.barrier().unwrap();
@@ -110,9 +113,10 @@ fn mismatched_counts_raise_on_every_rank_and_the_group_survives() {
     let out = with_ranks(3, |c| {
         let n = if c.rank == 1 { 10 } else { 12 };
         let mut v = vec![1.0f32; 12];
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `v` holds 12 >= n floats and outlives the call.
         let e = unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::F32, ReduceOp::Sum) }.unwrap_err();
         let mut w = vec![1.0f32; 4];
+        // SAFETY: `w` holds the 4 floats passed and outlives the call.
         unsafe { c.all_reduce(w.as_mut_ptr() as usize, 4, DType::F32, ReduceOp::Sum) }.unwrap();
         (e, w)
     });
@@ -134,6 +138,7 @@ fn engine_runs_async_ops_in_order_in_the_background() {
         // SAFETY: `a` and `b` are dropped before the engine, but only after both ops were waited
         // on (and succeeded): nothing owns more than they do, so the owners are empty.
         let ia = unsafe { e.submit(Op::AllReduce { buf: a.as_mut_ptr() as usize, count: a.len(), dtype: DType::F64, op: ReduceOp::Sum }, Box::new(())) };
+        // SAFETY: as for `a`.
         let ib = unsafe { e.submit(Op::AllReduce { buf: b.as_mut_ptr() as usize, count: b.len(), dtype: DType::F64, op: ReduceOp::Prod }, Box::new(())) };
         // Nobody waits: the worker must finish both.
         let t0 = std::time::Instant::now();
@@ -187,7 +192,7 @@ fn engine_holds_an_ops_owner_until_nobody_can_touch_its_buffers() {
             let (failed, owner) = flag();
             let mut small = vec![0u8; 3];
             let addr = small.as_mut_ptr() as usize;
-            // SAFETY: as above.
+            // SAFETY: the owner holds `small`, whose heap memory is the op's 3-byte buffer.
             let id = unsafe { e.submit(Op::Recv { from: 1, buf: (addr, 3), tag: 6 }, Box::new((small, owner))) };
             let err = e.wait(id).is_err();
             let held = e.held();
@@ -330,10 +335,10 @@ fn closing_after_the_last_op_leaves_peers_unharmed() {
             let (me, n) = (c.rank, 1usize << 20);
             let mut ok = true;
             for k in 0..4 {
-                // SAFETY (every call below): the buffers are locals that outlive the call.
                 ok &= match (round / 2 + k) % 4 {
                     0 => {
                         let mut v = input(me, n / 8);
+                        // SAFETY: `v` holds v.len() i64s and outlives the call.
                         let r = unsafe { c.all_reduce(v.as_mut_ptr() as usize, v.len(), DType::I64, ReduceOp::Sum) };
                         r.is_ok() && v[5] == (0..world).map(|j| input(j, 6)[5]).sum::<i64>()
                     }
@@ -341,18 +346,25 @@ fn closing_after_the_last_op_leaves_peers_unharmed() {
                         let mine = vec![me as u8; n];
                         let mut all = vec![0u8; world * n];
                         let recv: Vec<(usize, usize)> = (0..world).map(|j| (all.as_mut_ptr() as usize + j * n, n)).collect();
+                        // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into
+                        // disjoint runs.
                         let r = unsafe { c.all_gather((mine.as_ptr() as usize, n), &recv) };
                         r.is_ok() && (0..world).all(|j| all[j * n] as usize == j)
                     }
                     2 => {
                         let msg = vec![me as u8; n];
                         let mut inbox = vec![0u8; n];
+                        // SAFETY: `msg` outlives the ticket if the receive succeeds (t.wait() runs
+                        // before the block ends); if it fails, the group is broken first, and a
+                        // late reader of `msg` then fails its read (`Net::after_copy`).
                         let t = unsafe { c.send_post((me + 1) % world, msg.as_ptr() as usize, n, 1) }.unwrap();
+                        // SAFETY: `inbox` holds `n` bytes, written only by this call.
                         let r = unsafe { c.recv((me + world - 1) % world, inbox.as_mut_ptr() as usize, n, 1) };
                         r.is_ok() && t.wait().is_ok() && inbox.iter().all(|&b| b as usize == (me + world - 1) % world)
                     }
                     _ => {
                         let mut b = vec![me as u8; 2 * n];
+                        // SAFETY: `b` holds 2n bytes and outlives the call.
                         let r = unsafe { c.broadcast((b.as_mut_ptr() as usize, 2 * n), round % world) };
                         r.is_ok() && b.iter().all(|&x| x as usize == round % world)
                     }

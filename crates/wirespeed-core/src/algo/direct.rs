@@ -37,8 +37,10 @@ impl Region {
 /// neither sent nor received. This member's own send[p] is copied to recv[p].
 ///
 /// # Safety
-/// Every region is valid for its length until this returns; receive regions do not overlap each
-/// other or any send region (except send[p] == recv[p], the in-place case).
+/// Every region is valid for its length until this returns (send regions readable, receive
+/// regions writable and touched by nobody else); receive regions do not overlap each other or
+/// any send region (except send[p] == recv[p], the in-place case). After an error return the
+/// caller shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
 pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Option<Region>], recv: &[Option<Region>]) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;
@@ -46,7 +48,8 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
     for d in 1..k {
         let j = (p + k - d) % k;
         if let Some(r) = recv[j] {
-            // SAFETY: the caller's contract.
+            // SAFETY: post_recv's contract (transport/mod.rs): recv[j] is writable and ours until
+            // the wait below, or the caller's shutdown after an error (this fn's contract).
             recvs.push(unsafe { t.post_recv(members[j], r.ptr, r.len, tag)? });
         }
     }
@@ -54,7 +57,8 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
     for d in 1..k {
         let j = (p + d) % k;
         if let Some(s) = send[j] {
-            // SAFETY: the caller's contract.
+            // SAFETY: post_send's contract (transport/mod.rs): send[j] is readable and unwritten
+            // until the wait below, or the caller's shutdown after an error (this fn's contract).
             sends.push(unsafe { t.post_send(members[j], s.ptr, s.len, tag)? });
         }
     }
@@ -63,7 +67,8 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
             return Err(Error::Mismatch(format!("rank {} sends {} bytes to itself but receives {}", t.rank(), s.len, r.len)));
         }
         if s.ptr != r.ptr && s.len > 0 {
-            // SAFETY: distinct, valid regions of s.len bytes (the caller's contract).
+            // SAFETY: send[p] and recv[p] hold s.len bytes (this fn's contract); they are not the
+            // same region, so by the contract they do not overlap at all.
             unsafe { std::ptr::copy_nonoverlapping(s.ptr, r.ptr, s.len) };
         }
     }
@@ -75,10 +80,11 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
 /// member's chunk for member j, `count` elements each.
 ///
 /// # Safety
-/// send regions and `out` are valid for count elements each until this returns; `out` overlaps
-/// no send region other than send[p].
+/// send regions and `out` are valid for count elements each until this returns (send readable,
+/// `out` writable and touched by nobody else), aligned for `dtype`; `out` overlaps no send region
+/// other than send[p], and that one only at the same address. After an error return the caller
+/// shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
 #[allow(clippy::too_many_arguments)]
-// SAFETY: unsafe because it reads `send` and writes `out` through raw pointers; the contract above.
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;
@@ -98,17 +104,25 @@ pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize]
         let mut sends: Vec<Option<Region>> = vec![None; k];
         for j in 0..k {
             if j != p {
-                // SAFETY: slot j of the scratch holds n bytes; send[j] covers off..off+n.
+                // SAFETY: the scratch holds k slots of per.min(bytes.max(1)) >= n bytes, so slot j
+                // starts inside it.
                 recvs[j] = Some(Region { ptr: unsafe { tmp.add(j * per.min(bytes.max(1))) }, len: n });
+                // SAFETY: send[j] holds `bytes` (checked above) and off + n <= bytes.
                 sends[j] = Some(Region { ptr: unsafe { send[j].ptr.add(off) }, len: n });
             }
         }
-        // SAFETY: the regions above, valid until exchange returns.
+        // SAFETY: the receives are disjoint scratch slots of n bytes that nothing else uses; the
+        // sends are n-byte pieces of send[j], readable under this fn's contract, and none lies in
+        // the scratch. Errors: this fn's contract carries exchange's to the caller.
         unsafe { exchange(t, members, tag, &sends, &recvs)? };
         let srcs: Vec<*const u8> = (0..k)
+            // SAFETY: in the unsafe arm, off + n <= bytes keeps the pointer inside send[p].
             .map(|j| if j == p { unsafe { send[p].ptr.add(off) as *const u8 } } else { recvs[j].unwrap().ptr as *const u8 })
             .collect();
-        // SAFETY: every source and the destination hold n bytes.
+        // SAFETY: `out + off` is writable for n bytes (this fn's contract); each source holds n
+        // bytes: this member's piece of send[p] or a scratch slot that exchange has waited.
+        // `out` aliases only send[p], at the same offset. Slots start at multiples of `per`, a
+        // multiple of the element size, in the scratch Vec (malloc'd: 16-byte aligned in practice).
         unsafe { reduce_many(out.add(off), &srcs, n / es, dtype, summing(op), k) };
         off += n;
         if off >= bytes {
@@ -116,7 +130,8 @@ pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize]
         }
     }
     if op == ReduceOp::Avg && bytes > 0 {
-        // SAFETY: out holds `bytes`.
+        // SAFETY: `out` is writable for `bytes` and ours (this fn's contract); every exchange was
+        // waited, so nothing else touches it now.
         divide(unsafe { std::slice::from_raw_parts_mut(out, bytes) }, dtype, avg_world);
     }
     Ok(())
@@ -130,6 +145,7 @@ pub fn barrier<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64) ->
     while d < k {
         // SAFETY: zero-length messages; the pointer is never read or written.
         let r = unsafe { t.post_recv(members[(p + k - d) % k], token.as_mut_ptr(), 0, tag)? };
+        // SAFETY: as for the receive: zero bytes of `token`, which outlives the waits below.
         let s = unsafe { t.post_send(members[(p + d) % k], token.as_ptr(), 0, tag)? };
         t.wait(r)?;
         t.wait(s)?;

@@ -38,6 +38,8 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
         // SAFETY: buf lives until the waits below; the receive is posted after the send completes.
         let s = unsafe { t.post_send(to, base, bytes, tag)? };
         t.wait(s)?;
+        // SAFETY: the send that read `buf` is complete; `buf` is ours and untouched until this
+        // receive is waited on the next line.
         let r = unsafe { t.post_recv(to, base, bytes, tag)? };
         return t.wait(r);
     }
@@ -46,7 +48,8 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
         // SAFETY: the scratch holds `bytes`; waited before use.
         let r = unsafe { t.post_recv(from, tmp, bytes, tag)? };
         t.wait(r)?;
-        // SAFETY: both ranges hold `count` elements; the lower position's partial first.
+        // SAFETY: `tmp` (the receive just waited) and `buf` hold `count` elements; dst is `buf`,
+        // a source at the same offset. The lower position's partial goes first.
         unsafe { combine(base, tmp, base, count, dtype, rop) };
     }
     let v = if p < 2 * q { p / 2 } else { p - q };
@@ -57,10 +60,12 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
         // SAFETY: buf is only read by the send and tmp only written by the receive until both
         // are waited; then buf is overwritten.
         let r = unsafe { t.post_recv(partner, tmp, bytes, tag)? };
+        // SAFETY: see the receive: `buf` is only read until this send is waited.
         let s = unsafe { t.post_send(partner, base, bytes, tag)? };
         t.wait(r)?;
         t.wait(s)?;
-        // SAFETY: as for the fold.
+        // SAFETY: as for the fold: both transfers are waited; `buf` and `tmp` hold `count`
+        // elements, and dst is `buf`, a source at the same offset.
         unsafe {
             if v < pv { combine(base, base, tmp, count, dtype, rop) } else { combine(base, tmp, base, count, dtype, rop) }
         }

@@ -13,6 +13,14 @@
 //! which is more than the members when the algorithm runs among host leaders). Buffers are
 //! element-aligned byte slices. A reduction combines partial results in an order fixed by
 //! positions, never by arrival, so every rank ends with identical bits.
+//!
+//! Buffers and errors. An algorithm posts its buffers (and its scratch) to the transport, which
+//! may read or write them until each handle is waited or the transport is shut down
+//! (`Transport`'s contract). On success every handle is waited before the function returns. On an
+//! error it returns at once (`?`), possibly with handles still posted: its caller must then shut
+//! the transport down before those buffers go. `HostsComm::guarded` does (it shuts every
+//! connection), and the simulator stops a rank whose program fails. The functions taking
+//! `&mut [u8]` are safe to call only under that rule; the SAFETY lines below rely on it.
 use crate::dtype::{DType, ReduceOp};
 use crate::kernels::reduce::reduce_many;
 
@@ -29,16 +37,19 @@ pub(crate) fn position(members: &[usize], rank: usize) -> crate::error::Result<u
 /// dst = a (op) b, elementwise, in that order; dst may alias a or b.
 ///
 /// # Safety
-/// Each pointer covers `count` elements of `dtype`.
+/// Each pointer covers `count` elements of `dtype`, aligned for it; `dst` is `a`, `b` or
+/// disjoint from both; nothing else writes them during the call.
 pub(crate) unsafe fn combine(dst: *mut u8, a: *const u8, b: *const u8, count: usize, dtype: DType, op: ReduceOp) {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: this fn's contract is reduce_many's, for the sources [a, b].
     unsafe { reduce_many(dst, &[a, b], count, dtype, op, 2) }
 }
 
 /// buf /= n (avg's division, done once on the sum).
 pub(crate) fn divide(buf: &mut [u8], dtype: DType, n: usize) {
     let p = buf.as_mut_ptr();
-    // SAFETY: one source, the buffer itself, of buf.len() / size elements.
+    // SAFETY: `buf` is a live &mut slice: dst and its one source (itself, the same offset) hold
+    // buf.len() / size elements that nothing else touches. Callers pass element-aligned buffers
+    // (the conventions above: a piece of a `Collectives` buffer, or the scratch).
     unsafe { reduce_many(p, &[p as *const u8], buf.len() / dtype.size(), dtype, ReduceOp::Avg, n) }
 }
 

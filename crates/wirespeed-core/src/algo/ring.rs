@@ -81,12 +81,15 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
     let dest = |r: usize| -> (*mut u8, usize) {
         let (i, j) = items[r];
         let (off, len) = piece(i, recv_piece(j));
-        // SAFETY (both arms): offsets are inside `buf` and inside the scratch of RECV_AHEAD slots.
+        // SAFETY: in both arms, slot r % RECV_AHEAD starts inside the scratch of RECV_AHEAD slots
+        // of slot_bytes; `off` is a piece's offset, inside `buf`.
         if j < k - 1 { (unsafe { scratch.add((r % RECV_AHEAD) * slot_bytes) }, len) } else { (unsafe { base.add(off) }, len) }
     };
     for r in 0..items.len().min(RECV_AHEAD) {
         let (d, len) = dest(r);
-        // SAFETY: `d` stays valid until waited below; nobody else touches it meanwhile.
+        // SAFETY: post_recv's contract (transport/mod.rs): `d` is `len` bytes of the scratch or of
+        // `buf`, both ours and alive until this receive is waited below (or the caller's shutdown
+        // after an error: algo/mod.rs), and nothing else touches them before that wait.
         recvs.push(unsafe { t.post_recv(prev, d, len, tag)? });
     }
     for r in 0..items.len() {
@@ -108,24 +111,29 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
         if j < k - 1 {
             let (off, len) = piece(i, recv_piece(j));
             let (src, _) = dest(r);
-            // SAFETY: both ranges hold len bytes; the piece is no send's source right now.
+            // SAFETY: dst and `a` are the same piece of `buf` (allowed), `src` the scratch slot
+            // just received into, `len` bytes each, element-aligned (offsets are multiples of
+            // the element size); no send reads this piece now (buffer-safety argument above).
             unsafe { combine(base.add(off), base.add(off), src, len / es, dtype, rop) };
             if j == k - 2 && op == ReduceOp::Avg {
                 // Piece (p+1) of this slice is now complete here: divide once, before it is sent.
-                // SAFETY: the piece lies inside `buf`.
+                // SAFETY: the piece lies inside `buf`, and no transfer touches it now: its send
+                // is the next step's, posted after this.
                 divide(unsafe { std::slice::from_raw_parts_mut(base.add(off), len) }, dtype, avg_world);
             }
         }
         if r + RECV_AHEAD < items.len() {
             let (d, len) = dest(r + RECV_AHEAD);
-            // SAFETY: as above; slot (r + RECV_AHEAD) % RECV_AHEAD was just consumed.
+            // SAFETY: as for the first receives; slot (r + RECV_AHEAD) % RECV_AHEAD was just
+            // consumed.
             recvs.push(unsafe { t.post_recv(prev, d, len, tag)? });
         }
     }
     while sent < items.len() {
         let (i, j) = items[sent];
         let (off, len) = piece(i, send_piece(j));
-        // SAFETY: as above.
+        // SAFETY: as for the sends in the loop: the piece lies in `buf` and is not written
+        // again; every send is waited below.
         sends.push(unsafe { t.post_send(next, base.add(off), len, tag)? });
         sent += 1;
     }

@@ -29,7 +29,8 @@ pub fn broadcast<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, 
     let at = |w: usize| members[(w + rp) % k];
     let low = lowbit(v, k);
     if v != 0 {
-        // SAFETY: buf lives until the wait.
+        // SAFETY: `buf` is our &mut slice, untouched until this receive is waited on the next
+        // line (or the caller's shutdown after an error: algo/mod.rs).
         let r = unsafe { t.post_recv(at(v - low), buf.as_mut_ptr(), buf.len(), tag)? };
         t.wait(r)?;
     }
@@ -65,7 +66,8 @@ pub fn reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, buf
         // SAFETY: tmp holds `bytes` and is waited before use.
         let r = unsafe { t.post_recv(at(c), tmp.as_mut_ptr(), bytes, tag)? };
         t.wait(r)?;
-        // SAFETY: both ranges hold `count` elements.
+        // SAFETY: `part` (`buf`, or the scratch copy `acc`) and `tmp` hold `count` elements and
+        // are disjoint (acc and tmp are halves of the scratch); dst is `part` itself.
         unsafe { combine(part, part, tmp.as_ptr(), count, dtype, rop) };
     }
     if v == 0 {

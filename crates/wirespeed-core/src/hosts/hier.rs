@@ -18,14 +18,17 @@ impl HostsComm {
         let nlocal = self.hosts()[self.my_host()].len();
         let addr = buf.as_mut_ptr() as usize;
         if nlocal > 1 {
-            // SAFETY: `buf` is a live slice of `count` elements.
+            // SAFETY: `buf` is our &mut slice of `count` elements for this whole call, and
+            // nothing else touches it: reduced in place on the leader (local rank 0), input
+            // elsewhere, as Comm::reduce's contract asks.
             unsafe { self.local.reduce(addr, count, dtype, local_op, 0)? };
         }
         if self.is_leader() {
             self.leaders_all_reduce(tag, buf, dtype, op)?;
         }
         if nlocal > 1 {
-            // SAFETY: as above.
+            // SAFETY: as for the reduce: `buf`, ours for the call, is read on the leader and
+            // written on the host's other ranks.
             unsafe { self.local.broadcast((addr, buf.len()), 0)? };
         }
         Ok(())

@@ -214,18 +214,26 @@ impl Tcp {
 
     /// Queue `len` bytes at `ptr` for rank `to`; the caller keeps the buffer alive and unchanged
     /// until the ticket completes (or the group is shut down).
+    ///
+    /// Not marked unsafe, yet that is a safety condition (Conn::isend's): its callers,
+    /// HostsComm's `post` and `post_send`, meet it under their own contracts.
     pub fn send(&mut self, to: usize, ptr: *const u8, len: usize, tag: u64) -> Result<SendTicket> {
         let timeout = self.timeout;
-        // SAFETY: the caller's contract above is isend's.
+        // SAFETY: the callers' promise above, which is Conn::isend's contract; `shutdown`
+        // (closing every connection) ends the engine's reads of the buffer.
         let req = unsafe { self.conn(to)?.isend(ptr, len, tag)? };
         Ok(SendTicket { req, to, timeout })
     }
 
     /// Post the receive of the next message from `from`: exactly `len` bytes with `tag` into
     /// `dst`, which the caller keeps for the engine alone until the ticket completes.
+    ///
+    /// Not marked unsafe, yet that is a safety condition (Conn::irecv's): its callers,
+    /// HostsComm's `post_recv` and `take` (through `recv`), meet it under their own contracts.
     pub fn post_recv(&mut self, from: usize, dst: *mut u8, len: usize, tag: u64) -> Result<RecvTicket> {
         let (me, timeout) = (self.rank, self.timeout);
-        // SAFETY: the caller's contract above is irecv's.
+        // SAFETY: the callers' promise above, which is Conn::irecv's contract; `shutdown` ends
+        // the engine's writes into the buffer.
         let req = unsafe { self.conn(from)?.irecv(dst, len, tag)? };
         Ok(RecvTicket { req, from, me, len, timeout })
     }

@@ -164,8 +164,9 @@ enum Pend {
     Done,
 }
 
-// SAFETY: the raw pointer in ShmRecv is a caller's buffer under the Transport contract; a
-// HostsComm is used by one thread at a time (the engine's execution lock).
+// SAFETY: a Pend moves between threads only inside its HostsComm, which one thread uses at a
+// time (&mut, under the engine's execution lock). ShmRecv's pointer is a buffer posted under
+// post_recv's contract and written only by the thread that waits it, never concurrently.
 unsafe impl Send for Pend {}
 
 /// The tag of every message of one collective call: kind, dtype, op, root and a sequence number,
@@ -210,21 +211,27 @@ impl HostsComm {
 
     /// Send to any rank: shared memory inside the host, TCP across.
     /// # Safety
-    /// As `Transport::post_send`.
+    /// `Collectives::send_post`'s buffer contract (api.rs): `b` stays readable, and is written by
+    /// nobody, until the ticket completes. (If the group breaks first, `break_group` shuts the
+    /// connections and marks the local group aborted, so no late reader uses the bytes.)
     pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
-            // SAFETY: `b` stays valid until the ticket completes (this function's contract, send_post's).
+            // SAFETY: this fn's contract is Comm::send_post's: `b` stays readable and unwritten
+            // until the ticket completes.
             unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(|t| Box::new(t) as Ticket)
         } else {
             self.tcp.send(to, b.0 as *const u8, b.1, tag).map(|t| Box::new(t) as Ticket)
         }
     }
 
+    /// Receive from any rank into `b`: shared memory inside the host, TCP across.
     /// # Safety
-    /// As `Transport::post_recv`, for the call.
+    /// `b` is writable, and touched by nobody else, until this returns. Called only inside
+    /// `guarded`, which on an error shuts the connections before returning, so a TCP receive
+    /// still posted after a failed wait cannot land later.
     pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
         if self.lay.host_of[from] == self.my_host() {
-            // SAFETY: `b` is valid for writes for the call (this function's contract, recv's).
+            // SAFETY: this fn's contract is Comm::recv's: `b` is writable and ours for the call.
             unsafe { self.local.recv(self.lay.local_of[from], b.0, b.1, tag) }
         } else {
             self.tcp.recv(from, b.0 as *mut u8, b.1, tag)
@@ -302,14 +309,16 @@ impl HostsComm {
     /// root's host (so its leader has the data), a binomial tree over the hosts' leaders
     /// (connected by the full streams), then a shared-memory broadcast inside every other host.
     /// # Safety
-    /// As `Collectives::broadcast`.
+    /// `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`,
+    /// which shuts the connections on an error (algo/mod.rs, "Buffers and errors").
     unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(BROADCAST, None, None, root);
         let rh = self.lay.host_of[root];
         let mine = self.my_host();
         let local_many = self.lay.hosts[mine].len() > 1;
         if mine == rh && local_many {
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: this fn's contract: `buf` is valid until this returns, read on the root
+            // and written on its host's other ranks, as Comm::broadcast's contract asks.
             unsafe { self.local.broadcast(buf, self.lay.local_of[root])? };
         }
         let tree_root = self.lay.hosts[rh][0];
@@ -317,12 +326,14 @@ impl HostsComm {
             .chain((0..self.lay.hosts.len()).filter(|&h| h != rh).map(|h| self.lay.hosts[h][0]))
             .collect();
         if members.len() > 1 && members.contains(&self.rank) {
-            // SAFETY: the caller keeps `buf` valid for the op (the Collectives contract).
+            // SAFETY: this fn's contract: `buf` is ours for the call. The slice lives only for
+            // the tree below, and nothing else reaches the memory meanwhile.
             let b = unsafe { std::slice::from_raw_parts_mut(buf.0 as *mut u8, buf.1) };
             crate::algo::tree::broadcast(self, &members, tag, b, tree_root)?;
         }
         if mine != rh && local_many {
-            // SAFETY: as above.
+            // SAFETY: this fn's contract, as for the root's host: `buf` is valid until this
+            // returns; the local broadcast from the leader (local rank 0) writes it here.
             unsafe { self.local.broadcast(buf, 0)? };
         }
         Ok(())
@@ -333,6 +344,9 @@ impl HostsComm {
     }
 }
 
+/// Each method's contract is `Transport`'s (transport/mod.rs). The group's ops wait every handle
+/// or, on an error, break the group (`guarded`), which shuts the TCP connections and marks the
+/// local group aborted: that is what "the transport is shut down" means here.
 impl Transport for HostsComm {
     fn rank(&self) -> usize {
         self.rank
@@ -340,11 +354,12 @@ impl Transport for HostsComm {
     fn world(&self) -> usize {
         self.world
     }
-    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
         let p = if self.lay.host_of[to] == self.my_host() {
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: post_send's contract: `data..data+len` stays readable and unwritten until
+            // the handle is waited (the ticket completed) or the group breaks, after which a late
+            // receiver's read fails: what Comm::send_post asks.
             Pend::ShmSend(unsafe { self.local.send_post(self.lay.local_of[to], data as usize, len, tag)? })
         } else {
             Pend::TcpSend(self.tcp.send(to, data, len, tag)?)
@@ -352,7 +367,6 @@ impl Transport for HostsComm {
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
     }
-    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, from, "receive from")?;
         let p = if self.lay.host_of[from] == self.my_host() {
@@ -377,7 +391,8 @@ impl Transport for HostsComm {
         }
         match std::mem::replace(&mut self.pend[h.0], Pend::Done) {
             Pend::ShmSend(t) => t.wait(),
-            // SAFETY: posted under post_recv's contract, which holds until this wait.
+            // SAFETY: post_recv's contract: `ptr..ptr+len` was posted writable and ours until its
+            // handle is waited, which is now; Comm::recv needs it for this call only.
             Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv(from, ptr as usize, len, tag) },
             Pend::TcpSend(t) => t.wait(),
             Pend::TcpRecv(t) => t.wait(),
@@ -386,17 +401,20 @@ impl Transport for HostsComm {
     }
 }
 
+/// Each method's `# Safety` is `Collectives`' buffer contract (api.rs). The ops run inside
+/// `guarded`, which breaks the group on an error before returning, so nothing posted into a
+/// caller's buffer outlives the call (algo/mod.rs, "Buffers and errors"); `send_post` breaks the
+/// group itself when posting fails.
 impl crate::api::Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        // SAFETY: the Collectives contract: `buf` holds `count` elements for the op's duration.
+        // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements of `dtype`,
+        // ours until this returns; the slice does not outlive the call.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -404,14 +422,15 @@ impl crate::api::Collectives for HostsComm {
             let members: Vec<usize> = (0..c.world).collect();
             let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
             let world = c.world;
-            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            // SAFETY: `Collectives`' contract (api.rs) is direct::reduce_scatter's: every send[j]
+            // and `out` hold `count` elements until this returns, `out` overlapping only
+            // send[rank] at the same address; on an error `guarded` shuts the connections.
             c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
-        // SAFETY: as for all_reduce.
+        // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| {
             let tag = c.tag(REDUCE, Some(dtype), Some(op), root);
@@ -420,31 +439,31 @@ impl crate::api::Collectives for HostsComm {
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_GATHER, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
-            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable,
+            // every recv[j] writable and ours (recv[rank] being `send` or disjoint from it) until
+            // this returns; on an error `guarded` shuts the connections.
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let tag = c.tag(ALL_TO_ALL, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
-            // SAFETY: as above.
+            // SAFETY: as for all_gather, with one send range per destination.
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
-        // SAFETY: this method's contract.
+        // SAFETY: `Collectives::broadcast`'s contract (api.rs) is broadcast_impl's, which runs
+        // inside `guarded` as it asks.
         self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
@@ -459,11 +478,12 @@ impl crate::api::Collectives for HostsComm {
             let mut sends = vec![None; c.world];
             sends[root] = Some(Region { ptr: send.0 as *mut u8, len: send.1 });
             let recvs = if c.rank == root { HostsComm::regions(recv) } else { vec![None; c.world] };
-            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable and,
+            // on the root, every recv[j] writable and ours (recv[root] being `send` or disjoint
+            // from it); every other entry is None. On an error `guarded` shuts the connections.
             unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -476,7 +496,9 @@ impl crate::api::Collectives for HostsComm {
             let sends = if c.rank == root { HostsComm::regions(send) } else { vec![None; c.world] };
             let mut recvs = vec![None; c.world];
             recvs[root] = Some(Region { ptr: recv.0 as *mut u8, len: recv.1 });
-            // SAFETY: the Collectives contract keeps every buffer valid for the op.
+            // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `recv` writable and
+            // ours and, on the root, every send[j] readable (send[root] being `recv` or disjoint
+            // from it); every other entry is None. On an error `guarded` shuts the connections.
             unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
@@ -487,7 +509,6 @@ impl crate::api::Collectives for HostsComm {
             crate::algo::direct::barrier(c, &members, tag)
         })
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -496,7 +517,8 @@ impl crate::api::Collectives for HostsComm {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
-        // SAFETY: this method's contract.
+        // SAFETY: `Collectives::send_post`'s contract (api.rs) is `post`'s: the bytes stay
+        // readable and unwritten until the ticket completes.
         let r = unsafe { self.post(to, (addr, len), tag) };
         if let Err(e) = &r {
             self.break_group(e);
@@ -506,13 +528,13 @@ impl crate::api::Collectives for HostsComm {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
-    // SAFETY: the Collectives trait's contract (api.rs) is this method's.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {
             return Err(Error::Unsupported(format!("rank {from} cannot receive from itself")));
         }
-        // SAFETY: this method's contract.
+        // SAFETY: `Collectives::recv`'s contract (api.rs): the bytes are writable and ours for
+        // the call; `take` runs inside `guarded`, as its contract asks.
         self.guarded(|c| unsafe { c.take(from, (addr, len), tag) })
     }
 }
@@ -548,7 +570,10 @@ mod tests {
                             c.guarded(|c| {
                                 c.with_scratch(|c, s| {
                                     let p = crate::algo::scratch(s, n).as_mut_ptr();
-                                    // SAFETY: the scratch is the group's until its connections are shut.
+                                    // SAFETY: `p` is `n` bytes of the group's scratch, which
+                                    // `with_scratch` puts back rather than frees even when this
+                                    // panics; `guarded` then shuts the connections, so the
+                                    // receive cannot land later.
                                     unsafe { c.post_recv(1, p, n, 7)? };
                                     panic!("a bug")
                                 })

@@ -20,7 +20,7 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
             return;
         }
     }
-    // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+    // SAFETY: this fn's contract: both ranges are valid for `len` bytes and do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
 }
 
@@ -46,11 +46,11 @@ fn in_rep_movsb_trap(dst: *mut u8, src: *const u8) -> bool {
 /// As `copy`; the CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-// SAFETY: callers uphold the contract stated in this function's doc comment (and check AVX2).
 unsafe fn vec_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
     let mut i = 0;
-    // SAFETY: every load and store below stays inside the first `len` bytes of src and dst.
+    // SAFETY: this fn's contract (ranges valid for `len` bytes, disjoint); every load and store
+    // below stays inside the first `len` bytes of src and dst, unaligned ones allowed.
     unsafe {
         while i + 128 <= len {
             let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
@@ -71,14 +71,20 @@ unsafe fn vec_copy(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+/// `copy` with non-temporal (streaming) stores for the body, bypassing the cache.
+///
+/// # Safety
+/// As `copy`: `dst` and `src` valid for `len` bytes, not overlapping. (SSE2 only, which every
+/// x86-64 CPU has.)
 #[cfg(target_arch = "x86_64")]
-// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Align the destination to 16 bytes with a plain copy, stream the body, copy the tail.
     let head = (16 - (dst as usize & 15)) & 15;
     let head = head.min(len);
-    // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+    // SAFETY: this fn's contract: both ranges hold `len` bytes and do not overlap. head + the
+    // 64-byte steps + the tail add up to `len`, so every access stays inside them, and after
+    // `head` bytes `d` is 16-aligned, as _mm_stream_si128 requires.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, head);
         let mut d = dst.add(head);

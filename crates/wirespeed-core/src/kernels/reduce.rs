@@ -177,8 +177,12 @@ fn combine<T: Elem>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) ->
     }
 }
 
+/// `reduce_many` for one element type, BLOCK elements at a time through `acc`.
+///
+/// # Safety
+/// `reduce_many`'s, with `T` the type `dtype` names (Half, BHalf and Flag are repr(transparent)
+/// over the bytes torch stores).
 #[inline(always)]
-// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, op: ReduceOp, avg_n: usize) {
     let mut acc = [T::Acc::default(); BLOCK];
     let mut start = 0;
@@ -208,7 +212,9 @@ unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, 
                 *a = T::div(*a, avg_n);
             }
         }
-        // SAFETY: the pointers cover count elements of T (reduce_many's contract) and start + n <= count.
+        // SAFETY: dst covers count aligned elements of T (this fn's contract) and start + n <=
+        // count. dst may alias a source only at the same offset, and this block's source slices
+        // are no longer used: the block was read into `acc` before this write.
         let out = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), n) };
         for (o, a) in out.iter_mut().zip(acc.iter()) {
             *o = T::store(*a);
@@ -222,7 +228,7 @@ unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, 
 ///
 /// # Safety
 /// Every pointer must be valid for `count` elements of `dtype` and suitably aligned; dst may alias
-/// a source only at the same offset.
+/// a source only at the same offset; nothing else writes them during the call.
 pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     if count == 0 || srcs.is_empty() {
         return;
@@ -232,25 +238,35 @@ pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype:
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
+            // SAFETY: AVX2 and FMA are present (checked above); reduce_avx2's other conditions
+            // are this fn's contract.
             unsafe { reduce_avx2(dst, srcs, count, dtype, op, avg_n) };
             return;
         }
     }
-    // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
+    // SAFETY: reduce_dispatch's contract is this fn's.
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
 }
 
+/// `reduce_dispatch` compiled with AVX2 and FMA (the kernels inline into it).
+///
+/// # Safety
+/// `reduce_many`'s, and the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn reduce_avx2(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
+    // SAFETY: reduce_dispatch's contract is this fn's (less the CPU features).
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
 }
 
+/// The kernel for `dtype`'s element type.
+///
+/// # Safety
+/// `reduce_many`'s.
 #[inline(always)]
-// SAFETY: callers uphold the contract stated in this function's doc comment.
 unsafe fn reduce_dispatch(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
+    // SAFETY: this fn's contract; each arm passes the element type its `dtype` names, as
+    // reduce_typed requires.
     unsafe {
         match dtype {
             DType::F32 => reduce_typed::<f32>(dst, srcs, count, op, avg_n),
@@ -277,7 +293,8 @@ mod tests {
     fn run<T: Copy>(srcs: &[Vec<T>], dtype: DType, op: ReduceOp) -> Vec<T> {
         let mut out = srcs[0].clone();
         let ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr() as *const u8).collect();
-        // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
+        // SAFETY: `out` and every source are vectors of out.len() elements of T, the type the
+        // callers' `dtype` names (aligned for it); `out` is a copy, aliased by no source.
         unsafe { reduce_many(out.as_mut_ptr() as *mut u8, &ptrs, out.len(), dtype, op, srcs.len()) };
         out
     }

@@ -72,7 +72,12 @@ impl Comm {
     }
 
     /// Describe (and, when staging, copy) what this rank contributes to each destination.
-    // SAFETY: callers uphold the contract stated in this function's doc comment.
+    ///
+    /// # Safety
+    /// Every non-empty `send[j]` is readable for its length, and written by nobody, for the
+    /// call: staging copies it. One that is not staged is published (MODE_ADDR) for rank j to
+    /// read in place, so the caller keeps it so until the op's closing sync (`exchange`,
+    /// `reduce_to_me`'s `sync_due`).
     unsafe fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
         let parity = ((self.seq) % 2) as usize;
         let mut uniq: Vec<Buf> = Vec::new();
@@ -95,7 +100,11 @@ impl Comm {
         let mut offs = Vec::with_capacity(uniq.len());
         let mut off = 0usize;
         for &(a, l) in &uniq {
-            // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+            // SAFETY: `a..a+l` is readable (this fn's contract). The slot of this parity has room:
+            // staging happens only when the unique ranges, each rounded up to 64 bytes, total at
+            // most `slot_bytes`, and off + l is within that total. It is this rank's shared
+            // segment, not a caller's buffer, and no peer reads it now: its last contents (op
+            // seq-2) were read before op seq-1's first sync, which this rank has passed.
             unsafe { copy::copy(slot.add(off), a as *const u8, l) };
             offs.push(off);
             off += l.next_multiple_of(64);
@@ -137,14 +146,21 @@ impl Comm {
         Ok(())
     }
 
-    // SAFETY: callers uphold the contract stated in this function's doc comment.
+    /// Copy what rank `j` contributes to this rank (its piece of op `parity`) into `dst`; this
+    /// rank's own contribution is at `own_src`.
+    ///
+    /// # Safety
+    /// `dst..dst+len` is writable, and touched by nobody else, for the call; if `j` is this rank,
+    /// `own_src..own_src+len` is readable and either is `dst` or overlaps it nowhere. Rank j's
+    /// piece to this rank is `len` bytes long (`check_lengths`).
     unsafe fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         if j == self.rank {
             if own_src != dst {
-                // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+                // SAFETY: this fn's contract: both ranges hold `len` bytes for the call and, not
+                // being the same address, do not overlap.
                 unsafe { copy::copy(dst as *mut u8, own_src as *const u8, len) };
             }
             return Ok(());
@@ -152,7 +168,10 @@ impl Comm {
         let p = self.net.segs[j].piece(parity, self.rank);
         match p.mode {
             MODE_SLOT => {
-                // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+                // SAFETY: `dst` holds `len` bytes (this fn's contract). Rank j staged this piece
+                // in its slot of this parity (`pieces`), so loc + len is within the slot, and it
+                // stays there until every rank has passed the next op's first sync. A peer's
+                // mapping and the caller's buffer do not overlap.
                 unsafe { copy::copy(dst as *mut u8, self.net.segs[j].slot(parity).add(p.loc as usize), len) };
                 Ok(())
             }
@@ -160,14 +179,24 @@ impl Comm {
         }
     }
 
-    // SAFETY: callers uphold the contract stated in this function's doc comment.
+    /// recv[j] = what rank j contributes to this rank (its send[rank]), through the descriptors.
+    ///
+    /// # Safety
+    /// `send` and `recv` hold one range per rank and meet `Collectives`' contract (api.rs) for
+    /// the call: every send[j] readable, every recv[j] writable and ours alone, recv[rank] either
+    /// send[rank] itself or disjoint from it. Ranges read in place by peers are safe to reuse on
+    /// return: the closing sync (`any_direct`) waits for every reader.
     unsafe fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
+        // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
+        // so until the closing sync below.
         let pieces = unsafe { self.pieces(send, mode) };
         let parity = self.publish_and_sync(h, &pieces)?;
         self.check_lengths(parity, &|j| recv[j].1, h.kind)?;
         for k in 0..self.world {
             let j = (self.rank + k) % self.world;
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: this fn's contract: recv[j] is writable for recv[j].1 bytes and ours alone,
+            // send[rank] readable (or recv[rank] itself); check_lengths made rank j's piece to
+            // this rank recv[j].1 bytes long.
             unsafe { self.fetch(parity, j, send[self.rank].0, recv[j].0, recv[j].1)? };
         }
         if self.any_direct(parity) {
@@ -178,9 +207,16 @@ impl Comm {
 
     /// out[0..count] = op over ranks j of what j contributes to this rank. Returns the parity and
     /// whether a final sync is due (left to the caller, which may have more to do first).
+    ///
+    /// # Safety
+    /// `send` holds one range per rank, each readable; `out` is writable for `count` elements
+    /// of `dtype` and ours alone, overlapping no send range except send[rank] at the same
+    /// address; all aligned for `dtype`. They stay so until the call returns and, when it says a
+    /// sync is due, until the caller's sync after it (peers read unstaged ranges in place).
     #[allow(clippy::too_many_arguments)]
-    // SAFETY: callers uphold the contract stated in this function's doc comment.
     unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
+        // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
+        // so until the sync this returns as due.
         let pieces = unsafe { self.pieces(send, mode) };
         let parity = self.publish_and_sync(h, &pieces)?;
         let esize = dtype.size();
@@ -203,7 +239,9 @@ impl Comm {
                     } else {
                         let p = self.net.segs[j].piece(parity, self.rank);
                         if p.mode == MODE_SLOT {
-                            // SAFETY: the offset lies inside the peer's staging slot: the piece's location and length were checked against the slot size.
+                            // SAFETY: rank j staged this piece in its slot of this parity
+                            // (`pieces`: loc + len within the slot), and b < bytes = len
+                            // (check_lengths), so the pointer stays inside j's mapping.
                             unsafe { self.net.segs[j].slot(parity).add(p.loc as usize + b) as *const u8 }
                         } else {
                             let dst = scratch + j * stride + (p.loc as usize + b) % 4096;
@@ -212,7 +250,11 @@ impl Comm {
                         }
                     };
                 }
-                // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
+                // SAFETY: `out + b` is writable for nb bytes (this fn's contract). Each source
+                // holds nb bytes: send[rank] + b (contract; check_lengths made it `bytes` long), a
+                // peer's staged piece (above), or the block just read into scratch slot j (stride =
+                // block + 4096 bytes, enough for the in-page offset plus nb), which keeps the
+                // source's alignment. `out` aliases only send[rank], at the same offset.
                 unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / esize, dtype, op, self.world) };
                 b += nb;
             }
@@ -251,7 +293,7 @@ impl Comm {
 
     /// In-place all_reduce of `count` elements at `buf`.
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::all_reduce`'s: the buffer contract (api.rs) for `buf`.
     pub unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
@@ -260,7 +302,9 @@ impl Comm {
             match algo {
                 AllReduceAlgo::OneShot | AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {
                     let send = vec![(buf, bytes); c.world];
-                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+                    // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements until
+                    // this returns. It is every rank's piece and the output, equal to send[rank]
+                    // as reduce_to_me allows; the sync due runs below.
                     let (_, sync_due) = unsafe { c.reduce_to_me(h, &send, buf, count, dtype, op, Mode::Stage)? };
                     if sync_due {
                         c.net.sync()?;
@@ -275,27 +319,39 @@ impl Comm {
                     // parity, so nobody can overwrite a chunk still being read: no closing sync.
                     let es = dtype.size();
                     let me = c.rank;
-                    // SAFETY: the caller vouched for `buf` (this function's contract).
+                    // SAFETY: `Collectives`' contract (api.rs): `buf` is readable for `bytes` until
+                    // this returns. Staged always copies it (the planner picks Staged only when
+                    // `bytes` fits the slot), so no peer reads `buf` itself.
                     let pieces = unsafe { c.pieces(&vec![(buf, bytes); c.world], Mode::Stage) };
                     let parity = c.publish_and_sync(h, &pieces)?;
                     c.check_lengths(parity, &|_| bytes, h.kind)?;
                     let ch = c.chunks(count, es);
                     let base: Vec<*mut u8> = (0..c.world)
-                        // SAFETY: the offset lies inside the peer's staging slot: the piece's location and length were checked against the slot size.
+                        // SAFETY: every rank chose Staged for this count (publish_and_sync compared
+                        // both), so every rank staged its `bytes` (they fit the slot, whose size
+                        // the ranks share) in its slot of this parity at `loc`: inside j's mapping.
                         .map(|j| unsafe { c.net.segs[j].slot(parity).add(c.net.segs[j].piece(parity, me).loc as usize) })
                         .collect();
                     let (s, n) = ch[me];
                     if n > 0 {
-                        // SAFETY: each peer's slot holds its chunk; s * es stays inside it (s < chunk length).
+                        // SAFETY: chunk `me` is n > 0 elements from s, inside `count`, so s * es
+                        // lies inside every rank's staged copy of `bytes`.
                         let srcs: Vec<*const u8> = base.iter().map(|&b| unsafe { b.add(s * es) } as *const u8).collect();
-                        // SAFETY: every source and the destination hold count elements of dtype (this op's buffers, or scratch sized for them).
+                        // SAFETY: every pointer is chunk `me` (n elements) of a staged copy
+                        // (above), aligned: slots are page-aligned, `loc` and chunk starts
+                        // multiples of 64 bytes. The destination is this rank's own copy, one of
+                        // the sources at the same offset, as reduce_many allows; peers read only
+                        // their own chunks of this slot until the sync below.
                         unsafe { reduce_many(base[me].add(s * es), &srcs, n, dtype, op, c.world) };
                     }
                     c.net.sync()?;
                     for k in 0..c.world {
                         let j = (me + k) % c.world;
                         let (s, n) = ch[j];
-                        // SAFETY: both ranges hold len bytes (the caller's buffers under this op's contract, or this segment's slot) and do not overlap.
+                        // SAFETY: `buf + s*es` is writable for chunk j's n elements (`Collectives`'
+                        // contract for `buf`, api.rs); rank j's staged copy holds its reduced chunk
+                        // j there, kept until every rank passed the next op's first sync. A slot
+                        // and a caller's buffer do not overlap.
                         unsafe { copy::copy((buf + s * es) as *mut u8, base[j].add(s * es), n * es) };
                     }
                     Ok(())
@@ -305,7 +361,9 @@ impl Comm {
                     let ch = c.chunks(count, es);
                     let send: Vec<Buf> = ch.iter().map(|&(s, n)| (buf + s * es, n * es)).collect();
                     let me = c.rank;
-                    // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+                    // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements until
+                    // this returns; `send` cuts it into disjoint chunks, and the output is this
+                    // rank's own chunk send[me], as reduce_to_me allows. The sync below closes it.
                     let (parity, _) = unsafe { c.reduce_to_me(h, &send, send[me].0, ch[me].1, dtype, op, Mode::Direct)? };
                     c.net.sync()?;
                     // Every rank's own chunk is now reduced, in place in its buffer: gather them.
@@ -322,12 +380,15 @@ impl Comm {
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::reduce_scatter`'s: the buffer contract (api.rs) for `send` and `out`.
     pub unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let h = c.header(REDUCE_SCATTER, Some(dtype), Some(op), 0, count as u64, 0);
-            // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
+            // SAFETY: `Collectives`' contract (api.rs): every send[j] is readable and `out`
+            // writable for `count` elements until this returns, `out` overlapping no input but
+            // send[rank] at the same address; `send` has one range per rank (checked). The sync
+            // due runs below.
             let (_, sync_due) = unsafe { c.reduce_to_me(h, send, out, count, dtype, op, Mode::Auto)? };
             if sync_due {
                 c.net.sync()?;
@@ -338,7 +399,7 @@ impl Comm {
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::reduce`'s: the buffer contract (api.rs) for `buf`.
     pub unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
@@ -347,7 +408,9 @@ impl Comm {
             let mut send = vec![(0usize, 0usize); c.world];
             send[root] = (buf, bytes);
             let n = if c.rank == root { count } else { 0 };
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements until this
+            // returns. It is this rank's only piece (to the root) and, on the root alone (n > 0),
+            // the output at the same address. The sync due runs below.
             let (_, sync_due) = unsafe { c.reduce_to_me(h, &send, buf, n, dtype, op, Mode::Auto)? };
             if sync_due {
                 c.net.sync()?;
@@ -358,33 +421,37 @@ impl Comm {
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::all_gather`'s: the buffer contract (api.rs) for `send` and `recv`.
     pub unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
             let sends = vec![send; c.world];
-            // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
+            // SAFETY: `Collectives`' contract (api.rs): `send` is readable and every recv[j]
+            // writable and ours until this returns, recv[rank] being `send` or disjoint from it;
+            // `recv` has one range per rank (checked).
             unsafe { c.exchange(h, &sends, recv, Mode::Copy) }
         })
     }
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::all_to_all`'s: the buffer contract (api.rs) for `send` and `recv`.
     pub unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
             let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
-            // SAFETY: the buffers are the caller's, valid and unshared for this op (this function's contract).
+            // SAFETY: `Collectives`' contract (api.rs): every send[j] is readable and every
+            // recv[j] writable and ours until this returns, recv[rank] being send[rank] or
+            // disjoint from it; both lists have one range per rank (checked).
             unsafe { c.exchange(h, send, recv, Mode::Copy) }
         })
     }
 
     /// `buf` on every rank = `buf` on `root`.
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::broadcast`'s: the buffer contract (api.rs) for `buf`.
     pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -392,7 +459,8 @@ impl Comm {
             let split = c.world == 2 && !stages;
             let h = c.header(BROADCAST, None, None, root, buf.1 as u64, split as u32);
             if split {
-                // SAFETY: the buffer is the caller's, valid for this op under this function's contract (Collectives).
+                // SAFETY: `Collectives`' contract (api.rs): `buf` is valid, read on the root and
+                // written elsewhere, until this returns; that is broadcast_split's contract.
                 return unsafe { c.broadcast_split(h, buf, root) };
             }
             let none = (0usize, 0usize);
@@ -403,7 +471,9 @@ impl Comm {
             };
             recv[root] = buf;
             let mode = if stages { Mode::Stage } else { Mode::Direct };
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `Collectives`' contract (api.rs): `buf` is valid until this returns. The
+            // root only reads it (its recv[root] is send[root], the same address, never
+            // copied); elsewhere it is recv[root], written and ours.
             unsafe { c.exchange(h, &send, &recv, mode) }
         })
     }
@@ -413,7 +483,11 @@ impl Comm {
     /// reading the front with process_vm_readv while the root writes the back with
     /// process_vm_writev: two cores copy where one would. The headers (compared by
     /// publish_and_sync) carry the byte count and this choice, so both ranks agree on both.
-    // SAFETY: callers uphold the contract of `broadcast` (buf valid and unshared for the op).
+    ///
+    /// # Safety
+    /// `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root,
+    /// writable and ours elsewhere. Each side publishes it for the other to read or write in
+    /// place; both end in a sync, so neither returns while the other still copies.
     unsafe fn broadcast_split(&mut self, h: DescHeader, buf: Buf, root: usize) -> Result<()> {
         let peer = 1 - self.rank;
         let mut pieces = vec![Piece::default(); 2];
@@ -444,7 +518,7 @@ impl Comm {
 
     /// On `root`, recv[j] = rank j's `send`.
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::gather`'s: the buffer contract (api.rs) for `send` and, on `root`, `recv`.
     pub unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -456,14 +530,16 @@ impl Comm {
             if recvs.len() != c.world {
                 return Err(Error::Unsupported(format!("gather needs {} outputs on the root, got {}", c.world, recvs.len())));
             }
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `Collectives`' contract (api.rs): `send` is readable until this returns
+            // and, on the root, every recv[j] writable and ours (recv[root] being `send` or
+            // disjoint from it); off the root every range but send[root] is empty.
             unsafe { c.exchange(h, &sends, &recvs, Mode::Copy) }
         })
     }
 
     /// recv = `root`'s send[rank].
     /// # Safety
-    /// As `api::Collectives`: the buffers stay valid, and are not written by anyone else, for the call.
+    /// `Collectives::scatter`'s: the buffer contract (api.rs) for `recv` and, on `root`, `send`.
     pub unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -475,7 +551,9 @@ impl Comm {
             }
             let mut recvs = vec![none; c.world];
             recvs[root] = recv;
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: `Collectives`' contract (api.rs): `recv` is writable and ours until this
+            // returns and, on the root, every send[j] readable (send[root] being `recv` or
+            // disjoint from it); off the root every range but recv[root] is empty.
             unsafe { c.exchange(h, &sends, &recvs, Mode::Copy) }
         })
     }
@@ -484,7 +562,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(BARRIER, None, None, 0, 0, 0);
             let none = vec![(0usize, 0usize); c.world];
-            // SAFETY: the buffers are the caller's, valid for this op under this function's contract (Collectives).
+            // SAFETY: no memory: every range is empty, so nothing is read, copied or published.
             unsafe { c.exchange(h, &none, &none, Mode::Auto) }
         })
     }
@@ -629,7 +707,9 @@ mod tests {
             let mut all = vec![0u8; 2 * n];
             let recv = [(all.as_mut_ptr() as usize, n), (all.as_mut_ptr() as usize + n, n)];
             if c.rank == 0 {
-                // SAFETY: the buffers outlive the call.
+                // SAFETY: `mine` and `all` outlive the call and nothing else touches them during
+                // it; `recv` cuts `all` into two disjoint halves. (After the call fails, `mine` is
+                // overwritten on purpose: rank 1's late read of it must fail.)
                 let r = unsafe { c.all_gather((mine.as_ptr() as usize, n), &recv) };
                 mine.fill(0xEE);
                 both.wait();
@@ -639,11 +719,13 @@ mod tests {
                 // all_gather's exchange, up to its reads.
                 let h = c.header(ALL_GATHER, None, None, 0, n as u64, 0);
                 let sends = [(mine.as_ptr() as usize, n); 2];
-                // SAFETY: as above.
+                // SAFETY: `mine` is readable for `n` bytes until this closure ends (with
+                // stage_max 0 it is not copied, only published for rank 0 to read in place).
                 let pieces = unsafe { c.pieces(&sends, Mode::Copy) };
                 let parity = c.publish_and_sync(h, &pieces).unwrap();
                 both.wait();
-                // SAFETY: as above.
+                // SAFETY: recv[0] is the first `n` bytes of `all`, writable and touched by nothing
+                // else; rank 0 published `n` bytes for this rank.
                 let r = unsafe { c.fetch(parity, 0, sends[1].0, recv[0].0, n) };
                 both.wait();
                 r

@@ -1,6 +1,8 @@
-//! A group of ranks on one host joined through shared memory: setup, the wait that spins then
-//! sleeps, sync points, failure detection and op descriptors. The collectives built on these live
-//! in collectives.rs and p2p.rs.
+//! The shared-memory group of the ranks of one host: setup, the wait that spins then sleeps, sync
+//! points, failure detection and op descriptors. It is the whole group when every rank shares a
+//! host (group.rs, `Setup::OneHost`), and the inside-a-host part of a group that spans hosts
+//! (hosts/: each `HostsComm` holds one over the ranks of its host, numbered locally). The
+//! collectives built on these live in collectives.rs and p2p.rs.
 //!
 //! Setup is two steps so any store can carry the rendezvous: `Comm::new` creates this rank's
 //! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
@@ -140,6 +142,9 @@ impl Comm {
             return Err(Error::Mismatch(format!("{} rank infos for a world of {}", infos.len(), self.world)));
         }
         let me = &infos[self.rank];
+        // A Comm only ever joins the ranks of one host: `Setup` builds one only when every rank
+        // shares a host, and `HostsSetup` hands its own the infos of its host alone. Ranks on
+        // several hosts connect through `Setup` (hosts/), not here.
         if let Some((r, other)) = infos.iter().enumerate().find(|(_, i)| i.host != me.host) {
             return Err(Error::Unsupported(format!(
                 "rank {r} runs on another host ({}): this build of wirespeed connects ranks on one host \
@@ -197,7 +202,7 @@ impl Comm {
         for r in 0..self.world {
             if r != self.rank {
                 let mut probe = 0u64;
-                // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
+                // SAFETY: `probe` is a local u64: 8 writable bytes that nothing else touches.
                 if let Err(errno) = unsafe { sys::read_peer(net.pids[r], net.segs[r].owner_addr(), &mut probe as *mut u64 as *mut u8, 8) } {
                     return Err(if errno == libc::ESRCH {
                         Error::PeerDied { rank: r, pid: net.pids[r] }
@@ -388,11 +393,16 @@ impl Net {
     }
 
     /// Copy `len` bytes at `addr` in rank `r` into `dst`.
+    ///
+    /// Not marked unsafe, but it writes through `dst`: every caller passes `len` bytes that are
+    /// writable and touched by nothing else for the call (its own contract's output, or scratch).
     pub(crate) fn read_from(&self, r: usize, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: dst is a live buffer of len bytes that only this call writes (process_vm_readv fills it).
+        // SAFETY: the callers' promise above: `dst` is `len` writable bytes that only this call
+        // touches (fetch's and Comm::recv's outputs, reduce_to_me's scratch block, the Rsag
+        // gather's chunk, broadcast_split's front half). The remote side is checked by the kernel.
         unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_readv"))?;
         // A peer that gave up (or closed the group) may have returned and reused this memory
         // before or during the copy, and `wait_word`'s fast path does not look at peers. It sets
@@ -401,11 +411,15 @@ impl Net {
     }
 
     /// Copy `len` bytes at `src` into `addr` in rank `r`, a range rank r published for this rank to fill.
+    ///
+    /// Not marked unsafe, but it reads through `src`: its one caller (broadcast_split, on the root)
+    /// passes `len` bytes of its buffer, readable for the call.
     pub(crate) fn write_to(&self, r: usize, addr: u64, src: *const u8, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: src is a live buffer of len bytes; the remote range is the peer's, published to us for this op.
+        // SAFETY: the caller's promise above: `src` is `len` readable bytes. The remote range is
+        // the back half of the buffer rank r published for this op, as write_peer requires.
         unsafe { sys::write_peer(self.pids[r], addr, src, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_writev"))?;
         // As for reads: a peer that gave up meanwhile did not get these bytes where it wanted them.
         self.after_copy(r)

@@ -117,11 +117,15 @@ pub struct Seg {
 impl Seg {
     fn at<T>(&self, off: usize) -> *mut T {
         debug_assert!(off + std::mem::size_of::<T>() <= self.map.len());
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: callers pass offsets of the segment Layout, all below `Layout::total`, which
+        // the mapping covers (this rank's by construction, a peer's checked at connect); debug
+        // builds assert it above.
         unsafe { self.map.ptr().add(off) as *mut T }
     }
     fn atomic32(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: the words given (abort 64, phase 320, sleepers 384, posted/acked at multiples
+        // of 64) are 4-aligned, inside the mapping, and only ever accessed as atomics, by every
+        // process that maps the segment; the mapping lives as long as `self`.
         unsafe { &*(self.at::<AtomicU32>(off)) }
     }
 
@@ -176,16 +180,22 @@ impl Seg {
     pub fn set_reason(&self, msg: &str) {
         let b = msg.as_bytes();
         let n = b.len().min(REASON_MAX);
-        // SAFETY: the reason area (offsets 68..72+REASON_MAX) lies inside the mapping's first page, written only by its owner.
+        // SAFETY: offsets 68..72+REASON_MAX lie in the first page, past the 64-byte header and
+        // before `phase` (320). Only the owner writes them, once (`give_up`), before it sets
+        // `aborted` (Release); peers read them only after seeing `aborted` set (Acquire).
         unsafe {
             std::ptr::copy_nonoverlapping(b.as_ptr(), self.at::<u8>(72), n);
             *self.at::<u32>(68) = n as u32;
         }
     }
     pub fn reason(&self) -> String {
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: offset 68 is the reason's length word, inside the first page. Every caller
+        // first saw `aborted` set (Acquire), which the owner does after writing the reason, so
+        // these reads do not race its writes.
         let n = unsafe { *self.at::<u32>(68) as usize }.min(REASON_MAX);
         let mut v = vec![0u8; n];
+        // SAFETY: n <= REASON_MAX bytes from offset 72 lie in the same area, written before
+        // `aborted` as above; `v` holds n bytes.
         unsafe { std::ptr::copy_nonoverlapping(self.at::<u8>(72), v.as_mut_ptr(), n) };
         String::from_utf8_lossy(&v).into_owned()
     }
@@ -201,7 +211,10 @@ impl Seg {
     }
     pub fn write_desc(&self, parity: usize, h: &DescHeader, pieces: &[Piece]) {
         let off = self.desc_off(parity);
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: descriptor `parity` (a 64-byte header, then one 32-byte piece per rank;
+        // callers pass at most `world` pieces) lies inside the layout, 8-aligned. Only the owner
+        // writes it, and peers read it only between this op's first sync and their start of the
+        // next op of this parity, which waits for this rank at the op in between.
         unsafe {
             std::ptr::write_volatile(self.at::<DescHeader>(off), *h);
             for (j, p) in pieces.iter().enumerate() {
@@ -210,11 +223,13 @@ impl Seg {
         }
     }
     pub fn desc(&self, parity: usize) -> DescHeader {
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: descriptor `parity`'s header, inside the layout and 8-aligned; read after the
+        // sync that follows its owner's write (publish_and_sync), before the owner can rewrite it.
         unsafe { std::ptr::read_volatile(self.at::<DescHeader>(self.desc_off(parity))) }
     }
     pub fn piece(&self, parity: usize, to: usize) -> Piece {
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: piece `to` (< world) of descriptor `parity`, inside the layout and 8-aligned;
+        // read, like `desc`, between its owner's write and the next op of this parity.
         unsafe { std::ptr::read_volatile(self.at::<Piece>(self.desc_off(parity) + 64 + to * PIECE_BYTES)) }
     }
 
@@ -228,12 +243,16 @@ impl Seg {
     }
     pub fn write_send(&self, to: usize, n: u32, e: SendEntry) {
         let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: ring entry (to, n mod P2P_RING), 32 bytes inside the ring area (world x P2P_RING
+        // entries at `ring_off`), 8-aligned. Only the sender writes it, and only after its
+        // receiver acknowledged the entry it replaces (`send_post` waits on `acked` first).
         unsafe { std::ptr::write_volatile(self.at::<SendEntry>(off), e) };
     }
     pub fn send_entry(&self, to: usize, n: u32) -> SendEntry {
         let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
-        // SAFETY: the offset lies inside the mapping by the segment Layout (debug-asserted in `at`), and the value is repr(C) plain data.
+        // SAFETY: the same ring entry, in the sender's segment, read by the receiver only once
+        // `posted` says it is written (Acquire) and before the receiver acknowledges it, so the
+        // sender cannot be rewriting it.
         unsafe { std::ptr::read_volatile(self.at::<SendEntry>(off)) }
     }
 

@@ -97,13 +97,14 @@ fn is_link_local(a: &Ipv6Addr) -> bool {
 pub fn interfaces() -> Vec<Iface> {
     let mut out: Vec<Iface> = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list that stays valid until the freeifaddrs below.
+    // SAFETY: `head` is a local out-pointer; on success getifaddrs points it at a list that stays
+    // valid until the freeifaddrs below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
         return out;
     }
     let mut p = head;
     while !p.is_null() {
-        // SAFETY: p is a node of that list.
+        // SAFETY: `p` is a non-null node of that list, alive until the freeifaddrs below.
         let ifa = unsafe { &*p };
         p = ifa.ifa_next;
         if ifa.ifa_name.is_null() {

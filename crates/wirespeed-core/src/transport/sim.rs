@@ -313,6 +313,11 @@ impl SimRank {
     }
 }
 
+/// Each method's contract is `Transport`'s (transport/mod.rs). The simulator only records the
+/// address of a post; `deliver` copies between a send and a receive while both are pending. A
+/// rank whose program returns (or that dies) is cut off (`cut_off`) before the turn passes, and
+/// only the turn holder delivers, so its buffers are never touched again: this transport's
+/// "shut down".
 impl Transport for SimRank {
     fn rank(&self) -> usize {
         self.rank
@@ -320,11 +325,9 @@ impl Transport for SimRank {
     fn world(&self) -> usize {
         self.world
     }
-    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(true, to, data as usize, len, tag)
     }
-    // SAFETY: the Transport trait's contract (transport/mod.rs) is this method's.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(false, from, data as usize, len, tag)
     }

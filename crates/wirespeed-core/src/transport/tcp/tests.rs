@@ -36,8 +36,10 @@ fn messages_of_every_size_arrive_whole_and_in_order() {
     let bufs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
     let mut outs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n + 8]).collect();
     // Receives posted after the sends for half the messages: those streams park, then resume.
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `bufs` outlives the sends (declared before them), each waited below; nothing
+    // writes `bufs` meanwhile.
     let sends: Vec<Request> = bufs.iter().enumerate().map(|(i, v)| unsafe { a.isend(v.as_ptr(), v.len(), i as u64) }.unwrap()).collect();
+    // SAFETY: likewise `outs` for the receives, each waited below before `outs` is read.
     let recvs: Vec<Request> = outs.iter_mut().enumerate().map(|(i, v)| unsafe { b.irecv(v.as_mut_ptr(), v.len(), i as u64) }.unwrap()).collect();
     for (i, r) in recvs.iter().enumerate() {
         assert_eq!(r.wait(Duration::from_secs(10)).unwrap(), sizes[i]);
@@ -58,11 +60,14 @@ fn both_directions_at_once() {
     let y = pattern(3 << 20, 2);
     let mut xo = vec![0u8; x.len()];
     let mut yo = vec![0u8; y.len()];
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: for all four posts, `x`, `y`, `xo` and `yo` outlive the requests, all four waited
+    // below before any buffer is read or dropped; nothing else touches them meanwhile.
     let r1 = unsafe { b.irecv(xo.as_mut_ptr(), xo.len(), 9) }.unwrap();
+    // SAFETY: see above (`yo`).
     let r2 = unsafe { a.irecv(yo.as_mut_ptr(), yo.len(), 9) }.unwrap();
+    // SAFETY: see above (`x`).
     let s1 = unsafe { a.isend(x.as_ptr(), x.len(), 9) }.unwrap();
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: see above (`y`).
     let s2 = unsafe { b.isend(y.as_ptr(), y.len(), 9) }.unwrap();
     for r in [&r1, &r2, &s1, &s2] {
         r.wait(Duration::from_secs(10)).unwrap();
@@ -130,9 +135,9 @@ fn a_slow_stream_carries_less_than_its_share() {
     };
     let msgs: Vec<Vec<u8>> = (0..16).map(|i| pattern(1 << 20, i as u8)).collect();
     let mut outs = vec![vec![0u8; 1 << 20]; msgs.len()];
-    // SAFETY: the buffers are locals that outlive every request, each waited before they drop.
+    // SAFETY: `outs` outlives the receives, each waited below before `outs` is compared.
     let recvs: Vec<Request> = outs.iter_mut().map(|o| unsafe { b.irecv(o.as_mut_ptr(), o.len(), 5) }.unwrap()).collect();
-    // SAFETY: as above.
+    // SAFETY: likewise `msgs` for the sends, each waited below.
     let sends: Vec<Request> = msgs.iter().map(|m| unsafe { a.isend(m.as_ptr(), m.len(), 5) }.unwrap()).collect();
     for q in sends.iter().chain(&recvs) {
         q.wait(Duration::from_secs(30)).unwrap();
@@ -156,13 +161,14 @@ fn concurrent_senders_on_one_connection_each_get_their_own_message() {
     let msgs: Vec<Vec<Vec<u8>>> = (0..2u8).map(|t| (0..n as u8).map(|i| vec![t * 100 + i; 70_000]).collect()).collect();
     let msgs = std::sync::Arc::new(msgs);
     let mut outs: Vec<Vec<u8>> = (0..2 * n).map(|_| vec![0u8; 70_000]).collect();
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `outs` outlives the receives, all waited below before it is read.
     let recvs: Vec<Request> = outs.iter_mut().map(|v| unsafe { b.irecv(v.as_mut_ptr(), v.len(), 5) }.unwrap()).collect();
     let senders: Vec<_> = (0..2)
         .map(|t| {
             let (a, msgs) = (a.clone(), msgs.clone());
             std::thread::spawn(move || {
-                // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+                // SAFETY: this thread holds `msgs` (an Arc) until its sends, all waited here,
+                // are complete.
                 let reqs: Vec<Request> = msgs[t].iter().map(|m| unsafe { a.isend(m.as_ptr(), m.len(), 5) }.unwrap()).collect();
                 reqs.iter().for_each(|r| { r.wait(Duration::from_secs(10)).unwrap(); });
             })
@@ -185,8 +191,11 @@ fn a_message_larger_than_the_posted_buffer_is_an_error() {
     let (a, b, _l) = pair(2);
     let x = pattern(100_000, 3);
     let mut out = vec![0u8; 1000];
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: incomplete. `_s` is never waited and `x` drops before `a`, so this relies on the
+    // peer's refusal failing `a`'s connection before an engine thread writes x's last bytes;
+    // waiting `_s` (it fails), or dropping `a` before `x`, would make it sound.
     let _s = unsafe { a.isend(x.as_ptr(), x.len(), 1) }.unwrap();
+    // SAFETY: the receive is refused on its header, before any byte is written into `out`.
     let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 1) }.unwrap();
     let e = r.wait(Duration::from_secs(5)).unwrap_err();
     assert!(matches!(e, Error::Mismatch(_)), "{e}");
@@ -198,8 +207,10 @@ fn a_tag_mismatch_is_an_error() {
     let (a, b, _l) = pair(1);
     let x = [1u8; 64];
     let mut out = [0u8; 64];
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `x` goes out within `isend`: the one stream is idle, so isend writes the 104 bytes
+    // (header and body) into the empty socket itself, and nothing reads `x` afterwards.
     let _s = unsafe { a.isend(x.as_ptr(), x.len(), 1) }.unwrap();
+    // SAFETY: the receive is refused on its tag, before any byte is written into `out`.
     let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 2) }.unwrap();
     assert!(matches!(r.wait(Duration::from_secs(5)), Err(Error::Mismatch(_))));
 }
@@ -208,7 +219,7 @@ fn a_tag_mismatch_is_an_error() {
 fn a_closed_peer_fails_pending_receives_promptly() {
     let (a, b, _l) = pair(4);
     let mut out = vec![0u8; 1 << 20];
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `a` never sends, so nothing writes `out`; the receive fails once `a` is dropped.
     let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 0) }.unwrap();
     let t = Instant::now();
     drop(a);
@@ -221,7 +232,8 @@ fn a_closed_peer_fails_pending_receives_promptly() {
 fn a_silent_receiver_times_out() {
     let (_a, b, _l) = pair(1);
     let mut out = [0u8; 8];
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `_a` never sends, so the receive never writes `out`, though it is still posted
+    // when `out` drops (before `b`).
     let r = unsafe { b.irecv(out.as_mut_ptr(), 8, 0) }.unwrap();
     assert!(matches!(r.wait(Duration::from_millis(200)), Err(Error::Timeout { .. })));
 }
