@@ -15,6 +15,10 @@
 //!
 //! The sizes below are checked at compile time against what the C compiler gives for NCCL's
 //! headers on LP64 Linux (64, 104, 104, 112, 128 bytes).
+//!
+//! The `unsafe extern "C" fn` types of the tables are the plugin's entry points: NCCL calls them
+//! under the pointer contract written in ffi.rs's module doc (`# Safety`). `LogFn` goes the other
+//! way: NCCL's logger, which the plugin calls (log.rs).
 #![allow(non_camel_case_types, non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_ulong, c_void};
@@ -50,11 +54,9 @@ pub const NCCL_NET: c_ulong = 16;
 pub const NCCL_ENV: c_ulong = 128;
 
 /// ncclDebugLogger_t: `void (*)(level, flags, file, line, fmt, ...)`.
-// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 pub type LogFn = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
 pub type Logger = Option<LogFn>;
 /// ncclProfilerCallback_t (unused: the plugin records no profiler events).
-// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 pub type ProfilerCallback = Option<unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> NcclResult>;
 
 pub const MAX_DEVS_PER_NIC_V9: usize = 4;
@@ -180,19 +182,15 @@ type P = *mut c_void;
 type PP = *mut *mut c_void;
 
 /// Entries every version shares, in table order after `getProperties`/`listen`/`connect`/`accept`.
-// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 pub type RegMr = Option<unsafe extern "C" fn(P, P, usize, c_int, PP) -> NcclResult>;
 pub type RegMrDmaBuf = Option<unsafe extern "C" fn(P, P, usize, c_int, u64, c_int, PP) -> NcclResult>;
 pub type DeregMr = Option<unsafe extern "C" fn(P, P) -> NcclResult>;
-// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 pub type Iflush = Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, PP, PP) -> NcclResult>;
 pub type Test = Option<unsafe extern "C" fn(P, *mut c_int, *mut c_int) -> NcclResult>;
 pub type Close = Option<unsafe extern "C" fn(P) -> NcclResult>;
-// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 pub type GetDeviceMr = Option<unsafe extern "C" fn(P, P, PP) -> NcclResult>;
 pub type IrecvConsumed = Option<unsafe extern "C" fn(P, c_int, P) -> NcclResult>;
 pub type Devices = Option<unsafe extern "C" fn(*mut c_int) -> NcclResult>;
-// SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
 pub type Accept = Option<unsafe extern "C" fn(P, PP, PP) -> NcclResult>;
 pub type MakeVDevice = Option<unsafe extern "C" fn(*mut c_int, P) -> NcclResult>;
 
@@ -200,18 +198,15 @@ pub type MakeVDevice = Option<unsafe extern "C" fn(*mut c_int, P) -> NcclResult>
 #[repr(C)]
 pub struct NetV8 {
     pub name: *const c_char,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
     pub devices: Devices,
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV8) -> NcclResult>,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
     pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub isend: Option<unsafe extern "C" fn(P, P, c_int, c_int, P, PP) -> NcclResult>,
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, *mut c_int, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
@@ -227,18 +222,15 @@ pub struct NetV8 {
 #[repr(C)]
 pub struct NetV9 {
     pub name: *const c_char,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
     pub devices: Devices,
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
     pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, PP) -> NcclResult>,
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
@@ -255,18 +247,15 @@ pub struct NetV9 {
 #[repr(C)]
 pub struct NetV10 {
     pub name: *const c_char,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub init: Option<unsafe extern "C" fn(Logger, ProfilerCallback) -> NcclResult>,
     pub devices: Devices,
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
     pub connect: Option<unsafe extern "C" fn(c_int, *mut CommConfig, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
@@ -284,18 +273,15 @@ pub struct NetV10 {
 #[repr(C)]
 pub struct NetV11<Props> {
     pub name: *const c_char,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub init: Option<unsafe extern "C" fn(PP, u64, *mut CommConfig, Logger, ProfilerCallback) -> NcclResult>,
     pub devices: Devices,
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut Props) -> NcclResult>,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub listen: Option<unsafe extern "C" fn(P, c_int, P, PP) -> NcclResult>,
     pub connect: Option<unsafe extern "C" fn(P, c_int, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
@@ -306,7 +292,6 @@ pub struct NetV11<Props> {
     pub getDeviceMr: GetDeviceMr,
     pub irecvConsumed: IrecvConsumed,
     pub makeVDevice: MakeVDevice,
-    // SAFETY: an entry point NCCL calls under its net API's pointer contract (the plugin's ffi.rs states it per entry).
     pub finalize: Option<unsafe extern "C" fn(P) -> NcclResult>,
     pub setNetAttr: Option<unsafe extern "C" fn(P, P) -> NcclResult>,
 }
@@ -315,11 +300,15 @@ pub type NetV12 = NetV11<PropertiesV12>;
 
 // The tables are immutable statics that NCCL reads from any thread; the only raw pointer in them
 // is the name, a 'static C string.
-// SAFETY: a table of a string pointer to a static and function pointers, never written after load: shared reads only.
+// SAFETY: the table holds `name`, a pointer to the 'static C string ffi::NAME, and function
+// pointers; the statics are never written, so threads only share reads.
 unsafe impl Sync for NetV8 {}
+// SAFETY: as for NetV8.
 unsafe impl Sync for NetV9 {}
+// SAFETY: as for NetV8.
 unsafe impl Sync for NetV10 {}
-// SAFETY: a table of a string pointer to a static and function pointers, never written after load: shared reads only.
+// SAFETY: as for NetV8; `T` is the properties type named only in a fn-pointer signature, never
+// stored.
 unsafe impl<T> Sync for NetV11<T> {}
 
 const _: () = {

@@ -158,6 +158,9 @@ impl Drop for Req {
 
 /// Advance the connection whose dialing state lives in `handle` (see handle.rs); `None` until every
 /// stream is connected and greeted.
+///
+/// Not marked unsafe, but the handle's stage must be 0 or a value this function stored there
+/// (NCCL hands the handle back unchanged between calls: its contract, ffi.rs).
 pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Option<Box<Comm>>> {
     let g = global()?;
     device(dev)?;
@@ -169,7 +172,8 @@ pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<O
             Box::new(d)
         }
         // SAFETY: a non-zero stage is the Box<Dialer> an earlier call on this same handle leaked
-        // into it; it is taken back here and either returned to the handle or dropped.
+        // into it (NCCL returns the handle unchanged: see above); it is taken back here and
+        // either stored again or dropped, and the stage is reset first.
         p => unsafe { Box::from_raw(p as usize as *mut Dialer) },
     };
     set_stage(handle, 0);
@@ -225,7 +229,9 @@ pub unsafe fn isend(c: &Comm, data: *const u8, size: usize, tag: i32) -> Result<
         return Ok(None);
     }
     let inflight = c.inflight.clone();
-    // SAFETY: the caller's contract above is the engine's isend contract.
+    // SAFETY: this fn's contract is Conn::isend's for `data..data+size`: `test` reporting the
+    // request done is its completion, and closing the comm closes the connection. `non_null`
+    // only replaces the NULL of an empty message.
     match unsafe { c.conn.isend(non_null(data as *mut u8), size, tag as u32 as u64) } {
         Ok(request) => Ok(Some(Box::new(Req { request, inflight }))),
         Err(e) => {
@@ -248,7 +254,7 @@ pub unsafe fn irecv(c: &Comm, data: *mut u8, cap: usize, tag: i32) -> Result<Opt
         return Ok(None);
     }
     let inflight = c.inflight.clone();
-    // SAFETY: as for isend.
+    // SAFETY: this fn's contract is Conn::irecv's for `data..data+cap`, as for isend.
     match unsafe { c.conn.irecv(non_null(data), cap, tag as u32 as u64) } {
         Ok(request) => Ok(Some(Box::new(Req { request, inflight }))),
         Err(e) => {

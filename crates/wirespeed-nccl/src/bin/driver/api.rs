@@ -20,6 +20,9 @@ enum Table {
     V12(&'static NetV12),
 }
 
+/// One loaded plugin. The methods that take a comm or request `Ptr` are not marked unsafe: the
+/// scenarios pass only what the plugin returned to this `Net` (comms until closed, requests until
+/// tested done), and the SAFETY lines below rely on that.
 pub struct Net {
     lib: Ptr,
     t: Table,
@@ -73,27 +76,34 @@ macro_rules! f {
     };
 }
 
-// SAFETY: callers uphold the contract stated in this function's doc comment.
+/// A copy of the C string at `p`, or None for NULL.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string alive for the call.
 unsafe fn cstr(p: *const c_char) -> Option<String> {
+    // SAFETY: non-NULL here, so by this fn's contract a live C string.
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 impl Net {
     pub fn open(lib: &str, version: u32) -> Result<Net, String> {
         let path = CString::new(lib).map_err(|_| "bad library path".to_string())?;
-        // SAFETY: dlopen/dlsym with valid C strings; the handle is never closed.
+        // SAFETY: `path` is a CString alive for the call.
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if h.is_null() {
+            // SAFETY: dlerror returns NULL or a C string valid until the next dl* call of this
+            // thread; cstr copies it at once.
             let why = unsafe { cstr(libc::dlerror()) }.unwrap_or_default();
             return Err(format!("dlopen {lib}: {why}"));
         }
         let sym = CString::new(format!("ncclNetPlugin_v{version}")).unwrap();
-        // SAFETY: a system call whose pointer arguments are live locals or C strings that outlive it.
+        // SAFETY: `h` is the handle dlopen just returned, `sym` a CString alive for the call.
         let p = unsafe { libc::dlsym(h, sym.as_ptr()) };
         if p.is_null() {
             return Err(format!("{lib} exports no {}", sym.to_string_lossy()));
         }
-        // SAFETY: the symbol is the plugin's table of this version (the point of the test).
+        // SAFETY: the symbol is the plugin's static table of this version (what the test checks),
+        // valid while the library is loaded: until `unload`, which consumes this Net.
         let t = unsafe {
             match version {
                 8 => Table::V8(&*(p as *const NetV8)),
@@ -105,7 +115,7 @@ impl Net {
             }
         };
         // `name` is the first field of every version's table.
-        // SAFETY: NCCL's pointer arguments, valid for this call under its net API contract, forwarded unchanged.
+        // SAFETY: `p` is that table (above); its `name` points to the plugin's static C string.
         let name = unsafe { cstr(*(p as *const *const c_char)) }.unwrap_or_default();
         Ok(Net { lib: h, t, version, name, ctxs: vec![] })
     }
@@ -115,6 +125,7 @@ impl Net {
         // SAFETY: the handle from dlopen; nothing of the library is used after this.
         match unsafe { libc::dlclose(self.lib) } {
             0 => Ok(()),
+            // SAFETY: as in `open`: dlerror's string, copied at once.
             _ => Err(format!("dlclose: {}", unsafe { cstr(libc::dlerror()) }.unwrap_or_default())),
         }
     }
@@ -122,7 +133,9 @@ impl Net {
     /// init as NCCL does it: once per process before v11, once per communicator from v11 on.
     pub fn init(&mut self, comm_id: u64) -> Result<(), Rc> {
         let logger: Logger = Some(driver_log);
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: each version's init with its own argument types: the logger is driver_log, a C
+        // variadic function of ncclDebugLogger_t's type (logger.c), the profiler callback None;
+        // init_ctx's contract holds for the v11/v12 entries.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.init)(logger)),
@@ -134,11 +147,13 @@ impl Net {
         }
     }
 
-    // SAFETY: NCCL's net API contract: it passes pointers it owns, valid for the call (documented in ffi.rs's module comment).
+    /// # Safety
+    /// `init` is the init entry of this Net's v11 or v12 table.
     unsafe fn init_ctx(&mut self, init: unsafe extern "C" fn(*mut Ptr, u64, *mut CommConfig, Logger, ProfilerCallback) -> Rc, comm_id: u64, logger: Logger) -> Result<(), Rc> {
         let mut ctx: Ptr = 1 as Ptr; // garbage in: the plugin must overwrite it
         let mut cfg = CommConfig { trafficClass: -1 };
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: this fn's contract: the plugin's init; `ctx` (garbage the plugin must
+        // overwrite) and `cfg` are locals that outlive the call.
         rc(unsafe { init(&mut ctx, comm_id, &mut cfg, logger, None) })?;
         if ctx.is_null() {
             return Err(NCCL_INTERNAL_ERROR);
@@ -158,7 +173,8 @@ impl Net {
             _ => None,
         };
         for ctx in self.ctxs.drain(..) {
-            // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+            // SAFETY: `ctx` is a context this Net's init got from the plugin, finalized once
+            // (drained from `ctxs`).
             rc(unsafe { fin.expect("finalize is NULL")(ctx) })?;
         }
         Ok(())
@@ -166,7 +182,7 @@ impl Net {
 
     pub fn devices(&self) -> Result<c_int, Rc> {
         let mut n = -1;
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `n` is a local c_int for the out-parameter.
         each!(self, t => rc(unsafe { f!(t.devices)(&mut n) }))?;
         Ok(n)
     }
@@ -186,7 +202,9 @@ impl Net {
                 }
             };
         }
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `p` is a local of the version's properties struct, zeroed (integers and
+        // pointers, for which zero is valid) and filled by the call; `view!` reads its
+        // `name` and `pciPath` (NULL or the plugin's static device strings) through cstr.
         unsafe {
             match self.t {
                 Table::V8(t) => {
@@ -221,7 +239,8 @@ impl Net {
     pub fn listen(&self, dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Ptr, Rc> {
         let mut l: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr() as Ptr;
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `h` is the caller's NCCL_NET_HANDLE_MAXSIZE-byte array and `l` a local
+        // out-parameter, both alive for the call; v11/v12 add this Net's first context.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.listen)(dev, h, &mut l))?,
@@ -240,7 +259,8 @@ impl Net {
         let mut devh: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr() as Ptr;
         let mut cfg = CommConfig { trafficClass: -1 };
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `h` is the caller's handle array, kept unchanged across calls as NCCL does;
+        // `c`, `devh` and `cfg` are locals alive for the call.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.connect)(dev, h, &mut c, &mut devh))?,
@@ -256,30 +276,33 @@ impl Net {
     pub fn accept(&self, l: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut c: Ptr = std::ptr::null_mut();
         let mut devh: Ptr = std::ptr::null_mut();
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `l` is the listen comm `listen` returned (setup's), not closed; `c` and `devh`
+        // are local out-parameters.
         each!(self, t => rc(unsafe { f!(t.accept)(l, &mut c, &mut devh) }))?;
         Ok(opt(c))
     }
 
     pub fn reg_mr(&self, comm: Ptr, data: *mut u8, size: usize, ptr_type: c_int) -> Result<Ptr, Rc> {
         let mut mh: Ptr = std::ptr::null_mut();
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `comm` is one of this Net's comms and `mh` a local out-parameter; the plugin
+        // does not read `data`.
         each!(self, t => rc(unsafe { f!(t.regMr)(comm, data as Ptr, size, ptr_type, &mut mh) }))?;
         Ok(mh)
     }
 
     pub fn dereg_mr(&self, comm: Ptr, mh: Ptr) -> Result<(), Rc> {
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: the plugin's deregMr reads neither pointer.
         each!(self, t => rc(unsafe { f!(t.deregMr)(comm, mh) }))
     }
 
     /// # Safety
-    /// `data..data+size` must stay valid until the request completes or the comm is closed.
+    /// `comm` is a send comm from `connect`, not closed; `data..data+size` must stay valid and
+    /// unchanged until the request completes or the comm is closed.
     pub unsafe fn isend(&self, comm: Ptr, data: *const u8, size: usize, tag: c_int, mh: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut r: Ptr = std::ptr::null_mut();
         let d = data as Ptr;
-        // SAFETY: the plugin's isend with a buffer the caller keeps valid (this function's contract)
-        // and `r`, which outlives the call.
+        // SAFETY: the plugin's isend with this fn's `comm` and buffer (its contract is the
+        // plugin's) and `r`, a local out-parameter.
         unsafe {
             match self.t {
                 Table::V8(t) => rc(f!(t.isend)(comm, d, c_int::try_from(size).map_err(|_| NCCL_INTERNAL_ERROR)?, tag, mh, &mut r))?,
@@ -296,7 +319,8 @@ impl Net {
     /// NCCL leaves it for LL/LL128 receives.
     ///
     /// # Safety
-    /// `data..data+cap` must stay valid until the request completes or the comm is closed.
+    /// `comm` is a receive comm from `accept`, not closed; `data..data+cap` must stay valid, and
+    /// untouched by the caller, until the request completes or the comm is closed.
     pub unsafe fn irecv(&self, comm: Ptr, data: *mut u8, cap: usize, tag: c_int, mh: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut r: Ptr = if self.version >= 9 { NCCL_NET_OPTIONAL_RECV_COMPLETION as Ptr } else { std::ptr::null_mut() };
         let mut d = data as Ptr;
@@ -304,7 +328,9 @@ impl Net {
         let mut mhs = [mh];
         let mut szs = [cap];
         let mut phs: [Ptr; 1] = [std::ptr::null_mut()];
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: the plugin's irecv with this fn's `comm` and buffer (its contract is the
+        // plugin's); `d`, the sizes, `tags`, `mhs` and `phs` are one-entry local arrays (n = 1)
+        // and `r` a local out-parameter, all alive for the call.
         unsafe {
             match self.t {
                 Table::V8(t) => {
@@ -327,7 +353,8 @@ impl Net {
     pub fn test(&self, req: Ptr) -> Result<Option<usize>, Rc> {
         let mut done: c_int = 0;
         let mut size: c_int = -1;
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `req` is a request the plugin returned and has not yet reported done (the
+        // scenarios stop testing one once it is); `done` and `size` are local out-parameters.
         each!(self, t => rc(unsafe { f!(t.test)(req, &mut done, &mut size) }))?;
         if done == 0 {
             return Ok(None);
@@ -341,23 +368,24 @@ impl Net {
         let mut d = data as Ptr;
         let mut s = [size];
         let mut m = [mh];
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `recv_comm` is this Net's receive comm; `d`, `s` and `m` are one-entry local
+        // arrays and `r` a local out-parameter; the plugin reads none of the data.
         each!(self, t => rc(unsafe { f!(t.iflush)(recv_comm, 1, &mut d, s.as_mut_ptr(), m.as_mut_ptr(), &mut r) }))?;
         Ok(r.is_null())
     }
 
     pub fn close_send(&self, c: Ptr) -> Result<(), Rc> {
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `c` is the send comm `connect` returned, closed once (close_all).
         each!(self, t => rc(unsafe { f!(t.closeSend)(c) }))
     }
 
     pub fn close_recv(&self, c: Ptr) -> Result<(), Rc> {
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `c` is the receive comm `accept` returned, closed once (close_all).
         each!(self, t => rc(unsafe { f!(t.closeRecv)(c) }))
     }
 
     pub fn close_listen(&self, c: Ptr) -> Result<(), Rc> {
-        // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+        // SAFETY: `c` is the listen comm `listen` returned, closed once (close_all).
         each!(self, t => rc(unsafe { f!(t.closeListen)(c) }))
     }
 }

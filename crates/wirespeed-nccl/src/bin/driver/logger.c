@@ -1,6 +1,6 @@
 /* The driver's stand-in for NCCL's logger: a real C variadic function (Rust cannot define one on
  * stable), so the plugin's calls go through exactly the calling convention NCCL's ncclDebugLog
- * receives. It formats the line and hands it to the driver (driver_log_line in driver.rs). */
+ * receives. It formats the line and hands it to the driver (driver_log_line in main.rs). */
 #include <stdarg.h>
 #include <stdio.h>
 

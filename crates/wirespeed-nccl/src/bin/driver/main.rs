@@ -38,7 +38,8 @@ pub static REFUSAL_LINES: AtomicUsize = AtomicUsize::new(0);
 /// Called by logger.c with each formatted line.
 #[no_mangle]
 pub extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ffi::c_ulong, msg: *const std::ffi::c_char) {
-    // SAFETY: NCCL's (or the test driver's) pointer arguments, valid for the call under the net API contract.
+    // SAFETY: logger.c passes the line it formatted: a NUL-terminated buffer on its stack, alive
+    // for this call (NULL is checked).
     let text = if msg.is_null() { String::new() } else { unsafe { std::ffi::CStr::from_ptr(msg) }.to_string_lossy().into_owned() };
     if let Some(c) = usize::try_from(level).ok().and_then(|l| LOG_COUNTS.get(l)) {
         c.fetch_add(1, Ordering::Relaxed);

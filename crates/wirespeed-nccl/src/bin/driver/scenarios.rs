@@ -1,4 +1,9 @@
 //! One peer of the pair: set up as NCCL's proxy does, run a scenario, close.
+//!
+//! Buffers and requests: a buffer handed to the plugin outlives its request (tested done, or its
+//! comm closed, before the buffer drops), as NCCL's contract (the plugin's ffi.rs) asks. An error
+//! return (`?`) is the exception: the buffers go with requests pending, and main.rs then exits
+//! the process (FAIL).
 use crate::api::{Net, Ptr, Rc};
 use crate::{Args, LOG_COUNTS, READY_LINES, REFUSAL_LINES};
 use nccl_net_wirespeed::abi::{NCCL_NET_HANDLE_MAXSIZE, NCCL_NET_MAX_REQUESTS, NCCL_PTR_CUDA, NCCL_PTR_HOST, NCCL_SUCCESS};
@@ -268,7 +273,8 @@ fn sweep(p: &mut Peer, a: &Args) -> R<String> {
             let mh = nccl("regMr", p.net.reg_mr(p.send, buf.as_mut_ptr(), buf.len(), NCCL_PTR_HOST))?;
             // Empty messages go from a NULL pointer, as a C caller may pass them.
             let ptr = if buf.is_empty() { std::ptr::null() } else { buf.as_ptr() };
-            // SAFETY: the buffer moves into `sends` (its heap block stays put) until tested done.
+            // SAFETY: the buffer moves into `sends` (its heap block stays put) until tested done;
+            // a NULL pointer goes only with size 0.
             match nccl("isend", unsafe { p.net.isend(p.send, ptr, buf.len(), peer as i32, mh) })? {
                 Some(req) => sends.push_back(Posted { idx: next_send, req, buf, mh }),
                 None => break,
@@ -279,8 +285,9 @@ fn sweep(p: &mut Peer, a: &Args) -> R<String> {
             let cap = sizes[next_recv] + slack(next_recv);
             let mut buf = vec![UNTOUCHED; cap + GUARD];
             let mh = nccl("regMr", p.net.reg_mr(p.recv, buf.as_mut_ptr(), cap, NCCL_PTR_HOST))?;
-            // SAFETY: as above; the plugin may write `cap` bytes, the guard after them must stay.
             let ptr = if cap == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr() };
+            // SAFETY: as for the sends: the buffer moves into `recvs` until tested done. The
+            // plugin may write `cap` bytes; the guard after them must stay.
             match nccl("irecv", unsafe { p.net.irecv(p.recv, ptr, cap, p.rank as i32, mh) })? {
                 Some(req) => recvs.push_back(Posted { idx: next_recv, req, buf, mh }),
                 None => break,
@@ -333,7 +340,8 @@ fn limit(p: &mut Peer) -> R<String> {
     let mut sreqs = Vec::new();
     // Untested requests hold their slots, so the (max+1)-th post of each kind must come back NULL.
     for i in 0..=max {
-        // SAFETY: the buffers outlive every request (they live until the end of this function).
+        // SAFETY: `rbufs` lives until this function returns, after every receive is tested done
+        // below; the post beyond the limit returns no request.
         let r = nccl("irecv", unsafe { p.net.irecv(p.recv, rbufs[i].as_mut_ptr(), 16, p.rank as i32, std::ptr::null_mut()) })?;
         match (i < max, r) {
             (true, Some(r)) => rreqs.push(r),
@@ -341,7 +349,7 @@ fn limit(p: &mut Peer) -> R<String> {
             (false, Some(_)) => return Err(format!("irecv {} beyond the limit returned a request", max + 1)),
             (false, None) => {}
         }
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: likewise `sbufs`, unwritten, for the sends.
         let s = nccl("isend", unsafe { p.net.isend(p.send, sbufs[i].as_ptr(), 16, peer as i32, std::ptr::null_mut()) })?;
         match (i < max, s) {
             (true, Some(s)) => sreqs.push(s),
@@ -369,8 +377,9 @@ fn limit(p: &mut Peer) -> R<String> {
         wait(*s, "test (send)")?;
     }
     // The slots are free again: one more of each goes through.
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `rbufs[max]` outlives this receive, tested done below.
     let r = nccl("irecv", unsafe { p.net.irecv(p.recv, rbufs[max].as_mut_ptr(), 16, p.rank as i32, std::ptr::null_mut()) })?.ok_or("irecv still NULL after the slots were freed")?;
+    // SAFETY: `sbufs[max]` outlives this send, tested done below.
     let s = nccl("isend", unsafe { p.net.isend(p.send, sbufs[max].as_ptr(), 16, peer as i32, std::ptr::null_mut()) })?.ok_or("isend still NULL after the slots were freed")?;
     wait(r, "test (receive)")?;
     wait(s, "test (send)")?;
@@ -386,7 +395,8 @@ fn oversize(p: &mut Peer) -> R<String> {
     let out = if p.rank == 1 {
         let mut buf = vec![0u8; SENT];
         fill(&mut buf, seed(1, 0));
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `buf` lives until `test` reports the send done or failed below; a failure
+        // shuts the connection, so the engine sends no more of it.
         let s = nccl("isend", unsafe { p.net.isend(p.send, buf.as_ptr(), SENT, 0, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
         // The sender may see its bytes leave (done) or the receiver's refusal (an error).
         let how = loop {
@@ -402,7 +412,8 @@ fn oversize(p: &mut Peer) -> R<String> {
         format!("oversize: sent {SENT} bytes into a {CAP}-byte receive; the send {how}")
     } else {
         let mut buf = vec![UNTOUCHED; CAP + 4096];
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `buf` outlives the receive, which fails on the oversize header before any byte
+        // is written.
         let r = nccl("irecv", unsafe { p.net.irecv(p.recv, buf.as_mut_ptr(), CAP, 0, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
         let t = Instant::now();
         let rc = loop {
@@ -430,7 +441,7 @@ fn kill(p: &mut Peer) -> R<String> {
     if p.rank == 1 {
         let buf = vec![0xABu8; BIG]; // never zero, so rank 0 can count what arrived
         barrier()?; // rank 0 has posted its receive and send
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `buf` is never freed: this process kills itself below with the send in flight.
         let s = nccl("isend", unsafe { p.net.isend(p.send, buf.as_ptr(), BIG, 0, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
         let _ = p.net.test(s);
         say("KILLING myself mid-transfer");
@@ -440,8 +451,10 @@ fn kill(p: &mut Peer) -> R<String> {
     }
     let mut rbuf = vec![0u8; BIG];
     let sbuf = vec![0xCDu8; BIG];
-    // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+    // SAFETY: `rbuf` lives until the receive has failed (the loop below waits for it); a failed
+    // connection is shut, so the engine writes no more of it.
     let r = nccl("irecv", unsafe { p.net.irecv(p.recv, rbuf.as_mut_ptr(), BIG, 0, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
+    // SAFETY: likewise `sbuf`, unwritten, for the send.
     let s = nccl("isend", unsafe { p.net.isend(p.send, sbuf.as_ptr(), BIG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
     barrier()?;
     let t = Instant::now();
@@ -492,12 +505,13 @@ fn close_in_flight(p: &mut Peer) -> R<()> {
         let data = vec![0x77u8; MSG];
         let mut pending = 0;
         for _ in 0..NRECV {
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: `data` lives until after close_all below (dropped explicitly then), and is
+            // not written.
             nccl("isend", unsafe { p.net.isend(p.send, data.as_ptr(), MSG, 0, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
             pending += 1;
         }
         let mut big = vec![0u8; BIG];
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: likewise `big`, which nothing else touches until then.
         nccl("irecv", unsafe { p.net.irecv(p.recv, big.as_mut_ptr(), BIG, 1, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
         pending += 1;
         barrier()?; // rank 0 closes now, mid-stream
@@ -515,11 +529,12 @@ fn close_in_flight(p: &mut Peer) -> R<()> {
     let mut rbufs: Vec<Vec<u8>> = (0..NRECV).map(|_| vec![0u8; MSG]).collect();
     let sbuf = vec![0xABu8; BIG];
     for b in rbufs.iter_mut() {
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `rbufs` is not touched until close_all below returns, after which the plugin
+        // writes no more of it (what this scenario checks), and drops after that.
         nccl("irecv", unsafe { p.net.irecv(p.recv, b.as_mut_ptr(), MSG, 0, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
     }
     for _ in 0..4 {
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: likewise `sbuf`, unwritten, which drops after close_all.
         nccl("isend", unsafe { p.net.isend(p.send, sbuf.as_ptr(), BIG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?;
     }
     barrier()?;
@@ -561,7 +576,7 @@ fn early_close(p: &mut Peer) -> R<()> {
         let bufs: Vec<Vec<u8>> = (0..N).map(|i| { let mut b = vec![0u8; MSG]; fill(&mut b, seed(0, i)); b }).collect();
         let mut reqs = VecDeque::new();
         for b in &bufs {
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: `bufs` outlives every send: all are tested done below before close_all.
             reqs.push_back(nccl("isend", unsafe { p.net.isend(p.send, b.as_ptr(), MSG, 1, std::ptr::null_mut()) })?.ok_or("isend NULL")?);
             while reqs.len() >= NCCL_NET_MAX_REQUESTS {
                 if nccl("test (send)", p.net.test(*reqs.front().unwrap()))?.is_some() {
@@ -583,7 +598,7 @@ fn early_close(p: &mut Peer) -> R<()> {
     let mut buf = vec![0u8; MSG];
     for i in 0..N {
         std::thread::sleep(Duration::from_millis(2));
-        // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+        // SAFETY: `buf` outlives the receive, tested done below before the next one reuses it.
         let r = nccl("irecv", unsafe { p.net.irecv(p.recv, buf.as_mut_ptr(), MSG, 1, std::ptr::null_mut()) })?.ok_or("irecv NULL")?;
         loop {
             match p.net.test(r) {
@@ -626,7 +641,8 @@ fn bench(p: &mut Peer, a: &Args) -> R<String> {
         p.check_deadline(&format!("bench: {ds}/{ns_total} sent, {dr}/{nr_total} received"))?;
         while sq.len() < window && ns < ns_total {
             let slot = ns % window;
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: `sbufs` outlives every send, each tested done in this loop; slot `slot` is
+            // reused only after its previous send was (window requests at most).
             match nccl("isend", unsafe { p.net.isend(p.send, sbufs[slot].as_ptr(), a.msg, peer as i32, smh[slot]) })? {
                 Some(r) => sq.push_back((slot, r)),
                 None => break,
@@ -635,7 +651,7 @@ fn bench(p: &mut Peer, a: &Args) -> R<String> {
         }
         while rq.len() < window && nr < nr_total {
             let slot = nr % window;
-            // SAFETY: the buffers are locals that outlive every request, each waited (or its connection closed) before they drop.
+            // SAFETY: likewise `rbufs` for the receives, read only once tested done.
             match nccl("irecv", unsafe { p.net.irecv(p.recv, rbufs[slot].as_mut_ptr(), a.msg, p.rank as i32, rmh[slot]) })? {
                 Some(r) => rq.push_back((slot, r)),
                 None => break,
