@@ -191,15 +191,15 @@ fn a_message_larger_than_the_posted_buffer_is_an_error() {
     let (a, b, _l) = pair(2);
     let x = pattern(100_000, 3);
     let mut out = vec![0u8; 1000];
-    // SAFETY: incomplete. `_s` is never waited and `x` drops before `a`, so this relies on the
-    // peer's refusal failing `a`'s connection before an engine thread writes x's last bytes;
-    // waiting `_s` (it fails), or dropping `a` before `x`, would make it sound.
+    // SAFETY: `x` outlives every read of it: the send is never waited (the peer refuses it), so
+    // `a` is closed below, before `x` drops, and closing waits out any engine thread still in x.
     let _s = unsafe { a.isend(x.as_ptr(), x.len(), 1) }.unwrap();
     // SAFETY: the receive is refused on its header, before any byte is written into `out`.
     let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 1) }.unwrap();
     let e = r.wait(Duration::from_secs(5)).unwrap_err();
     assert!(matches!(e, Error::Mismatch(_)), "{e}");
     assert!(out.iter().all(|&v| v == 0), "nothing may be written past a refused header");
+    a.close();
 }
 
 #[test]
