@@ -51,6 +51,7 @@ def config_from_args(args):
     from ..bench.dtypes import parse_dtypes, parse_ops
     from ..errors import UsageError
     from ..launch.gpus import most_ranks_on_one_host
+    from ..compare.runner import BenchRun
     from .rankjob import parse_iters_timeout, parse_num
     from ..sizes import sizes_from_flags
     from ..tune.knobs import parse_values, select
@@ -74,14 +75,14 @@ def config_from_args(args):
     names = [n.strip() for n in args.knobs.split(",") if n.strip()] if args.knobs else None
     knobs, notes = select(backend, names, args.all_knobs, across_hosts=per_host < nproc,
                           one_host=per_host > 1, values=parse_values(args.values))
-    cfg = TuneConfig(backend=backend, device=device, nproc=nproc,
-                     collectives=[c.name for c in parse_collectives(args.collective)],
-                     dtypes=[d.name for d in parse_dtypes(args.dtype)], ops=parse_ops(args.op),
-                     sizes=sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor),
-                     knobs=knobs, iters=iters, warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"),
-                     repeat=repeat, timeout_s=timeout, cluster=args.cluster,
-                     ranks_per_host=args.ranks_per_host, host_per_rank=args.host_per_rank,
-                     json_path=args.json, save_dir=None if args.no_save else args.save_dir)
+    # Loop timing only: the single-call phase would double the time and the verdict reads the loop's.
+    run = BenchRun(backend, device, nproc, [c.name for c in parse_collectives(args.collective)],
+                   [d.name for d in parse_dtypes(args.dtype)], parse_ops(args.op),
+                   sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor), iters,
+                   parse_num(args.warmup_iters, "--warmup-iters"), timeout, args.cluster, args.ranks_per_host,
+                   args.host_per_rank, extra=("--no-per-op",))
+    cfg = TuneConfig(run=run, knobs=knobs, repeat=repeat, json_path=args.json,
+                     save_dir=None if args.no_save else args.save_dir)
     return cfg, notes
 
 
@@ -91,5 +92,5 @@ def main(args, argv) -> int:
     from ..backends import create
     from ..tune.session import run_tune
     cfg, notes = config_from_args(args)
-    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    create(cfg.run.backend, cfg.run.device)  # fail here, once, if the backend cannot run
     return run_tune(cfg, notes)

@@ -20,12 +20,13 @@ def run_tune(cfg: TuneConfig, notes: list[str]) -> int:
     tune_id = time.strftime("%Y%m%d-%H%M%S")
     out_dir = run_dir(cfg.save_dir, "tune", tune_id)
     knobs = ", ".join(dict.fromkeys(k.name for k in cfg.knobs))
-    _print(f"# wirespeed tune: backend {cfg.backend}, device {cfg.device}, {cfg.nproc} ranks"
-           f"{', emulated cluster ' + cfg.cluster if cfg.cluster else ''}"
-           f"{', a host per rank' if cfg.host_per_rank else ''}; knobs {knobs}")
+    run = cfg.run
+    _print(f"# wirespeed tune: backend {run.backend}, device {run.device}, {run.nproc} ranks"
+           f"{', emulated cluster ' + run.cluster if run.cluster else ''}"
+           f"{', a host per rank' if run.host_per_rank else ''}; knobs {knobs}")
     _print(f"# {len(plan)} settings (the defaults, then each knob or group over its values, the others "
            f"at their defaults) x {cfg.repeat} repeat{'s' if cfg.repeat != 1 else ''}, interleaved; "
-           f"each a checked `wirespeed bench` of its own ({len(cfg.sizes)} sizes, {cfg.iters} calls "
+           f"each a checked `wirespeed bench` of its own ({len(run.sizes)} sizes, {run.iters} calls "
            "per size)")
     for note in notes:
         _print(f"# note: {note}")
@@ -40,7 +41,7 @@ def run_tune(cfg: TuneConfig, notes: list[str]) -> int:
     text, summary = verdict.render(usable, cfg.repeat)
     _print(text)
     for r in summary:
-        r.update(tune_id=tune_id, backend=cfg.backend, knobs=list(dict.fromkeys(k.name for k in cfg.knobs)))
+        r.update(tune_id=tune_id, backend=run.backend, knobs=list(dict.fromkeys(k.name for k in cfg.knobs)))
     records = outcome.records + summary
     if cfg.json_path:
         write_jsonl(cfg.json_path, records)

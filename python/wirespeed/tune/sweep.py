@@ -35,21 +35,11 @@ DEFAULT = Setting()
 
 @dataclass
 class TuneConfig:
-    backend: str
-    device: str
-    nproc: int
-    collectives: list[str]
-    dtypes: list[str]
-    ops: list[str]
-    sizes: list[int]
+    """A tune: the bench every setting runs (`run`: ranks, cases, iterations), the knobs swept and
+    how often, and where results go."""
+    run: BenchRun
     knobs: list[Knob]
-    iters: int = 20
-    warmup_iters: int = 5
     repeat: int = 3
-    timeout_s: float = 300.0
-    cluster: str | None = None
-    ranks_per_host: int | None = None
-    host_per_rank: bool = False
     json_path: str | None = None
     save_dir: str | None = "runs"
 
@@ -69,14 +59,6 @@ def settings(knobs: list[Knob]) -> list[Setting]:
             if rule(env) and s not in out:
                 out.append(s)
     return out
-
-
-def bench_run(cfg: TuneConfig) -> BenchRun:
-    """One setting's `wirespeed bench` (loop timing only: the single-call phase would double the
-    time and the verdict reads the loop's time)."""
-    return BenchRun(cfg.backend, cfg.device, cfg.nproc, cfg.collectives, cfg.dtypes, cfg.ops, cfg.sizes, cfg.iters,
-                    cfg.warmup_iters, cfg.timeout_s, cfg.cluster, cfg.ranks_per_host, cfg.host_per_rank,
-                    extra=("--no-per-op",))
 
 
 def setting_env(setting: Setting, base=None) -> dict:
@@ -104,7 +86,7 @@ def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path 
             for i, setting in enumerate(plan):
                 step += 1
                 t0 = time.monotonic()
-                records, why, code = run_bench(bench_run(cfg), Path(tmp) / f"s{i}-r{rep}.jsonl", setting_env(setting),
+                records, why, code = run_bench(cfg.run, Path(tmp) / f"s{i}-r{rep}.jsonl", setting_env(setting),
                                                log_dir / f"s{i}-r{rep}.log" if log_dir is not None else None,
                                                log_header=f"# {setting.label}\n")
                 took = time.monotonic() - t0
