@@ -17,7 +17,7 @@
 //!   `transport::iface::listen_ip` chooses a listening address from (WIRESPEED_IFNAME,
 //!   GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, MASTER_ADDR, MASTER_PORT).
 use crate::error::{Error, Result};
-use crate::plan::AllReduceAlgo;
+use crate::plan::{NetAlgo, ShmAlgo};
 pub use crate::plan::Tuning;
 use crate::transport::iface::IFNAME_VARS;
 pub use crate::transport::tcp::NetConfig;
@@ -106,14 +106,18 @@ fn hostid(var: Vars) -> Option<String> {
 /// The planner's knobs from `var` (`Tuning::default` where unset).
 fn tuning(var: Vars) -> Result<Tuning> {
     let d = Tuning::default();
-    let all_reduce = match var("WIRESPEED_ALGO").unwrap_or_default().trim() {
-        "" | "auto" => AllReduceAlgo::Auto,
-        "oneshot" => AllReduceAlgo::OneShot,
-        "rsag" => AllReduceAlgo::Rsag,
-        "staged" => AllReduceAlgo::Staged,
-        "ring" => AllReduceAlgo::Ring,
-        "hier" => AllReduceAlgo::Hier,
-        "doubling" => AllReduceAlgo::Doubling,
+    // One value forces one planner: a one-host algorithm the one-host planner's choice, an
+    // across-hosts algorithm the across-hosts planner's. The other planner is left to its cost
+    // model, as with auto: `ring` on a one-host group, or `oneshot` on a group that spans hosts
+    // (whose hosts' shm groups run only reduce and broadcast for it), changes nothing.
+    let (shm_all_reduce, net_all_reduce) = match var("WIRESPEED_ALGO").unwrap_or_default().trim() {
+        "" | "auto" => (None, None),
+        "oneshot" => (Some(ShmAlgo::OneShot), None),
+        "rsag" => (Some(ShmAlgo::Rsag), None),
+        "staged" => (Some(ShmAlgo::Staged), None),
+        "ring" => (None, Some(NetAlgo::Ring)),
+        "hier" => (None, Some(NetAlgo::Hier)),
+        "doubling" => (None, Some(NetAlgo::Doubling)),
         other => {
             return Err(Error::Unsupported(format!(
                 "WIRESPEED_ALGO={other:?} is not an algorithm: choose auto, oneshot, staged, rsag (one host), ring, hier or doubling (across hosts)"
@@ -124,7 +128,7 @@ fn tuning(var: Vars) -> Result<Tuning> {
     let stage_max = bytes(var, "WIRESPEED_STAGE_MAX", d.stage_max)?;
     let block_bytes = bytes(var, "WIRESPEED_BLOCK_BYTES", d.block_bytes)?.max(4096).next_multiple_of(64);
     let pair_stage_max = bytes(var, "WIRESPEED_PAIR_STAGE_MAX", d.pair_stage_max)?;
-    Ok(Tuning { all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max })
+    Ok(Tuning { shm_all_reduce, net_all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max })
 }
 
 /// The TCP engine's knobs from `var` (`NetConfig::default` where unset): a group's `Config`
@@ -172,7 +176,8 @@ mod tests {
     fn unset_variables_give_the_types_defaults() {
         let c = Config::default();
         let (t, d) = (c.tuning, Tuning::default());
-        assert_eq!((t.all_reduce, t.slot_bytes, t.stage_max, t.block_bytes, t.pair_stage_max), (d.all_reduce, d.slot_bytes, d.stage_max, d.block_bytes, d.pair_stage_max));
+        assert_eq!((t.shm_all_reduce, t.net_all_reduce), (None, None));
+        assert_eq!((t.shm_all_reduce, t.net_all_reduce, t.slot_bytes, t.stage_max, t.block_bytes, t.pair_stage_max), (d.shm_all_reduce, d.net_all_reduce, d.slot_bytes, d.stage_max, d.block_bytes, d.pair_stage_max));
         assert_eq!((c.spin_us, c.wake_worker, c.hostid.as_deref(), c.listen_var("MASTER_ADDR")), (None, true, None, None));
         let (n, d) = (c.net.unwrap(), NetConfig::default());
         assert_eq!((n.nstreams, n.chunk, n.io_threads, n.sockbuf, n.spin, n.notsent_lowat), (d.nstreams, d.chunk, d.io_threads, d.sockbuf, d.spin, d.notsent_lowat));
@@ -193,7 +198,7 @@ mod tests {
             ("MASTER_PORT", "1234"),
         ]))
         .unwrap();
-        assert_eq!((c.tuning.all_reduce, c.tuning.slot_bytes, c.tuning.pair_stage_max), (AllReduceAlgo::Rsag, 8192, 0));
+        assert_eq!((c.tuning.shm_all_reduce, c.tuning.net_all_reduce, c.tuning.slot_bytes, c.tuning.pair_stage_max), (Some(ShmAlgo::Rsag), None, 8192, 0));
         let n = c.net.clone().unwrap();
         assert_eq!((n.nstreams, n.spin), (3, Duration::from_micros(7)));
         assert_eq!((c.spin_us, c.wake_worker, c.host_id()), (Some(20), false, "h1".to_string()));
@@ -204,6 +209,22 @@ mod tests {
         assert_eq!((c.spin_us, c.wake_worker), (None, true));
         // an empty host id is the machine's
         assert_ne!(Config::from_vars(&vars(&[("WIRESPEED_HOSTID", "")])).unwrap().host_id(), "");
+    }
+
+    #[test]
+    fn each_algorithm_forces_only_the_planner_it_names() {
+        let algo = |v: &'static str| {
+            let t = Config::from_vars(&move |k: &str| (k == "WIRESPEED_ALGO").then(|| v.to_string())).unwrap().tuning;
+            (t.shm_all_reduce, t.net_all_reduce)
+        };
+        assert_eq!(algo("auto"), (None, None));
+        assert_eq!(algo(""), (None, None));
+        assert_eq!(algo("oneshot"), (Some(ShmAlgo::OneShot), None));
+        assert_eq!(algo("staged"), (Some(ShmAlgo::Staged), None));
+        assert_eq!(algo("rsag"), (Some(ShmAlgo::Rsag), None));
+        assert_eq!(algo("ring"), (None, Some(NetAlgo::Ring)));
+        assert_eq!(algo(" hier"), (None, Some(NetAlgo::Hier)));
+        assert_eq!(algo("doubling"), (None, Some(NetAlgo::Doubling)));
     }
 
     #[test]

@@ -2,6 +2,11 @@
 //! model, overridable with WIRESPEED_ALGO. All ranks compute the same choice from the same inputs
 //! (size, world, host), and a disagreement is caught by the descriptor check anyway.
 //!
+//! Two planners, each with its own algorithms: one host (`pick_all_reduce`, `ShmAlgo`) and across
+//! hosts (`pick_across_hosts` and `pick_among_leaders`, `NetAlgo`). WIRESPEED_ALGO (config.rs)
+//! forces the planner whose algorithm it names (`Tuning::shm_all_reduce` or
+//! `Tuning::net_all_reduce`) and leaves the other to its cost model, as `auto` does.
+//!
 //! all_reduce algorithms (one file's worth each, in shm/collectives.rs):
 //! - `oneshot`: every rank copies its input into its staging slot, one sync, then every rank
 //!   reduces all slots itself. One sync, (n+1)*S bytes per rank: best for small messages.
@@ -12,25 +17,39 @@
 //!   process_vm_readv. Three syncs and 2(n-1) system calls, ~2*S bytes per rank: for messages
 //!   larger than the slot.
 
+/// An all_reduce algorithm of the one-host planner (`Tuning::pick_all_reduce`, run by
+/// shm/collectives.rs). The discriminant is what a rank publishes in its op descriptor (`algo`)
+/// and what the disagreement message names, so each keeps its number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AllReduceAlgo {
-    Auto,
-    OneShot,
-    Rsag,
+pub enum ShmAlgo {
+    OneShot = 1,
+    Rsag = 2,
     /// Reduce-scatter + all-gather through the staging slots: no system call, two syncs.
-    Staged,
-    /// Across hosts: a flat ring over every rank (what gloo does), ranks placed as launched.
-    Ring,
-    /// Across hosts: shm reduce in each host, ring among host leaders over TCP, shm broadcast.
-    Hier,
-    /// Across hosts: as `Hier`, with recursive doubling among the leaders (a power of two of
-    /// hosts; otherwise the ring). The cost model's choice for small messages.
-    Doubling,
+    Staged = 3,
+}
+
+/// An all_reduce algorithm of the across-hosts planner (`Tuning::pick_across_hosts` and
+/// `Tuning::pick_among_leaders`, run by hosts/). The discriminant goes into every message tag of
+/// the all_reduce (its root field, `hosts::op_tag`), so each keeps its number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetAlgo {
+    /// A flat ring over every rank (what gloo does), ranks placed as launched.
+    Ring = 4,
+    /// Shm reduce in each host, ring among host leaders over TCP, shm broadcast.
+    Hier = 5,
+    /// As `Hier`, with recursive doubling among the leaders (a power of two of hosts; otherwise
+    /// the ring). The cost model's choice among leaders for small messages.
+    Doubling = 6,
 }
 
 #[derive(Clone, Copy, Debug)]
 pub struct Tuning {
-    pub all_reduce: AllReduceAlgo,
+    /// The one-host all_reduce forced by WIRESPEED_ALGO (`oneshot`, `staged`, `rsag`); None: the
+    /// cost model chooses. Only the one-host planner reads it.
+    pub shm_all_reduce: Option<ShmAlgo>,
+    /// The across-hosts all_reduce forced by WIRESPEED_ALGO (`ring`, `hier`, `doubling`); None:
+    /// the cost model chooses. Only the across-hosts planner reads it.
+    pub net_all_reduce: Option<NetAlgo>,
     /// Size of each of the two staging slots per rank; bounds what can be staged.
     pub slot_bytes: usize,
     /// Exchanges whose send side is at most this many bytes go through the staging slot.
@@ -49,31 +68,32 @@ impl Default for Tuning {
     /// reads them): the cost model's choice, 1 MiB slots, exchanges staged up to 64 KiB (2 ranks:
     /// `PAIR_STAGE_MAX`), 64 KiB reduction blocks.
     fn default() -> Tuning {
-        Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 64 << 10, pair_stage_max: PAIR_STAGE_MAX }
+        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 64 << 10, pair_stage_max: PAIR_STAGE_MAX }
     }
 }
 
 impl Tuning {
-    /// The all_reduce algorithm for `bytes` per rank among `world` ranks on `cpus` cores.
-    pub fn pick_all_reduce(&self, bytes: usize, world: usize, cpus: usize) -> AllReduceAlgo {
+    /// The one-host all_reduce algorithm for `bytes` per rank among `world` ranks on `cpus`
+    /// cores: the forced one (`shm_all_reduce`) where it can run, `Rsag` for what exceeds the
+    /// slot, else the cost model's choice.
+    pub fn pick_all_reduce(&self, bytes: usize, world: usize, cpus: usize) -> ShmAlgo {
         let fits = bytes <= self.slot_bytes;
-        match self.all_reduce {
-            AllReduceAlgo::OneShot if fits => return AllReduceAlgo::OneShot,
-            AllReduceAlgo::Staged if fits => return AllReduceAlgo::Staged,
-            AllReduceAlgo::Rsag | AllReduceAlgo::OneShot | AllReduceAlgo::Staged => return AllReduceAlgo::Rsag,
-            // The cross-host algorithms name no shm algorithm: choose as auto does.
-            AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {}
+        match self.shm_all_reduce {
+            Some(ShmAlgo::OneShot) if fits => return ShmAlgo::OneShot,
+            Some(ShmAlgo::Staged) if fits => return ShmAlgo::Staged,
+            Some(ShmAlgo::Rsag | ShmAlgo::OneShot | ShmAlgo::Staged) => return ShmAlgo::Rsag,
+            None => {}
         }
         if !fits {
-            return AllReduceAlgo::Rsag;
+            return ShmAlgo::Rsag;
         }
         let (oneshot, staged, rsag) = cost_us(bytes as f64, world as f64, cpus as f64);
         if oneshot <= staged && oneshot <= rsag {
-            AllReduceAlgo::OneShot
+            ShmAlgo::OneShot
         } else if staged <= rsag {
-            AllReduceAlgo::Staged
+            ShmAlgo::Staged
         } else {
-            AllReduceAlgo::Rsag
+            ShmAlgo::Rsag
         }
     }
 
@@ -99,33 +119,34 @@ impl Tuning {
         self.exchange_stages(bytes, world) || (world >= 3 && bytes <= self.slot_bytes)
     }
 
-    /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks.
-    /// `ring` and `hier` are obeyed (`doubling` is a kind of `hier`); `oneshot`/`rsag` name shm
-    /// algorithms, so they choose as auto.
-    pub fn pick_across_hosts(&self, bytes: usize, world: usize, hosts: usize) -> AllReduceAlgo {
-        match self.all_reduce {
-            AllReduceAlgo::Ring => AllReduceAlgo::Ring,
-            AllReduceAlgo::Hier | AllReduceAlgo::Doubling => AllReduceAlgo::Hier,
-            _ => {
+    /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks:
+    /// `Ring` or `Hier`. A forced `ring` or `hier` is obeyed (`doubling` is a kind of `hier`);
+    /// None (`net_all_reduce`) lets the cost model choose.
+    pub fn pick_across_hosts(&self, bytes: usize, world: usize, hosts: usize) -> NetAlgo {
+        match self.net_all_reduce {
+            Some(NetAlgo::Ring) => NetAlgo::Ring,
+            Some(NetAlgo::Hier | NetAlgo::Doubling) => NetAlgo::Hier,
+            None => {
                 let (hier, ring) = cost_across_hosts_us(bytes as f64, world as f64, hosts as f64);
-                if hier <= ring { AllReduceAlgo::Hier } else { AllReduceAlgo::Ring }
+                if hier <= ring { NetAlgo::Hier } else { NetAlgo::Ring }
             }
         }
     }
 
     /// The all_reduce among `leaders` host leaders (inside `hier`) for `bytes` per rank: `Ring`
-    /// or `Doubling` (only for a power of two of leaders).
-    pub fn pick_among_leaders(&self, bytes: usize, leaders: usize) -> AllReduceAlgo {
+    /// or `Doubling` (only for a power of two of leaders). A forced `doubling` is obeyed where it
+    /// can run, a forced `hier` (or `ring`) takes the ring; None lets the cost model choose.
+    pub fn pick_among_leaders(&self, bytes: usize, leaders: usize) -> NetAlgo {
         if leaders < 2 || !leaders.is_power_of_two() {
-            return AllReduceAlgo::Ring;
+            return NetAlgo::Ring;
         }
-        match self.all_reduce {
-            AllReduceAlgo::Doubling => AllReduceAlgo::Doubling,
-            AllReduceAlgo::Hier | AllReduceAlgo::Ring => AllReduceAlgo::Ring,
-            _ if bytes > DOUBLING_MAX => AllReduceAlgo::Ring,
-            _ => {
+        match self.net_all_reduce {
+            Some(NetAlgo::Doubling) => NetAlgo::Doubling,
+            Some(NetAlgo::Hier | NetAlgo::Ring) => NetAlgo::Ring,
+            None if bytes > DOUBLING_MAX => NetAlgo::Ring,
+            None => {
                 let (doubling, ring) = cost_among_leaders_us(bytes as f64, leaders as f64);
-                if doubling < ring { AllReduceAlgo::Doubling } else { AllReduceAlgo::Ring }
+                if doubling < ring { NetAlgo::Doubling } else { NetAlgo::Ring }
             }
         }
     }
@@ -204,56 +225,63 @@ mod tests {
 
     #[test]
     fn small_messages_take_oneshot_large_take_rsag() {
-        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
-        assert_eq!(t.pick_all_reduce(4096, 2, 2), AllReduceAlgo::OneShot);
-        assert_eq!(t.pick_all_reduce(4096, 4, 2), AllReduceAlgo::OneShot);
+        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
+        assert_eq!(t.pick_all_reduce(4096, 2, 2), ShmAlgo::OneShot);
+        assert_eq!(t.pick_all_reduce(4096, 4, 2), ShmAlgo::OneShot);
         // Two ranks: the same bytes either way, oneshot has one sync fewer, up to the slot's size.
-        assert_eq!(t.pick_all_reduce(1 << 20, 2, 2), AllReduceAlgo::OneShot);
-        assert_eq!(t.pick_all_reduce(1 << 20, 2, 16), AllReduceAlgo::OneShot);
+        assert_eq!(t.pick_all_reduce(1 << 20, 2, 2), ShmAlgo::OneShot);
+        assert_eq!(t.pick_all_reduce(1 << 20, 2, 16), ShmAlgo::OneShot);
         // More ranks: oneshot reads (n-1)·S, staged about 2·S: staged from a few KiB on.
-        assert_eq!(t.pick_all_reduce(64 << 10, 4, 2), AllReduceAlgo::Staged);
-        assert_eq!(t.pick_all_reduce(1 << 20, 4, 2), AllReduceAlgo::Staged);
-        assert_eq!(t.pick_all_reduce(16 << 10, 8, 16), AllReduceAlgo::Staged);
-        assert_eq!(t.pick_all_reduce(1 << 20, 8, 2), AllReduceAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(64 << 10, 4, 2), ShmAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(1 << 20, 4, 2), ShmAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(16 << 10, 8, 16), ShmAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(1 << 20, 8, 2), ShmAlgo::Staged);
         // Beyond the slot only the direct reads remain.
-        assert_eq!(t.pick_all_reduce((1 << 20) + 64, 2, 2), AllReduceAlgo::Rsag);
-        assert_eq!(t.pick_all_reduce(64 << 20, 2, 2), AllReduceAlgo::Rsag);
-        let forced = Tuning { all_reduce: AllReduceAlgo::OneShot, ..t };
-        assert_eq!(forced.pick_all_reduce(4 << 20, 2, 2), AllReduceAlgo::Rsag, "oneshot cannot exceed the slot");
+        assert_eq!(t.pick_all_reduce((1 << 20) + 64, 2, 2), ShmAlgo::Rsag);
+        assert_eq!(t.pick_all_reduce(64 << 20, 2, 2), ShmAlgo::Rsag);
+        let forced = Tuning { shm_all_reduce: Some(ShmAlgo::OneShot), ..t };
+        assert_eq!(forced.pick_all_reduce(4 << 20, 2, 2), ShmAlgo::Rsag, "oneshot cannot exceed the slot");
         assert!(t.broadcast_stages(16 << 10, 2) && !t.broadcast_stages(32 << 10, 2));
         assert!(t.exchange_stages(64 << 10, 3) && !t.exchange_stages((64 << 10) + 1, 3));
         assert!(t.exchange_stages(16 << 10, 2) && !t.exchange_stages((16 << 10) + 1, 2));
         assert!(t.broadcast_stages(1 << 20, 3) && !t.broadcast_stages((1 << 20) + 1, 8));
-        let staged = Tuning { all_reduce: AllReduceAlgo::Staged, ..t };
-        assert_eq!(staged.pick_all_reduce(4096, 2, 2), AllReduceAlgo::Staged);
-        assert_eq!(staged.pick_all_reduce(4 << 20, 2, 2), AllReduceAlgo::Rsag, "staged cannot exceed the slot");
+        let staged = Tuning { shm_all_reduce: Some(ShmAlgo::Staged), ..t };
+        assert_eq!(staged.pick_all_reduce(4096, 2, 2), ShmAlgo::Staged);
+        assert_eq!(staged.pick_all_reduce(4 << 20, 2, 2), ShmAlgo::Rsag, "staged cannot exceed the slot");
     }
 
     #[test]
     fn across_hosts_hier_unless_ring_is_forced() {
-        let t = Tuning { all_reduce: AllReduceAlgo::Auto, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
+        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
         for &(n, h) in &[(2usize, 2usize), (4, 2), (8, 2), (8, 4), (16, 4)] {
             for &s in &[0usize, 4096, 1 << 20, 64 << 20] {
-                assert_eq!(t.pick_across_hosts(s, n, h), AllReduceAlgo::Hier, "n {n} h {h} s {s}");
+                assert_eq!(t.pick_across_hosts(s, n, h), NetAlgo::Hier, "n {n} h {h} s {s}");
             }
         }
         // With one rank per host the two are the same ring: equal cost.
         let (hier, ring) = cost_across_hosts_us((64 << 20) as f64, 4.0, 4.0);
         assert!((hier - ring).abs() < 1e-6);
-        let forced = Tuning { all_reduce: AllReduceAlgo::Ring, ..t };
-        assert_eq!(forced.pick_across_hosts(64 << 20, 4, 2), AllReduceAlgo::Ring);
+        let forced = Tuning { net_all_reduce: Some(NetAlgo::Ring), ..t };
+        assert_eq!(forced.pick_across_hosts(64 << 20, 4, 2), NetAlgo::Ring);
         // Among leaders: doubling for small messages on a power of two of hosts, else the ring.
-        assert_eq!(t.pick_among_leaders(4096, 2), AllReduceAlgo::Doubling);
-        assert_eq!(t.pick_among_leaders(4096, 8), AllReduceAlgo::Doubling);
-        assert_eq!(t.pick_among_leaders(4096, 3), AllReduceAlgo::Ring);
-        assert_eq!(t.pick_among_leaders(1 << 20, 2), AllReduceAlgo::Ring);
-        assert_eq!(t.pick_among_leaders(200 << 10, 8), AllReduceAlgo::Ring, "the model's crossover");
-        let doubling = Tuning { all_reduce: AllReduceAlgo::Doubling, ..t };
-        assert_eq!(doubling.pick_across_hosts(64 << 20, 4, 2), AllReduceAlgo::Hier);
-        assert_eq!(doubling.pick_among_leaders(64 << 20, 4), AllReduceAlgo::Doubling);
-        assert_eq!(doubling.pick_among_leaders(64, 3), AllReduceAlgo::Ring);
-        let hier = Tuning { all_reduce: AllReduceAlgo::Hier, ..t };
-        assert_eq!(hier.pick_among_leaders(64, 2), AllReduceAlgo::Ring);
-        assert_eq!(forced.pick_all_reduce(64 << 20, 4, 2), AllReduceAlgo::Rsag, "one host ignores ring");
+        assert_eq!(t.pick_among_leaders(4096, 2), NetAlgo::Doubling);
+        assert_eq!(t.pick_among_leaders(4096, 8), NetAlgo::Doubling);
+        assert_eq!(t.pick_among_leaders(4096, 3), NetAlgo::Ring);
+        assert_eq!(t.pick_among_leaders(1 << 20, 2), NetAlgo::Ring);
+        assert_eq!(t.pick_among_leaders(200 << 10, 8), NetAlgo::Ring, "the model's crossover");
+        let doubling = Tuning { net_all_reduce: Some(NetAlgo::Doubling), ..t };
+        assert_eq!(doubling.pick_across_hosts(64 << 20, 4, 2), NetAlgo::Hier);
+        assert_eq!(doubling.pick_among_leaders(64 << 20, 4), NetAlgo::Doubling);
+        assert_eq!(doubling.pick_among_leaders(64, 3), NetAlgo::Ring);
+        let hier = Tuning { net_all_reduce: Some(NetAlgo::Hier), ..t };
+        assert_eq!(hier.pick_among_leaders(64, 2), NetAlgo::Ring);
+        assert_eq!(forced.pick_all_reduce(64 << 20, 4, 2), ShmAlgo::Rsag, "one host ignores ring");
+    }
+
+    #[test]
+    fn algorithm_numbers_are_those_on_the_wire() {
+        // The shm op descriptor carries a ShmAlgo, a cross-host all_reduce's tags a NetAlgo.
+        assert_eq!([ShmAlgo::OneShot as u32, ShmAlgo::Rsag as u32, ShmAlgo::Staged as u32], [1, 2, 3]);
+        assert_eq!([NetAlgo::Ring as u32, NetAlgo::Hier as u32, NetAlgo::Doubling as u32], [4, 5, 6]);
     }
 }

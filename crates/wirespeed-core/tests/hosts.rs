@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wirespeed_core::shm::comm::RankInfo;
-use wirespeed_core::plan::AllReduceAlgo;
+use wirespeed_core::plan::NetAlgo;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
 use wirespeed_core::{Collectives, Config, DType, Engine, Error, Op, ReduceOp};
 
@@ -66,7 +66,7 @@ fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
         // 700_001 elements span several pipelined ring slices, the last one short.
         let out = with_hosts(ids, move |c| {
             let mut res = Vec::new();
-            for algo in [AllReduceAlgo::Auto, AllReduceAlgo::Hier, AllReduceAlgo::Ring, AllReduceAlgo::Doubling] {
+            for algo in [None, Some(NetAlgo::Hier), Some(NetAlgo::Ring), Some(NetAlgo::Doubling)] {
                 c.force_all_reduce(algo);
                 for &n in &[0usize, 1, 17, 1000, 700_001] {
                     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {

@@ -33,7 +33,7 @@ pub mod hier;
 pub mod mesh;
 
 use crate::config::Config;
-use crate::plan::{AllReduceAlgo, Tuning};
+use crate::plan::{NetAlgo, Tuning};
 use crate::api::{Buf, Ticket};
 use crate::shm::collectives::{check_list, check_rank, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
 use crate::shm::comm::{Comm, RankInfo};
@@ -182,10 +182,11 @@ impl HostsComm {
     pub fn hosts(&self) -> &[Vec<usize>] {
         &self.lay.hosts
     }
-    /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO does (`Ring`, `Hier` or
-    /// `Doubling`; any other value lets the cost model choose). Every rank must choose the same.
-    pub fn force_all_reduce(&mut self, algo: crate::plan::AllReduceAlgo) {
-        self.tuning.all_reduce = algo;
+    /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO=ring, hier or doubling does
+    /// (`Tuning::net_all_reduce`); None lets the cost model choose, as auto does. Every rank must
+    /// choose the same.
+    pub fn force_all_reduce(&mut self, algo: Option<NetAlgo>) {
+        self.tuning.net_all_reduce = algo;
     }
 
     /// Connections refused so far by this rank's listener.
@@ -287,11 +288,12 @@ impl HostsComm {
         let tag = self.tag(crate::shm::collectives::ALL_REDUCE, Some(dtype), Some(op), algo as usize);
         let world = self.world;
         match algo {
-            AllReduceAlgo::Ring => {
+            NetAlgo::Ring => {
                 let members: Vec<usize> = (0..world).collect();
                 self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &members, tag, buf, dtype, op, world, s))
             }
-            _ => self.hier_all_reduce(tag, buf, dtype, op),
+            // pick_across_hosts gives Hier for doubling: the leaders' choice is pick_among_leaders'.
+            NetAlgo::Hier | NetAlgo::Doubling => self.hier_all_reduce(tag, buf, dtype, op),
         }
     }
 
@@ -300,8 +302,9 @@ impl HostsComm {
         let leaders: Vec<usize> = self.lay.hosts.iter().map(|h| h[0]).collect();
         let world = self.world;
         match self.tuning.pick_among_leaders(buf.len(), leaders.len()) {
-            AllReduceAlgo::Doubling => self.with_scratch(|c, s| crate::algo::doubling::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
-            _ => self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
+            NetAlgo::Doubling => self.with_scratch(|c, s| crate::algo::doubling::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
+            // pick_among_leaders gives Ring or Doubling.
+            NetAlgo::Ring | NetAlgo::Hier => self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
         }
     }
 

@@ -11,7 +11,7 @@
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
 use crate::api::Buf;
-use crate::plan::AllReduceAlgo;
+use crate::plan::ShmAlgo;
 use super::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -300,7 +300,7 @@ impl Comm {
         self.guarded(|c| {
             let h = c.header(ALL_REDUCE, Some(dtype), Some(op), 0, count as u64, algo as u32);
             match algo {
-                AllReduceAlgo::OneShot | AllReduceAlgo::Auto | AllReduceAlgo::Ring | AllReduceAlgo::Hier | AllReduceAlgo::Doubling => {
+                ShmAlgo::OneShot => {
                     let send = vec![(buf, bytes); c.world];
                     // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements until
                     // this returns. It is every rank's piece and the output, equal to send[rank]
@@ -311,7 +311,7 @@ impl Comm {
                     }
                     Ok(())
                 }
-                AllReduceAlgo::Staged => {
+                ShmAlgo::Staged => {
                     // Reduce-scatter + all-gather through the staging slots, no system call: copy
                     // the input into my slot; sync; reduce chunk `me` of every rank's slot into
                     // chunk `me` of my slot (peers read only their own chunks of it meanwhile);
@@ -356,7 +356,7 @@ impl Comm {
                     }
                     Ok(())
                 }
-                AllReduceAlgo::Rsag => {
+                ShmAlgo::Rsag => {
                     let es = dtype.size();
                     let ch = c.chunks(count, es);
                     let send: Vec<Buf> = ch.iter().map(|&(s, n)| (buf + s * es, n * es)).collect();
@@ -624,10 +624,10 @@ mod tests {
     /// (a slot reused too early would show as a wrong second or third result).
     #[test]
     fn every_one_host_all_reduce_algorithm_is_exact() {
-        for algo in [AllReduceAlgo::OneShot, AllReduceAlgo::Staged, AllReduceAlgo::Rsag] {
+        for algo in [ShmAlgo::OneShot, ShmAlgo::Staged, ShmAlgo::Rsag] {
             for world in [1usize, 2, 3, 5] {
                 let out = with_ranks(world, move |c| {
-                    c.tuning.all_reduce = algo;
+                    c.tuning.shm_all_reduce = Some(algo);
                     let mut res = vec![];
                     for &n in &[0usize, 1, 7, 8, 9, 1000, 8193, 70_001] {
                         for (op, k) in [(ReduceOp::Sum, 0usize), (ReduceOp::Max, 1), (ReduceOp::Avg, 2)] {
