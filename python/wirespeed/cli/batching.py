@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
-                              launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
-                              start_backend)
+from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+                      parse_num, resolve_backend, run_job)
 from ..sizes import format_size, human_bytes, parse_size
 from .common import add
 
@@ -88,31 +88,36 @@ def pick_total(text, c, ranks_here: int) -> int:
 
 
 def main(args, argv) -> int:
-    from ..launch.environment import rank_info
-    check_rank_flags(args)
+    return run_job(_job, args, argv)
+
+
+def _job(args) -> Job:
     c = _config(args)
-    info = rank_info(need_master=c["backend"] != "mpi")
-    if info is None:
-        from ..backends import create
-        from ..launch.memory import check_local_ranks
-        from ..report.outputs import check_outputs
-        check_local_ranks(c["nproc"])
-        check_outputs(files={"--json": args.json, "--plot": args.plot})
-        create(c["backend"], c["device"])
-        check_local_gpus(c["nproc"], c["backend"])
-        total = pick_total(args.total, c, c["nproc"])
-        return launch_ranks([*argv, "--total", str(total)], c["nproc"], c["backend"], args.master_port)
+    return Job(c["backend"], c["device"], c["timeout"], launch=partial(_launch, c, args),
+               before_start=partial(_before_start, c, args), work=partial(run_as_rank, c, args))
+
+
+def _launch(c, args, start) -> int:
+    from ..backends import create
+    from ..launch.memory import check_local_ranks
+    from ..report.outputs import check_outputs
+    check_local_ranks(c["nproc"])
+    check_outputs(files={"--json": args.json, "--plot": args.plot})
+    create(c["backend"], c["device"])
+    check_local_gpus(c["nproc"], c["backend"])
+    total = pick_total(args.total, c, c["nproc"])
+    return start(c["nproc"], ["--total", str(total)])
+
+
+def _before_start(c, args, info) -> tuple:
     local = os.environ.get("_WIRESPEED_LOCAL_SPAWN") == "1"
-    total = pick_total(args.total, c, 1 if local else info.local_world_size)
-    return run_as_rank(c, info, total, args)
+    return (pick_total(args.total, c, 1 if local else info.local_world_size),)
 
 
-def run_as_rank(c, info, total: int, args) -> int:
+def run_as_rank(c, args, info, backend, device, total: int) -> int:
     import torch
 
     from ..workloads.batching import measure_chunks
-    backend = start_backend(c["backend"], c["device"], info, c["timeout"])
-    device = backend.device_for(info, c["device"])
     dt = c["dtype"]
     # Under an outer launcher each host picked its own default: all use the smallest.
     total = int(min(r[0] for r in backend.allgather_floats([float(total)])))
@@ -137,7 +142,6 @@ def run_as_rank(c, info, total: int, args) -> int:
         _report(c, info, total, rows, args)
         if wrong:
             sys.stderr.write(f"wirespeed: error: {wrong} wrong elements: the backend returned wrong data\n")
-    backend.shutdown()
     return 1 if wrong else 0
 
 

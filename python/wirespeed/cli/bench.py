@@ -7,15 +7,15 @@ from __future__ import annotations
 import os
 import sys
 import time
+from functools import partial
 
 from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
 from ..errors import UsageError
 from ..sizes import sizes_from_flags
 from . import flags
-from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, launch_ranks,
-                              parse_iters_timeout, parse_num, rank_error, resolve_backend,
-                              start_backend)
+from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout, parse_num,
+                      rank_error, resolve_backend, run_job)
 from .common import add
 
 
@@ -79,18 +79,15 @@ def config_from_args(args) -> BenchConfig:
 
 
 def main(args, argv) -> int:
-    from ..launch.environment import rank_info
-    check_rank_flags(args)
+    return run_job(_job, args, argv)
+
+
+def _job(args) -> Job:
     cfg = config_from_args(args)
     if args.fast_net:
         _enable_fast_net(cfg.backend)
-    info = rank_info(need_master=cfg.backend != "mpi")
-    if info is None:
-        if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
-            from ..launch.cluster import cluster_nproc
-            cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
-        return launch_local(cfg, argv, args.master_port, args.cluster, args.ranks_per_host)
-    return run_as_rank(cfg, info)
+    return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(launch_local, cfg, args),
+               before_start=partial(_before_start, cfg), work=partial(run_as_rank, cfg))
 
 
 def _enable_fast_net(backend: str) -> None:
@@ -118,15 +115,18 @@ def check_bench_outputs(cfg: BenchConfig) -> None:
                   dirs={"--save-dir": cfg.save_dir})
 
 
-def launch_local(cfg: BenchConfig, argv, master_port, cluster=None, ranks_per_host=None) -> int:
+def launch_local(cfg: BenchConfig, args, start) -> int:
     from ..backends import create
     from ..bench.memory import check_fits
+    if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
+        from ..launch.cluster import cluster_nproc
+        cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
     check_bench_outputs(cfg)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
-    check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, cluster, ranks_per_host))
+    check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, args.cluster, args.ranks_per_host))
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
-    return launch_ranks(argv, cfg.nproc, cfg.backend, master_port, cluster, ranks_per_host)
+    return start(cfg.nproc)
 
 
 def _ranks_on_one_host(cfg: BenchConfig, cluster, ranks_per_host) -> int:
@@ -157,13 +157,8 @@ def _gpu_sharing(backend, device: str, cfg: BenchConfig) -> list[str]:
     return sharing_lines(hosts, gpus, cfg.backend, mps_running())
 
 
-def run_as_rank(cfg: BenchConfig, info) -> int:
-    """One rank of the job: init the backend, run every case, and on rank 0 report."""
-    from ..bench.harness import run_rank, steps
-    from ..envinfo import record_env
+def _before_start(cfg: BenchConfig, info) -> None:
     from ..bench.memory import check_fits
-    from ..report.progress import Progress
-
     _validate_for_world(cfg, info.world_size)
     if info.rank == 0 and os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         check_bench_outputs(cfg)  # under an outer launcher: rank 0 writes, so rank 0 checks
@@ -174,8 +169,14 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
     if cfg.host_per_rank:
         from ..launch.gpus import set_host_per_rank
         set_host_per_rank(info.rank)  # before the backend starts: libraries read it at init
-    backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
-    device = backend.device_for(info, cfg.device)
+
+
+def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
+    """One rank of the job, its backend started: run every case, and on rank 0 report."""
+    from ..bench.harness import run_rank, steps
+    from ..envinfo import record_env
+    from ..report.progress import Progress
+
     lead = info.rank == 0
     records = []
     env = record_env() if lead else {}
@@ -203,7 +204,6 @@ def run_as_rank(cfg: BenchConfig, info) -> int:
         progress.close()
     if lead:
         _report(cfg, records, run_id)
-    backend.shutdown()
     if total_wrong:
         if lead:
             sys.stderr.write(f"wirespeed: error: {total_wrong} wrong elements: the backend returned "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from functools import partial
 
 from ..errors import UsageError, WirespeedError
 from . import flags
@@ -55,14 +56,20 @@ def config_from_args(args):
 
 
 def main(args, argv) -> int:
-    from ..launch.environment import rank_info
-    from .rankjob import check_rank_flags, default_nproc, launch_ranks
-    from ..report.outputs import check_outputs
-    check_rank_flags(args)
+    from .rankjob import run_job
+    return run_job(_job, args, argv)
+
+
+def _job(args):
+    from .rankjob import Job
     cfg = config_from_args(args)
-    info = rank_info(need_master=True)
-    if info is not None:
-        return run_as_rank(cfg, info, args)
+    return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch, cfg, args),
+               before_start=_before_start, work=partial(run_as_rank, cfg, args))
+
+
+def _launch(cfg, args, start) -> int:
+    from .rankjob import default_nproc
+    from ..report.outputs import check_outputs
     check_outputs(files={"--json": args.json, "--plot": args.plot},
                   dirs={"--save-dir": None if args.no_save else args.save_dir})
     nproc = default_nproc(args.nproc, cfg.device)
@@ -73,16 +80,17 @@ def main(args, argv) -> int:
         raise UsageError("links needs 2 ranks or more (-N)")
     from ..backends import create
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
-    return launch_ranks(argv, nproc, cfg.backend, args.master_port, args.cluster, args.ranks_per_host)
+    return start(nproc)
 
 
-def run_as_rank(cfg, info, args) -> int:
-    from ..explain.links_rank import run_links
-    from .rankjob import guarded_rank, start_backend
+def _before_start(info) -> None:
     if info.world_size < 2:
         raise UsageError("links needs 2 ranks or more")
-    backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
-    device = backend.device_for(info, cfg.device)
+
+
+def run_as_rank(cfg, args, info, backend, device) -> int:
+    from ..explain.links_rank import run_links
+    from .rankjob import guarded_rank
     lead = info.rank == 0
 
     def say(text):
@@ -95,7 +103,6 @@ def run_as_rank(cfg, info, args) -> int:
         backend.barrier()
     if lead:
         report(cfg, result, args)
-    backend.shutdown()
     return 0
 
 

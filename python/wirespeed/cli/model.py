@@ -11,12 +11,12 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (check_local_gpus, check_rank_flags, default_nproc, guarded_rank,
-                              launch_ranks, parse_iters_timeout, parse_num, resolve_backend,
-                              start_backend, uses_torch_distributed)
+from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+                      parse_num, resolve_backend, run_job, uses_torch_distributed)
 from .common import add
 
 
@@ -101,15 +101,15 @@ def list_models() -> int:
 
 
 def main(args, argv) -> int:
-    from ..launch.environment import rank_info
     if args.list:
         return list_models()
-    check_rank_flags(args)
+    return run_job(_job, args, argv)
+
+
+def _job(args) -> Job:
     cfg = config_from_args(args)
-    info = rank_info(need_master=cfg.backend != "mpi")
-    if info is None:
-        return launch_local(cfg, args, argv)
-    return run_as_rank(cfg, info, resolve_shapes(args))
+    return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(launch_local, cfg, args),
+               before_start=partial(_before_start, cfg, args), work=partial(run_as_rank, cfg))
 
 
 def _check_memory(shapes, cfg, ranks_here: int) -> None:
@@ -125,7 +125,7 @@ def _check_memory(shapes, cfg, ranks_here: int) -> None:
                          "use fewer ranks (-N), a smaller --dtype, or a smaller model")
 
 
-def launch_local(cfg, args, argv) -> int:
+def launch_local(cfg, args, start) -> int:
     from ..backends import create
     from ..launch.memory import check_local_ranks
     from ..workloads.config import validate
@@ -144,21 +144,23 @@ def launch_local(cfg, args, argv) -> int:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(shapes.to_json(), f)
-        return launch_ranks([*argv, "--resolved-shapes", path], cfg.nproc, cfg.backend, args.master_port,
-                            args.cluster, args.ranks_per_host)
+        return start(cfg.nproc, ["--resolved-shapes", path])
     finally:
         os.unlink(path)
 
 
-def run_as_rank(cfg, info, shapes) -> int:
-    from ..envinfo import record_env
+def _before_start(cfg, args, info) -> tuple:
     from ..workloads.config import validate
-    from ..workloads.runner import plan_for, run_rank
+    shapes = resolve_shapes(args)
     validate(cfg, info.world_size)
     if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         _check_memory(shapes, cfg, info.local_world_size)
-    backend = start_backend(cfg.backend, cfg.device, info, cfg.timeout_s)
-    device = backend.device_for(info, cfg.device)
+    return (shapes,)
+
+
+def run_as_rank(cfg, info, backend, device, shapes) -> int:
+    from ..envinfo import record_env
+    from ..workloads.runner import plan_for, run_rank
     lead = info.rank == 0
     plan = plan_for(shapes, cfg)
     if lead:
@@ -176,7 +178,6 @@ def run_as_rank(cfg, info, shapes) -> int:
             sys.stderr.write(f"wirespeed: error: {', '.join(r['strategy'] for r in bad)}: the result "
                              "differs from the reference beyond the dtype's rounding\n")
         sys.stdout.flush()
-    backend.shutdown()
     return 1 if bad else 0
 
 

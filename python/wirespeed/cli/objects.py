@@ -12,12 +12,12 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (check_local_gpus, check_rank_flags, guarded_rank, launch_ranks,
-                              parse_iters_timeout, parse_num, resolve_backend, start_backend,
-                              uses_torch_distributed)
+from .rankjob import (Job, check_local_gpus, guarded_rank, parse_iters_timeout, parse_num,
+                      resolve_backend, run_job, uses_torch_distributed)
 from .common import add
 
 
@@ -47,12 +47,18 @@ def _config(args):
 
 
 def main(args, argv) -> int:
-    from ..launch.environment import rank_info
-    check_rank_flags(args)
+    return run_job(_job, args, argv)
+
+
+def _job(args) -> Job:
     c = _config(args)
-    info = rank_info()
-    if info is not None:
-        return run_as_rank(c, info, args)
+    return Job(c["backend"], c["device"], c["timeout"], launch=partial(_launch, c, args),
+               work=partial(run_as_rank, c, args))
+
+
+def _launch(c, args, start) -> int:
+    """Each world size of -N is a job of its own, started in turn; rank 0 of each hands its
+    records back through --records-to, and the one table covers them all."""
     from ..backends import create
     if not uses_torch_distributed(create(c["backend"], c["device"])):
         raise UsageError(f"objects compares with torch.distributed's all_gather_object, which "
@@ -67,8 +73,7 @@ def main(args, argv) -> int:
     with tempfile.TemporaryDirectory(prefix="wirespeed-objects-") as tmp:
         for n in c["worlds"]:
             path = os.path.join(tmp, f"{n}.jsonl")
-            code = launch_ranks([*argv, "-N", str(n), "--records-to", path], n, c["backend"],
-                                args.master_port)
+            code = start(n, ["-N", str(n), "--records-to", path])
             if code != 0:
                 break
             with open(path) as f:
@@ -78,10 +83,8 @@ def main(args, argv) -> int:
     return code
 
 
-def run_as_rank(c, info, args) -> int:
+def run_as_rank(c, args, info, backend, device) -> int:
     from ..workloads.objects import run_objects
-    backend = start_backend(c["backend"], c["device"], info, c["timeout"])
-    device = backend.device_for(info, c["device"])
     with guarded_rank(info.rank, c["timeout"]) as watchdog:
         rows = run_objects(backend, info.rank, info.world_size, device, c["warmup"], c["iters"], watchdog)
         watchdog.step("finishing")
@@ -99,7 +102,6 @@ def run_as_rank(c, info, args) -> int:
             _report(c, records, args.json)
         if wrong:
             sys.stderr.write(f"wirespeed: error: {wrong} wrong answers to 'is every rank done?'\n")
-    backend.shutdown()
     return 1 if wrong else 0
 
 

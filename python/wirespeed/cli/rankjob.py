@@ -1,9 +1,12 @@
-"""What every rank-running subcommand shares (bench, model, batching, objects): number flags, the
-default rank count, starting the backend with a one-line error, and the first line of an error."""
+"""What every rank-running subcommand shares (bench, model, batching, objects, links): the job's
+skeleton (`run_job`: a rank, or the shell that starts ranks), number flags, the default rank count,
+starting the backend with a one-line error, and the first line of an error."""
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import TransportError, UsageError, WirespeedError
 from ..faults import first_line, kind_of, rank_error
@@ -65,6 +68,46 @@ def default_nproc(text, device: str) -> int:
     return max(2, min(os.cpu_count() or 2, 4))
 
 
+@dataclass
+class Job:
+    """What one rank-running command says about its job; run_job does the rest. The hooks keep
+    each command's checks in the order it has always made them: which error a bad command line
+    meets first is part of its behaviour."""
+
+    backend: str
+    device: str
+    timeout_s: float
+    # In the user's shell: the command's checks, then start(nproc, extra_argv) once per set of
+    # ranks (objects starts one per world size); returns the exit status.
+    launch: Callable[..., int]
+    # In a rank whose backend has started: work(info, backend, device, *handed_on) measures and,
+    # on rank 0, reports; returns the exit status.
+    work: Callable[..., int]
+    # In a rank, before its backend starts: the checks that need the world size, settings that
+    # libraries read at init; a tuple it returns is handed on to work.
+    before_start: Callable[..., tuple | None] = lambda info: None
+
+
+def run_job(make_job: Callable[..., Job], args, argv: list[str]) -> int:
+    """The skeleton of every rank-running command. A rank cannot tell who started it
+    (docs/architecture.md), so the same command line is either one rank under a launcher
+    (torchrun, srun, mpirun, or our own spawn) or the user's shell, which starts ranks that re-run
+    it with `extra_argv` added."""
+    from ..launch.environment import rank_info
+    check_rank_flags(args)
+    job = make_job(args)
+    info = rank_info(need_master=job.backend != "mpi")  # MPI ranks meet through mpirun instead
+    if info is None:
+        def start(nproc: int, extra_argv=()) -> int:
+            # batching and objects have no --cluster: their ranks always run on this host.
+            return launch_ranks([*argv, *extra_argv], nproc, job.backend, args.master_port,
+                                getattr(args, "cluster", None), getattr(args, "ranks_per_host", None))
+        return job.launch(start)
+    handed_on = job.before_start(info) or ()
+    backend = start_backend(job.backend, job.device, info, job.timeout_s)
+    code = job.work(info, backend, backend.device_for(info, job.device), *handed_on)
+    backend.shutdown()
+    return code
 
 
 @contextmanager
