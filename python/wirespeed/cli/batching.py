@@ -16,6 +16,7 @@ from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_
                       parse_num, resolve_backend, run_job)
 from ..sizes import format_size, human_bytes, parse_size
 from .common import add
+from ..report.records import record
 
 MAX_DEFAULT_TOTAL = 4 << 30  # the 1 x 4 GB of the comparison, when the machine has room for it
 
@@ -161,13 +162,13 @@ def _report(c, info, total, rows, args) -> None:
         print(f"{r['chunks']:>7} {human_bytes(r['chunk_bytes']):>11} {t / 1e3:>11.3f} "
               f"{t / r['chunks']:>13.1f} {total / (t * 1e-6) / 1e9 if t else 0:>8.3f} {model:>9.3f} "
               f"{r['wrong']:>7}")
-        records.append({"schema": "wirespeed.batching/1", "run_id": run_id, "backend": c["backend"],
+        records.append(record("batching", {"run_id": run_id, "backend": c["backend"],
                         "device": c["device"], "dtype": c["dtype"].name, "world_size": info.world_size,
                         "total_bytes": total, **r, "per_call_us": t / r["chunks"],
                         "algbw_gbps": total / (t * 1e-6) / 1e9 if t else 0.0,
                         "fit_latency_us": fit[0] * 1e6 if fit else None,
                         "fit_bandwidth_gbps": 1 / fit[1] / 1e9 if fit and fit[1] > 0 else None,
-                        "env": env})
+                        "env": env}))
     if fit:
         bw = f"{1 / fit[1] / 1e9:.3f} GB/s" if fit[1] > 0 else "unbounded (b <= 0: noise dominates)"
         print(f"# fit over {len(rows)} points: t_call = a + b*bytes with a = {fit[0] * 1e6:.1f} us, "

@@ -17,6 +17,7 @@ from . import flags
 from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout, parse_num,
                       rank_error, resolve_backend, run_job)
 from .common import add
+from ..report.records import record
 
 
 # The names for --help, without importing torch (which every collective module needs) at start-up;
@@ -194,8 +195,8 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
 
         def keep(m):
             if lead:
-                records.append({"schema": "wirespeed.bench/1", "run_id": run_id, "backend": cfg.backend,
-                                "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env})
+                records.append(record("bench", {"run_id": run_id, "backend": cfg.backend,
+                                "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env}))
         total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance)
     except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
         progress.close()

@@ -8,11 +8,10 @@ import sys
 import time
 from functools import partial
 
-from ..errors import UsageError, WirespeedError
+from ..errors import UsageError
 from . import flags
 from .common import add
-
-SCHEMA = "wirespeed.links/1"
+from ..report.records import record
 
 
 def register(sub) -> None:
@@ -130,12 +129,12 @@ def records_of(cfg, result, run_id: str) -> list[dict]:
     units, hosts = result["units"], result["hosts"]
     out = []
     for (a, b), g in sorted(result["gbps"].items()):
-        out.append({"schema": SCHEMA, "run_id": run_id, "backend": cfg.backend, "device": cfg.device,
+        out.append(record("links", {"run_id": run_id, "backend": cfg.backend, "device": cfg.device,
                     "world_size": len(hosts), "src": units[a], "dst": units[b],
                     "src_host": short_host(hosts[units[a]]), "dst_host": short_host(hosts[units[b]]),
                     "same_host": hosts[units[a]] == hosts[units[b]], "bytes": cfg.nbytes,
                     "iters": cfg.iters, "gbps": g, "latency_us": result["lat_us"][(a, b)],
-                    "lat_iters": cfg.lat_iters, **link_fields(), "env": env})
+                    "lat_iters": cfg.lat_iters, **link_fields(), "env": env}))
     return out
 
 

@@ -18,6 +18,7 @@ from . import flags
 from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
                       parse_num, resolve_backend, run_job, uses_torch_distributed)
 from .common import add
+from ..report.records import record
 
 
 def register(sub) -> None:
@@ -211,14 +212,14 @@ def _records(cfg, info, shapes, plan, results, env) -> list[dict]:
     for r in results:
         t = r.get("time_us", 0.0)
         gbps = total / (t * 1e-6) / 1e9 if t > 0 else 0.0
-        rec = {"schema": "wirespeed.model/1", "run_id": run_id, "model": shapes.name,
+        rec = record("model", {"run_id": run_id, "model": shapes.name,
                "source": shapes.source, "arrays": len(shapes.params), "total_bytes": total,
                "strategy": r["strategy"], "world_size": n, "time_us": t, "gbps_per_rank": gbps,
                "busbw_gbps": gbps * 2 * (n - 1) / n if n > 1 else 0.0, "error": r["error"],
                "backend": cfg.backend, "device": cfg.device, "dtype": cfg.dtype,
                "bucket_mb": cfg.bucket_label, "bucket_mode": plan.mode, "buckets": len(plan.buckets),
                "optimizer": "sgd" if cfg.optimizer else "none", "iters": cfg.iters,
-               "warmup_iters": cfg.warmup_iters}
+               "warmup_iters": cfg.warmup_iters})
         rec.update({k: v for k, v in r.items() if k not in rec and k != "strategy"})
         rec["env"] = env
         out.append(rec)

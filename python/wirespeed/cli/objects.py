@@ -19,6 +19,7 @@ from . import flags
 from .rankjob import (Job, check_local_gpus, guarded_rank, parse_iters_timeout, parse_num,
                       resolve_backend, run_job, uses_torch_distributed)
 from .common import add
+from ..report.records import record
 
 
 def register(sub) -> None:
@@ -93,8 +94,8 @@ def run_as_rank(c, args, info, backend, device) -> int:
     if info.rank == 0:
         from ..envinfo import record_env
         env = record_env()
-        records = [{"schema": "wirespeed.objects/1", "run_id": time.strftime("%Y%m%d-%H%M%S"),
-                    "backend": c["backend"], "device": c["device"], **r, "env": env} for r in rows]
+        records = [record("objects", {"run_id": time.strftime("%Y%m%d-%H%M%S"),
+                    "backend": c["backend"], "device": c["device"], **r, "env": env}) for r in rows]
         if args.records_to:
             with open(args.records_to, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)

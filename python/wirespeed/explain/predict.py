@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..report.records import SCHEMA
+from ..report.records import record
 from ..sizes import human_bytes
 from . import fields as F
 from .costs import algorithm_for, busbw_factor, count_for, terms
@@ -144,14 +144,14 @@ def predicted_records(fits: list[SeriesFit], layouts: list[F.Layout], sizes: lis
                 algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
                 factor = busbw_factor(coll, n)
                 rate = _net_rate(model, rate_bps) if layout.hosts > 1 else None
-                rec = {"schema": SCHEMA, "run_id": run_id, "collective": coll, "backend": backend,
+                rec = record("bench", {"run_id": run_id, "collective": coll, "backend": backend,
                        "dtype": dtype, "op": op, "device": device, "world_size": n, "root": root,
                        "bytes": nbytes, "count": count_for(coll, nbytes, F.ITEMSIZE.get(dtype, 4), n),
                        "inplace": inplace, "time_us": t_us, "algbw_gbps": algbw,
                        "busbw_gbps": algbw * factor, "busbw_factor": factor, "wrong": 0,
                        "checked": False, "predicted": True, "hosts": layout.hosts,
                        "ranks_per_host": layout.per_host, "layout": list(layout.host_of),
-                       "model": model_summary(view, desc)}
+                       "model": model_summary(view, desc)})
                 if rate:
                     rec["link_rate_gbps"] = rate / 1e9
                 out.append(rec)

@@ -27,6 +27,16 @@ KINDS = {
     "wirespeed.tune/1": ("tune", ("backend", "knobs", "setting", "min_bytes", "max_bytes", "gain")),
 }
 
+# Each kind's schema, by the kind's name: what `record` stamps.
+SCHEMAS = {kind: schema for schema, (kind, _) in KINDS.items()} | {"links": "wirespeed.links/1"}
+
+
+def record(kind: str, fields: dict) -> dict:
+    """A new record of `kind` (bench, model, batching, objects, tune, links): its schema, then
+    `fields` in their order. The one place a schema string is written into a record."""
+    return {"schema": SCHEMAS[kind], **fields}
+
+
 # Column order for CSV: required fields first, then the rest as they come.
 CSV_FIELDS = ("schema", "run_id", "collective", "backend", "dtype", "op", "device", "world_size",
               "root", "bytes", "count", "inplace", "time_us", "time_method", "time_rank_max_us",

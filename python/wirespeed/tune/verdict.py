@@ -14,6 +14,7 @@ from ..compare.render import fmt_time
 from ..compare.stats import Cell, contested, fold, ranking
 from ..sizes import human_bytes
 from .sweep import DEFAULT
+from ..report.records import record
 
 DEFAULT_LABEL = DEFAULT.label
 
@@ -126,10 +127,10 @@ def render(records, repeats: int) -> tuple[str, list[dict]]:
                     text += (f" (at {r['within_noise']} of {r['sizes']} size{'s' if r['sizes'] > 1 else ''} "
                              "within the spread of the repeats: not a clear win there)")
             lines.append(text)
-            summary.append({"schema": "wirespeed.tune/1", "collective": coll, "op": op, "device": device,
+            summary.append(record("tune", {"collective": coll, "op": op, "device": device,
                             "world_size": world, "dtype": dtype, **r,
                             "setting": dict(kv.split("=", 1) for kv in r["setting_label"].split())
-                            if r["setting_label"] != DEFAULT_LABEL else {}})
+                            if r["setting_label"] != DEFAULT_LABEL else {}}))
         label, g = overall_best(cols)
         if label == DEFAULT_LABEL:
             lines.append("# over the whole sweep no setting beats the defaults: nothing to export")
