@@ -98,86 +98,70 @@ def dist_all_reduce(c: Ctx):
         c.same(f"all_reduce {tag}", x, want)
 
 
-def dist_reduce_scatter_tensor(c: Ctx):
+def issued(c: Ctx, what: str, issue):
+    """`issue(n, dt)` -> (Work, outputs, expected) for every size and dtype of the grid, with the
+    input a temporary; then churn, wait each Work and check its outputs (concatenated) as one."""
     c.late()
-    kept = []
-    for n, dt, tag in grid():
+    kept = [(tag, *issue(n, dt)) for n, dt, tag in grid()]
+    c.churn()
+    for tag, w, outs, want in kept:
+        w.wait()
+        c.same(f"{what} {tag}", torch.cat(outs), want)
+
+
+def mine_of(c: Ctx, t: torch.Tensor, n: int) -> torch.Tensor:
+    """This rank's piece of n elements of a world-long tensor."""
+    return t[c.rank * n:(c.rank + 1) * n]
+
+
+def dist_reduce_scatter_tensor(c: Ctx):
+    def issue(n, dt):
         out = torch.empty(n, dtype=dt)
         w = dist.reduce_scatter_tensor(out, data(c.rank, n * c.world, dt), group=c.group, async_op=True)
-        kept.append((tag, out, w, total(c.world, n * c.world, dt)[c.rank * n:(c.rank + 1) * n]))
-    c.churn()
-    for tag, out, w, want in kept:
-        w.wait()
-        c.same(f"reduce_scatter_tensor {tag}", out, want)
+        return w, [out], mine_of(c, total(c.world, n * c.world, dt), n)
+    issued(c, "reduce_scatter_tensor", issue)
 
 
 def dist_all_gather_into_tensor(c: Ctx):
-    c.late()
-    kept = []
-    for n, dt, tag in grid():
+    def issue(n, dt):
         out = torch.empty(n * c.world, dtype=dt)
         w = dist.all_gather_into_tensor(out, data(c.rank, n, dt), group=c.group, async_op=True)
-        kept.append((tag, out, w, torch.cat([data(r, n, dt) for r in range(c.world)])))
-    c.churn()
-    for tag, out, w, want in kept:
-        w.wait()
-        c.same(f"all_gather_into_tensor {tag}", out, want)
+        return w, [out], torch.cat([data(r, n, dt) for r in range(c.world)])
+    issued(c, "all_gather_into_tensor", issue)
 
 
 def dist_all_gather_list(c: Ctx):
-    c.late()
-    kept = []
-    for n, dt, tag in grid():
+    def issue(n, dt):
         outs = [torch.empty(n, dtype=dt) for _ in range(c.world)]
         w = dist.all_gather(outs, data(c.rank, n, dt), group=c.group, async_op=True)
-        kept.append((tag, outs, w))
-    c.churn()
-    for (tag, outs, w), (n, dt, _) in zip(kept, grid()):
-        w.wait()
-        c.same(f"all_gather {tag}", torch.cat(outs), torch.cat([data(r, n, dt) for r in range(c.world)]))
+        return w, outs, torch.cat([data(r, n, dt) for r in range(c.world)])
+    issued(c, "all_gather", issue)
 
 
 def dist_reduce_scatter_list(c: Ctx):
-    c.late()
-    kept = []
-    for n, dt, tag in grid():
+    def issue(n, dt):
         out = torch.empty(n, dtype=dt)
         w = dist.reduce_scatter(out, list(data(c.rank, n * c.world, dt).chunk(c.world)), group=c.group,
                                 async_op=True)
-        kept.append((tag, out, w, total(c.world, n * c.world, dt)[c.rank * n:(c.rank + 1) * n]))
-    c.churn()
-    for tag, out, w, want in kept:
-        w.wait()
-        c.same(f"reduce_scatter {tag}", out, want)
+        return w, [out], mine_of(c, total(c.world, n * c.world, dt), n)
+    issued(c, "reduce_scatter", issue)
 
 
 def dist_all_to_all_single(c: Ctx):
-    c.late()
-    kept = []
-    for n, dt, tag in grid():
+    def issue(n, dt):
         out = torch.empty(n * c.world, dtype=dt)
         w = dist.all_to_all_single(out, data(c.rank, n * c.world, dt), group=c.group, async_op=True)
-        want = torch.cat([data(r, n * c.world, dt)[c.rank * n:(c.rank + 1) * n] for r in range(c.world)])
-        kept.append((tag, out, w, want))
-    c.churn()
-    for tag, out, w, want in kept:
-        w.wait()
-        c.same(f"all_to_all_single {tag}", out, want)
+        return w, [out], torch.cat([mine_of(c, data(r, n * c.world, dt), n) for r in range(c.world)])
+    issued(c, "all_to_all_single", issue)
 
 
 def dist_all_to_all_list(c: Ctx):
-    c.late()
-    kept = []
-    for n, dt, tag in grid():
+    def issue(n, dt):
         outs = [torch.empty(n, dtype=dt) for _ in range(c.world)]
         w = dist.all_to_all(outs, list(data(c.rank, n * c.world, dt).chunk(c.world)), group=c.group,
                             async_op=True)
-        want = torch.cat([data(r, n * c.world, dt)[c.rank * n:(c.rank + 1) * n] for r in range(c.world)])
-        kept.append((tag, outs, w, want))
-    c.churn()
-    for tag, outs, w, want in kept:
-        w.wait()
-        c.same(f"all_to_all {tag}", torch.cat(outs), want)
+        return w, outs, torch.cat([mine_of(c, data(r, n * c.world, dt), n) for r in range(c.world)])
+    issued(c, "all_to_all", issue)
 
 
 def dist_broadcast_and_reduce(c: Ctx):
