@@ -44,10 +44,13 @@ def kind_of(e: BaseException) -> type[WirespeedError]:
         if "ranks disagree" in text:
             return RanksDisagree
         return PeerLost
-    if isinstance(e, WirespeedError):
-        # wirespeed's own errors and the transport's are typed: the kind is the class
-        return next((k for k in _KINDS if isinstance(e, k)), WirespeedError) if isinstance(e, TransportError) \
-            else type(e)
+    if isinstance(e, WirespeedError) and not isinstance(e, TransportError):
+        return type(e)               # wirespeed's own errors are typed
+    if isinstance(e, TransportError):
+        kind = next((k for k in _KINDS if isinstance(e, k)), None)   # the transport's: by type
+        if kind is not None:
+            return kind
+        # an OS error or a stranger: what its text says, as for any library
     # gloo, NCCL, the TCP store, and transport errors that came back through torch's C++ layer
     # (as a plain RuntimeError): by what their text says.
     if any(t in text for t in _TIMEOUT_TEXT):

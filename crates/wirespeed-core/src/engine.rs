@@ -140,12 +140,22 @@ impl Shared {
     /// Break the group after a send's wait failed: the receiver may still come, and must fail
     /// rather than take the bytes (nor may the TCP reactor keep sending them). Called holding
     /// no lock.
-    fn abort(&self, e: &Error) {
+    fn abort(&self, e: &Error, block: bool) {
         // A thread draining the queue applies it before its next op: ops queued behind the send
         // then fail at once instead of running, so the drain, and the blocking lock below that
-        // waits for it, end within the op in progress.
+        // waits for it, end within the op in progress. `is_done` does not block (the bindings
+        // call it holding Python's GIL, and the op in progress may wait on a peer that needs a
+        // Python thread of this process): it leaves the abort to the drain when the lock is taken.
         self.state.lock().unwrap().abort = Some(e.clone());
-        let mut comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        let mut comm = if block {
+            self.comm.lock().unwrap_or_else(|p| p.into_inner())
+        } else {
+            match self.comm.try_lock() {
+                Ok(c) => c,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            }
+        };
         // Comm, then state: the drain's order, so no deadlock.
         let pending = self.state.lock().unwrap().abort.take();
         if let Some(e) = pending {
@@ -298,7 +308,7 @@ impl Engine {
         };
         drop(freed);
         if let Some(e) = failed {
-            self.shared.abort(&e);
+            self.shared.abort(&e, false);
         }
         true
     }
@@ -360,7 +370,7 @@ impl Engine {
         // false meanwhile), then give its owner back, or keep it if the receiver never came.
         let r = send.wait();
         if let Err(e) = &r {
-            sh.abort(e);
+            sh.abort(e, true);
         }
         let freed = {
             let mut st = sh.state.lock().unwrap();

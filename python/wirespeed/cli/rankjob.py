@@ -105,7 +105,10 @@ def run_job(make_job: Callable[..., Job], args, argv: list[str]) -> int:
         return job.launch(start)
     handed_on = job.before_start(info) or ()
     backend = start_backend(job.backend, job.device, info, job.timeout_s)
-    code = job.work(info, backend, backend.device_for(info, job.device), *handed_on)
+    try:
+        code = job.work(info, backend, backend.device_for(info, job.device), *handed_on)
+    except Exception as e:   # a library's (the transport's too) error out of the work names its rank
+        raise rank_error(info.rank, e) from None
     backend.shutdown()
     return code
 
