@@ -48,6 +48,7 @@ fn guard(what: &str, f: impl FnOnce() -> Result<(), PluginError>) -> NcclResult 
 ///
 /// # Safety
 /// `out` is NULL or valid for an aligned write of a `T`: an out-parameter under NCCL's contract.
+// SAFETY: unsafe to call: `put` relies on its callers for this (`# Safety` above): `out` is NULL or valid for an aligned write of a `T`: an out-parameter under NCCL's contract.
 unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
     if out.is_null() {
         return Err(internal(format!("{what}: NULL output pointer")));
@@ -62,6 +63,7 @@ unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
 /// # Safety
 /// `p` is NULL or a `T` this plugin boxed and returned, not freed for `'a`: a comm or request
 /// under NCCL's contract.
+// SAFETY: unsafe to call: `obj` relies on its callers for this (`# Safety` above): `p` is NULL or a `T` this plugin boxed and returned, not freed for `'a`: a comm or request under NCCL's contract.
 unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
     if p.is_null() {
         return Err(internal(format!("{what}: NULL comm")));
@@ -76,6 +78,7 @@ unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
 /// # Safety
 /// `h` is NULL or points to NCCL_NET_HANDLE_MAXSIZE bytes that nothing else touches for `'a`
 /// (NCCL's contract for `handle`).
+// SAFETY: unsafe to call: `handle_bytes` relies on its callers for this (`# Safety` above): `h` is NULL or points to NCCL_NET_HANDLE_MAXSIZE bytes that nothing else touches for `'a` (NCCL's contract for `handle`).
 unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE], PluginError> {
     if h.is_null() {
         return Err(internal("NULL connection handle"));
@@ -88,10 +91,12 @@ unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDL
 // ---------------------------------------------------------------------------------------------
 // Entry points every version shares
 
+// SAFETY: `init_v8` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn init_v8(logger: Logger) -> NcclResult {
     guard("init", || plugin::init(logger))
 }
 
+// SAFETY: `init_v10` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn init_v10(logger: Logger, _prof: ProfilerCallback) -> NcclResult {
     guard("init", || plugin::init(logger))
 }
@@ -102,6 +107,7 @@ struct Ctx {
     comm_id: u64,
 }
 
+// SAFETY: `init_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn init_v11(ctx: *mut *mut c_void, comm_id: u64, _config: *mut CommConfig, logger: Logger, _prof: ProfilerCallback) -> NcclResult {
     guard("init", || {
         // NCCL calls finalize on this context even when init fails: leave it NULL until success.
@@ -113,6 +119,7 @@ unsafe extern "C" fn init_v11(ctx: *mut *mut c_void, comm_id: u64, _config: *mut
     })
 }
 
+// SAFETY: `finalize` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     guard("finalize", || {
         if !ctx.is_null() {
@@ -124,6 +131,7 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     })
 }
 
+// SAFETY: `devices` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     guard("devices", || {
         let n = plugin::device_count()?;
@@ -141,6 +149,7 @@ fn fill<T>(dev: c_int, out: *mut T, f: impl FnOnce(Props) -> T) -> Result<(), Pl
     unsafe { put(out, f(p), "getProperties") }
 }
 
+// SAFETY: `get_properties_v8` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn get_properties_v8(dev: c_int, out: *mut PropertiesV8) -> NcclResult {
     guard("getProperties", || {
         fill(dev, out, |p| PropertiesV8 {
@@ -183,10 +192,12 @@ fn props_v9(p: &Props) -> PropertiesV9 {
     }
 }
 
+// SAFETY: `get_properties_v9` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn get_properties_v9(dev: c_int, out: *mut PropertiesV9) -> NcclResult {
     guard("getProperties", || fill(dev, out, |p| props_v9(&p)))
 }
 
+// SAFETY: `get_properties_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn get_properties_v11(dev: c_int, out: *mut PropertiesV11) -> NcclResult {
     guard("getProperties", || {
         fill(dev, out, |p| {
@@ -217,6 +228,7 @@ unsafe extern "C" fn get_properties_v11(dev: c_int, out: *mut PropertiesV11) -> 
 /// NCCL_NET_ID_UNDEF: no rail or plane information.
 const NET_ID_UNDEF: i16 = -1;
 
+// SAFETY: `get_properties_v12` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn get_properties_v12(dev: c_int, out: *mut PropertiesV12) -> NcclResult {
     guard("getProperties", || {
         fill(dev, out, |p| {
@@ -248,6 +260,7 @@ unsafe extern "C" fn get_properties_v12(dev: c_int, out: *mut PropertiesV12) -> 
     })
 }
 
+// SAFETY: `listen` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     guard("listen", || {
         // SAFETY: NCCL's contract: `handle` is NCCL_NET_HANDLE_MAXSIZE bytes for the call.
@@ -259,6 +272,7 @@ unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *
     })
 }
 
+// SAFETY: `listen_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn listen_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: the same arguments as `listen`'s, under the same contract.
     unsafe { listen(dev, handle, listen_comm) }
@@ -266,6 +280,7 @@ unsafe extern "C" fn listen_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_vo
 
 /// The device-offload handle (`sendDevComm`/`recvDevComm`) is left untouched: NCCL only asks for
 /// one when the properties announce a device type other than NCCL_NET_DEVICE_HOST.
+// SAFETY: `connect` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
     guard("connect", || {
         // SAFETY: NCCL's contract: `send_comm` is an out-parameter (NULL until connected).
@@ -281,16 +296,19 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *m
     })
 }
 
+// SAFETY: `connect_v10` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn connect_v10(dev: c_int, _config: *mut CommConfig, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: the same arguments as `connect`'s, under the same contract.
     unsafe { connect(dev, handle, send_comm, dev_comm) }
 }
 
+// SAFETY: `connect_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn connect_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: the same arguments as `connect`'s, under the same contract.
     unsafe { connect(dev, handle, send_comm, dev_comm) }
 }
 
+// SAFETY: `accept` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
     guard("accept", || {
         // SAFETY: NCCL's contract: `recv_comm` is an out-parameter (NULL until accepted).
@@ -305,6 +323,7 @@ unsafe extern "C" fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_voi
     })
 }
 
+// SAFETY: `reg_mr` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn reg_mr(_comm: *mut c_void, _data: *mut c_void, _size: usize, ptr_type: c_int, mhandle: *mut *mut c_void) -> NcclResult {
     guard("regMr", || {
         let h = plugin::reg_mr(ptr_type)?;
@@ -313,10 +332,12 @@ unsafe extern "C" fn reg_mr(_comm: *mut c_void, _data: *mut c_void, _size: usize
     })
 }
 
+// SAFETY: `reg_mr_dma_buf` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn reg_mr_dma_buf(_comm: *mut c_void, _data: *mut c_void, _size: usize, _ptr_type: c_int, _offset: u64, _fd: c_int, _mhandle: *mut *mut c_void) -> NcclResult {
     guard("regMrDmaBuf", || Err(internal("regMrDmaBuf: wirespeed-net does not announce NCCL_PTR_DMABUF")))
 }
 
+// SAFETY: `dereg_mr` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn dereg_mr(_comm: *mut c_void, _mhandle: *mut c_void) -> NcclResult {
     NCCL_SUCCESS
 }
@@ -338,6 +359,7 @@ fn size_of_int(size: c_int, what: &str) -> Result<usize, PluginError> {
 ///
 /// # Safety
 /// NCCL's contract for isend's `send_comm`, `data` and `size`, and `request`.
+// SAFETY: unsafe to call: `do_isend` relies on its callers for this (`# Safety` above): NCCL's contract for isend's `send_comm`, `data` and `size`, and `request`.
 unsafe fn do_isend(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, request: *mut *mut c_void) -> NcclResult {
     guard("isend", || {
         if request.is_null() {
@@ -352,6 +374,7 @@ unsafe fn do_isend(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: 
     })
 }
 
+// SAFETY: `isend_v8` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn isend_v8(send_comm: *mut c_void, data: *mut c_void, size: c_int, tag: c_int, _mh: *mut c_void, request: *mut *mut c_void) -> NcclResult {
     match size_of_int(size, "isend") {
         // SAFETY: this entry's own arguments, under NCCL's contract, which is do_isend's.
@@ -360,11 +383,13 @@ unsafe extern "C" fn isend_v8(send_comm: *mut c_void, data: *mut c_void, size: c
     }
 }
 
+// SAFETY: `isend_v9` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn isend_v9(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, _mh: *mut c_void, request: *mut *mut c_void) -> NcclResult {
     // SAFETY: this entry's own arguments, under NCCL's contract, which is do_isend's.
     unsafe { do_isend(send_comm, data, size, tag, request) }
 }
 
+// SAFETY: `isend_v10` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn isend_v10(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, _mh: *mut c_void, _ph: *mut c_void, request: *mut *mut c_void) -> NcclResult {
     // SAFETY: this entry's own arguments, under NCCL's contract, which is do_isend's.
     unsafe { do_isend(send_comm, data, size, tag, request) }
@@ -376,6 +401,7 @@ unsafe extern "C" fn isend_v10(send_comm: *mut c_void, data: *mut c_void, size: 
 /// # Safety
 /// NCCL's contract for irecv's `recv_comm`, `data`, `tags` and `request`; `size` reads `sizes[0]`
 /// and is called only once n == 1 is checked.
+// SAFETY: unsafe to call: `do_irecv` relies on its callers for this (`# Safety` above): NCCL's contract for irecv's `recv_comm`, `data`, `tags` and `request`; `size` reads `sizes[0]` and is called only once n == 1 is checked.
 unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, size: impl FnOnce() -> Result<usize, PluginError>, tags: *mut c_int, request: *mut *mut c_void) -> NcclResult {
     guard("irecv", || {
         if n != 1 {
@@ -397,6 +423,7 @@ unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, siz
     })
 }
 
+// SAFETY: `irecv_v8` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn irecv_v8(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut c_int, tags: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     // SAFETY: for the read of `*sizes`, NCCL's contract makes `sizes` an array of n entries;
     // do_irecv calls this only after checking n == 1, and NULL is checked here.
@@ -405,6 +432,7 @@ unsafe extern "C" fn irecv_v8(recv_comm: *mut c_void, n: c_int, data: *mut *mut 
     unsafe { do_irecv(recv_comm, n, data, size, tags, request) }
 }
 
+// SAFETY: `irecv_v9` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn irecv_v9(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     // SAFETY: for the read of `*sizes`, as in irecv_v8.
     let size = || if sizes.is_null() { Err(internal("irecv: NULL sizes")) } else { Ok(unsafe { *sizes }) };
@@ -412,18 +440,21 @@ unsafe extern "C" fn irecv_v9(recv_comm: *mut c_void, n: c_int, data: *mut *mut 
     unsafe { do_irecv(recv_comm, n, data, size, tags, request) }
 }
 
+// SAFETY: `irecv_v10` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn irecv_v10(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, mh: *mut *mut c_void, _ph: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     // SAFETY: the same arguments as irecv_v9's, under the same contract.
     unsafe { irecv_v9(recv_comm, n, data, sizes, tags, mh, request) }
 }
 
 /// Host memory written by a socket read is visible to the GPU without a flush: no request.
+// SAFETY: `iflush` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn iflush(_recv_comm: *mut c_void, _n: c_int, _data: *mut *mut c_void, _sizes: *mut c_int, _mh: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
     // SAFETY: NCCL's contract: `request` is an out-parameter.
     guard("iflush", || unsafe { put(request, std::ptr::null_mut(), "iflush") })
 }
 
 /// Poll a request. Once it reports done (or an error) it is freed: NCCL never tests it again.
+// SAFETY: `test` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, size: *mut c_int) -> NcclResult {
     guard("test", || {
         if request.is_null() || done.is_null() {
@@ -451,6 +482,7 @@ unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, size: *mut c_i
     })
 }
 
+// SAFETY: `close_comm` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn close_comm(comm: *mut c_void) -> NcclResult {
     guard("close", || {
         if !comm.is_null() {
@@ -461,6 +493,7 @@ unsafe extern "C" fn close_comm(comm: *mut c_void) -> NcclResult {
     })
 }
 
+// SAFETY: `close_listen` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> NcclResult {
     guard("closeListen", || {
         if !listen_comm.is_null() {
@@ -471,10 +504,12 @@ unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> NcclResult {
     })
 }
 
+// SAFETY: `get_device_mr` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn get_device_mr(_comm: *mut c_void, _mhandle: *mut c_void, _out: *mut *mut c_void) -> NcclResult {
     guard("getDeviceMr", || Err(internal("getDeviceMr: wirespeed-net has no device-side networking")))
 }
 
+// SAFETY: `irecv_consumed` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn irecv_consumed(_recv_comm: *mut c_void, _n: c_int, _request: *mut c_void) -> NcclResult {
     guard("irecvConsumed", || Err(internal("irecvConsumed: wirespeed-net has no device-side networking")))
 }

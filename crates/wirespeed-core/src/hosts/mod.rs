@@ -215,6 +215,7 @@ impl HostsComm {
     /// `Collectives::send_post`'s buffer contract (api.rs): `b` stays readable, and is written by
     /// nobody, until the ticket completes. (If the group breaks first, `break_group` shuts the
     /// connections and marks the local group aborted, so no late reader uses the bytes.)
+    // SAFETY: unsafe to call: `post` relies on its callers for this (`# Safety` above): `Collectives::send_post`'s buffer contract (api.rs): `b` stays readable, and is written by nobody, until the ticket completes. (If the group breaks ...
     pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
             // SAFETY: this fn's contract is Comm::send_post's: `b` stays readable and unwritten
@@ -230,6 +231,7 @@ impl HostsComm {
     /// `b` is writable, and touched by nobody else, until this returns. Called only inside
     /// `guarded`, which on an error shuts the connections before returning, so a TCP receive
     /// still posted after a failed wait cannot land later.
+    // SAFETY: unsafe to call: `take` relies on its callers for this (`# Safety` above): `b` is writable, and touched by nobody else, until this returns. Called only inside `guarded`, which on an error shuts the connections before ...
     pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
         if self.lay.host_of[from] == self.my_host() {
             // SAFETY: this fn's contract is Comm::recv's: `b` is writable and ours for the call.
@@ -314,6 +316,7 @@ impl HostsComm {
     /// # Safety
     /// `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`,
     /// which shuts the connections on an error (algo/mod.rs, "Buffers and errors").
+    // SAFETY: unsafe to call: `broadcast_impl` relies on its callers for this (`# Safety` above): `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`, which shuts the connections on an error (algo/mod.rs, ...
     unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(BROADCAST, None, None, root);
         let rh = self.lay.host_of[root];
@@ -357,6 +360,7 @@ impl Transport for HostsComm {
     fn world(&self) -> usize {
         self.world
     }
+    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
         let p = if self.lay.host_of[to] == self.my_host() {
@@ -370,6 +374,7 @@ impl Transport for HostsComm {
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
     }
+    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, from, "receive from")?;
         let p = if self.lay.host_of[from] == self.my_host() {
@@ -412,12 +417,14 @@ impl crate::api::Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements of `dtype`,
         // ours until this returns; the slice does not outlive the call.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -431,6 +438,7 @@ impl crate::api::Collectives for HostsComm {
             c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
@@ -442,6 +450,7 @@ impl crate::api::Collectives for HostsComm {
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -453,6 +462,7 @@ impl crate::api::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -463,12 +473,14 @@ impl crate::api::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: `Collectives::broadcast`'s contract (api.rs) is broadcast_impl's, which runs
         // inside `guarded` as it asks.
         self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -487,6 +499,7 @@ impl crate::api::Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -512,6 +525,7 @@ impl crate::api::Collectives for HostsComm {
             crate::algo::direct::barrier(c, &members, tag)
         })
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -531,6 +545,7 @@ impl crate::api::Collectives for HostsComm {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {

@@ -78,6 +78,7 @@ impl Comm {
     /// call: staging copies it. One that is not staged is published (MODE_ADDR) for rank j to
     /// read in place, so the caller keeps it so until the op's closing sync (`exchange`,
     /// `reduce_to_me`'s `sync_due`).
+    // SAFETY: unsafe to call: `pieces` relies on its callers for this (`# Safety` above): Every non-empty `send[j]` is readable for its length, and written by nobody, for the call: staging copies it. One that is not staged is published ...
     unsafe fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
         let parity = ((self.seq) % 2) as usize;
         let mut uniq: Vec<Buf> = Vec::new();
@@ -153,6 +154,7 @@ impl Comm {
     /// `dst..dst+len` is writable, and touched by nobody else, for the call; if `j` is this rank,
     /// `own_src..own_src+len` is readable and either is `dst` or overlaps it nowhere. Rank j's
     /// piece to this rank is `len` bytes long (`check_lengths`).
+    // SAFETY: unsafe to call: `fetch` relies on its callers for this (`# Safety` above): `dst..dst+len` is writable, and touched by nobody else, for the call; if `j` is this rank, `own_src..own_src+len` is readable and either is `dst` or ...
     unsafe fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
@@ -186,6 +188,7 @@ impl Comm {
     /// the call: every send[j] readable, every recv[j] writable and ours alone, recv[rank] either
     /// send[rank] itself or disjoint from it. Ranges read in place by peers are safe to reuse on
     /// return: the closing sync (`any_direct`) waits for every reader.
+    // SAFETY: unsafe to call: `exchange` relies on its callers for this (`# Safety` above): `send` and `recv` hold one range per rank and meet `Collectives`' contract (api.rs) for the call: every send[j] readable, every recv[j] writable and ...
     unsafe fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the closing sync below.
@@ -214,6 +217,7 @@ impl Comm {
     /// address; all aligned for `dtype`. They stay so until the call returns and, when it says a
     /// sync is due, until the caller's sync after it (peers read unstaged ranges in place).
     #[allow(clippy::too_many_arguments)]
+    // SAFETY: unsafe to call: `reduce_to_me` relies on its callers for this (`# Safety` above): `send` holds one range per rank, each readable; `out` is writable for `count` elements of `dtype` and ours alone, overlapping no send range except ...
     unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the sync this returns as due.
@@ -294,6 +298,7 @@ impl Comm {
     /// In-place all_reduce of `count` elements at `buf`.
     /// # Safety
     /// `Collectives::all_reduce`'s: the buffer contract (api.rs) for `buf`.
+    // SAFETY: unsafe to call: `all_reduce` relies on its callers for this (`# Safety` above): `Collectives::all_reduce`'s: the buffer contract (api.rs) for `buf`.
     pub unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
@@ -381,6 +386,7 @@ impl Comm {
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
     /// # Safety
     /// `Collectives::reduce_scatter`'s: the buffer contract (api.rs) for `send` and `out`.
+    // SAFETY: unsafe to call: `reduce_scatter` relies on its callers for this (`# Safety` above): `Collectives::reduce_scatter`'s: the buffer contract (api.rs) for `send` and `out`.
     pub unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -400,6 +406,7 @@ impl Comm {
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
     /// # Safety
     /// `Collectives::reduce`'s: the buffer contract (api.rs) for `buf`.
+    // SAFETY: unsafe to call: `reduce` relies on its callers for this (`# Safety` above): `Collectives::reduce`'s: the buffer contract (api.rs) for `buf`.
     pub unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
@@ -422,6 +429,7 @@ impl Comm {
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
     /// # Safety
     /// `Collectives::all_gather`'s: the buffer contract (api.rs) for `send` and `recv`.
+    // SAFETY: unsafe to call: `all_gather` relies on its callers for this (`# Safety` above): `Collectives::all_gather`'s: the buffer contract (api.rs) for `send` and `recv`.
     pub unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -437,6 +445,7 @@ impl Comm {
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
     /// # Safety
     /// `Collectives::all_to_all`'s: the buffer contract (api.rs) for `send` and `recv`.
+    // SAFETY: unsafe to call: `all_to_all` relies on its callers for this (`# Safety` above): `Collectives::all_to_all`'s: the buffer contract (api.rs) for `send` and `recv`.
     pub unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -452,6 +461,7 @@ impl Comm {
     /// `buf` on every rank = `buf` on `root`.
     /// # Safety
     /// `Collectives::broadcast`'s: the buffer contract (api.rs) for `buf`.
+    // SAFETY: unsafe to call: `broadcast` relies on its callers for this (`# Safety` above): `Collectives::broadcast`'s: the buffer contract (api.rs) for `buf`.
     pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -488,6 +498,7 @@ impl Comm {
     /// `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root,
     /// writable and ours elsewhere. Each side publishes it for the other to read or write in
     /// place; both end in a sync, so neither returns while the other still copies.
+    // SAFETY: unsafe to call: `broadcast_split` relies on its callers for this (`# Safety` above): `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root, writable and ours elsewhere. Each side publishes it for the ...
     unsafe fn broadcast_split(&mut self, h: DescHeader, buf: Buf, root: usize) -> Result<()> {
         let peer = 1 - self.rank;
         let mut pieces = vec![Piece::default(); 2];
@@ -519,6 +530,7 @@ impl Comm {
     /// On `root`, recv[j] = rank j's `send`.
     /// # Safety
     /// `Collectives::gather`'s: the buffer contract (api.rs) for `send` and, on `root`, `recv`.
+    // SAFETY: unsafe to call: `gather` relies on its callers for this (`# Safety` above): `Collectives::gather`'s: the buffer contract (api.rs) for `send` and, on `root`, `recv`.
     pub unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -540,6 +552,7 @@ impl Comm {
     /// recv = `root`'s send[rank].
     /// # Safety
     /// `Collectives::scatter`'s: the buffer contract (api.rs) for `recv` and, on `root`, `send`.
+    // SAFETY: unsafe to call: `scatter` relies on its callers for this (`# Safety` above): `Collectives::scatter`'s: the buffer contract (api.rs) for `recv` and, on `root`, `send`.
     pub unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {

@@ -42,6 +42,7 @@ impl Comm {
     /// Post a send of `len` bytes at `addr` to rank `to`; completion is the ticket's wait.
     /// # Safety
     /// `addr..addr+len` stays valid and unchanged until the ticket completes (the receiver reads it).
+    // SAFETY: unsafe to call: `send_post` relies on its callers for this (`# Safety` above): `addr..addr+len` stays valid and unchanged until the ticket completes (the receiver reads it).
     pub unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<SendTicket> {
         self.check_peer(to, "send to")?;
         if let Some(e) = &self.broken {
@@ -69,6 +70,7 @@ impl Comm {
     /// Receive exactly `len` bytes from rank `from` into `addr`.
     /// # Safety
     /// `addr..addr+len` is valid for writes, and touched by nobody else, for the call.
+    // SAFETY: unsafe to call: `recv` relies on its callers for this (`# Safety` above): `addr..addr+len` is valid for writes, and touched by nobody else, for the call.
     pub unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         self.check_peer(from, "receive from")?;
         if let Some(e) = &self.broken {
