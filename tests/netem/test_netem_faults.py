@@ -67,11 +67,13 @@ def test_link_down_mid_collective_every_rank_errors_within_timeout(cluster_name,
 
 
 @pytest.mark.timeout(STARTUP + 60)
-def test_rank_killed_mid_collective_the_others_error_quickly(cluster_name, tmp_path):
+@pytest.mark.parametrize("backend", ["wirespeed", "gloo"])
+def test_rank_killed_mid_collective_the_others_error_quickly(cluster_name, tmp_path, backend):
     from wirespeed.netem import cluster as C
     from wirespeed.netem.ns import netns_pids
     C.up(2, 200 * 10**6, name=cluster_name, measure=False)
-    proc = _start(tmp_path, cluster_name, "--sizes", "8M", "-n", 500, "--timeout", 60)
+    proc = _start(tmp_path, cluster_name, "--backend", backend, "--sizes", "8M", "-n", 500,
+                  "--timeout", 60)
     victims = netns_pids(C.host_ns(cluster_name, 1))
     assert victims, "rank 1 is not running in host h1"
     for pid in victims:
@@ -80,7 +82,16 @@ def test_rank_killed_mid_collective_the_others_error_quickly(cluster_name, tmp_p
     code, took, err = _finish(proc, tmp_path, 40)
     assert code == 4 and took < 30, (code, took)  # 4: a peer lost
     assert "rank 1 was killed by SIGKILL" in err
-    assert "wirespeed: error: rank 0:" in err, err[-3000:]
+    if backend == "wirespeed":
+        # Our transport reads every stream at all times, so the reset is seen: rank 0 finds out
+        # by itself (40 of 40 runs while this test was written).
+        assert "wirespeed: error: rank 0:" in err, err[-3000:]
+        assert "killing it" not in err
+    else:
+        # gloo sometimes misses the reset (2 of 37 runs: rank 0 still inside all_reduce a second
+        # later, its 60 s timeout to go); the launcher's grace then ends it, well within a timeout.
+        assert "wirespeed: error: rank 0:" in err or "rank 0 did not report an error" in err, err
+        assert took < GRACE + 10, took
     assert netns_processes(cluster_name) == {}
 
 
