@@ -126,11 +126,13 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
     watchdog.step(f"warming up {label}")
     for _ in range(cfg.warmup_iters):
         coll.run(backend, case, bufs)
+        watchdog.progress()
     _start_timed(backend, coll, case, bufs)
     watchdog.step(f"running {label} ({cfg.iters} calls back to back)")
     t0 = clock()
     for _ in range(cfg.iters):
         coll.run(backend, case, bufs)
+        watchdog.progress()  # each call must end within the timeout; the loop may take longer
     backend.synchronize()
     loop_s = clock() - t0
     wrong_loop = wrong_ops = 0

@@ -76,6 +76,7 @@ def _time_pair(dist, sync, me: int, peer: int, first: bool, big, ack, small, cfg
             _recv(dist, small, peer); sync(); _send(dist, small, peer); sync()
         if i >= 2:
             rtts.append(time.perf_counter() - t0)
+        watchdog.progress()
     out = []
     for sender in (True, False):  # me -> peer, then peer -> me
         watchdog.step(f"bandwidth {'to' if sender == first else 'from'} rank {peer}")
@@ -88,6 +89,7 @@ def _time_pair(dist, sync, me: int, peer: int, first: bool, big, ack, small, cfg
                 _recv(dist, big, peer); sync(); _send(dist, ack, peer); sync()
             if i >= cfg.warmup_iters:
                 times.append(time.perf_counter() - t0)
+            watchdog.progress()
         out.append(cfg.nbytes / median(times) / 1e9)
     if not first:
         return nan, nan, nan

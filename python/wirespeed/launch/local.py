@@ -132,14 +132,23 @@ def supervise(procs: list[subprocess.Popen], explain=None) -> int:
                 failed_at = time.monotonic()
                 _, r, c = failures[0]
                 sys.stderr.write(f"wirespeed: error: rank {r} {_how(c)}; ending the job\n")
-            elif failed_at is not None and time.monotonic() - failed_at > SURVIVOR_GRACE_S:
+            elif failed_at is not None:
+                # A survivor gets the grace to report its own error; a stopped one cannot report
+                # anything, so it is killed at once (the job ends within a rank's timeout + 1 s).
+                late = time.monotonic() - failed_at > SURVIVOR_GRACE_S
                 for r, p in enumerate(procs):
-                    if p.poll() is None and r not in killed:
-                        why = " (it is stopped, so it cannot)" if _stopped(p.pid) else ""
-                        killed[r] = "stopped" if why else "silent"
+                    if p.poll() is not None or r in killed:
+                        continue
+                    if _stopped(p.pid):
+                        killed[r] = "stopped"
+                        sys.stderr.write(f"wirespeed: error: rank {r} is stopped, so it cannot end "
+                                         "by itself; killing it\n")
+                        p.kill()
+                    elif late:
+                        killed[r] = "silent"
                         sys.stderr.write(f"wirespeed: error: rank {r} did not report an error of "
                                          f"its own {SURVIVOR_GRACE_S:g} s after another rank failed"
-                                         f"{why}; killing it\n")
+                                         "; killing it\n")
                         p.kill()
             time.sleep(POLL_S)
         for p in procs:

@@ -55,6 +55,7 @@ def run_objects(backend, rank: int, world: int, device: str, warmup: int, iters:
         wrong = 0
         for i in range(warmup):
             fn(done_flag(i, rank, world))
+            watchdog.progress()
         backend.barrier()
         times = []
         watchdog.step(f"timing {name}")
@@ -63,6 +64,7 @@ def run_objects(backend, rank: int, world: int, device: str, warmup: int, iters:
             t0 = time.perf_counter()
             answer = fn(flag)  # .item() / the unpickled list: the answer is on the host, synced
             times.append(time.perf_counter() - t0)
+            watchdog.progress()
             wrong += answer != every_rank_done(i, world)
         rows = backend.allgather_floats([float(wrong), *times])
         m = summarize([r[1:] for r in rows])
