@@ -233,8 +233,8 @@ def _print_header(cfg, info, env, shared=()) -> None:
 
 
 def time_method_text(cfg: BenchConfig) -> str:
-    text = (f"time = {cfg.iters} calls back to back, one sync, elapsed / {cfg.iters}, mean over ranks "
-            "(nccl-tests)")
+    text = (f"time = {cfg.iters} calls back to back, one sync, elapsed / {cfg.iters}, slowest rank "
+            "(nccl-tests' mean over ranks in records)")
     if cfg.per_op_columns:
         text += "; p50/p99 = of single calls, each synced, slowest rank per call"
     return text

@@ -55,7 +55,7 @@ def plot_compare(records, out_dir, variant: str = "best") -> list[str]:
                 ax.set_xticks(ticks[::step])
                 ax.set_xticklabels([human_bytes(t) for t in ticks[::step]], rotation=30, fontsize=8)
             ax.legend(fontsize=7, loc="upper left")
-        axes[0][0].set_ylabel("time (us, loop mean over ranks)")
+        axes[0][0].set_ylabel("time (us, loop, slowest rank)")
         fig.suptitle(f"{coll}{' (' + op + ')' if op else ''}: time against size, per world size")
         fig.tight_layout()
         path = Path(out_dir) / f"compare_{coll}{'_' + op if op else ''}.png"

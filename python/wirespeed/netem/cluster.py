@@ -315,6 +315,9 @@ def _build(c: Cluster) -> None:
         run(["ip", "-n", h.netns, "link", "set", h.ifname, "up"])
         rate = c.rate_of(h.index)
         flow = min(c.flow_rate_bps, rate) if c.flow_rate_bps else None
+        gso = str(shaping.segment_limit_bytes(rate))
+        run(["ip", "-n", h.netns, "link", "set", "dev", h.ifname, "gso_max_size", gso])
+        run(["ip", "-n", sw, "link", "set", "dev", port, "gso_max_size", gso])
         tc_batch(h.netns, shaping.host_egress_program(h.ifname, rate, flow))
         # The switch port toward the host caps what the host receives (and carries the delay, so a
         # packet is delayed once per one-way trip: it leaves the switch exactly once).

@@ -16,7 +16,7 @@ from ..sizes import human_bytes
 # The panels of the collective row: (record field, title, y label, log y).
 SIZE_PANELS = (("busbw_gbps", "bus bandwidth", "busbw (GB/s, 1e9 B/s)", False),
                ("algbw_gbps", "algorithm bandwidth", "algbw (GB/s, 1e9 B/s)", False),
-               ("time_us", "latency", "time (us; loop mean over ranks)", True))
+               ("time_us", "latency", "time (us; loop, slowest rank)", True))
 WORKLOAD_KINDS = ("model", "batching", "objects")
 
 
