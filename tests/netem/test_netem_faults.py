@@ -124,7 +124,10 @@ def test_stranger_sending_garbage_to_rank_ports_does_not_disturb_gloo(cluster_na
         for addr, port in targets:
             for payload in (os.urandom(65536), b"\0" * 4096, b"\xff" * 16, b"GET / HTTP/1.0\r\n\r\n"):
                 with socket.create_connection((addr, port), timeout=5) as s:
-                    s.sendall(payload)
+                    try:
+                        s.sendall(payload)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the listener read enough to refuse and hung up: also right
                     sent += 1
         return sent
     t, box = run_in_netns(c.hosts[2].netns, stranger)

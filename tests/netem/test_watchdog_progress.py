@@ -1,5 +1,5 @@
 """The watchdog watches progress, not loops (issue 27): a healthy loop of many calls that lasts far
-longer than -T is never taken for a hang, on one host and over a slow link; each call still has to
+longer than -T is never taken for a hang (over a slow link, for gloo and our backend); each call still has to
 end within -T (a hung peer is reported within the timeout: tests/faults, tests/multiproc).
 
 Each case checks from the run's own records that the timed loop really outlasted -T, so the test
@@ -31,24 +31,17 @@ def _loop_s(rec: dict) -> float:
     return rec["time_us"] * rec["iters"] * 1e-6
 
 
-@pytest.mark.timeout(STARTUP_S + 90)
-@pytest.mark.parametrize("backend,size,iters", [("gloo", "8M", 300), ("wirespeed", "64M", 100)])
-def test_a_loop_longer_than_the_timeout_is_not_a_hang(tmp_path, backend, size, iters):
-    timeout_s = 1.0
-    [rec] = _bench(tmp_path, timeout_s, "--backend", backend, "--sizes", size, "-n", iters,
-                   "--no-per-op")
-    assert rec["wrong"] == 0
-    assert _loop_s(rec) > 1.5 * timeout_s, rec  # else the case proves nothing: make it longer
-
-
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(STARTUP_S + 90)
-def test_a_long_loop_over_a_slow_link_is_not_a_hang(cluster_name, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("backend", ["gloo", "wirespeed"])
+def test_a_long_loop_over_a_slow_link_is_not_a_hang(cluster_name, tmp_path, backend):  # noqa: F811
     from wirespeed.netem import cluster as C
+    # The capped link sets each call's time (~45 ms at 1 MiB), whatever the machine's speed: a
+    # loop on one host would be long here and short on a faster machine.
     C.up(2, 200 * 10**6, name=cluster_name, measure=False)
     timeout_s = 2.0
-    [rec] = _bench(tmp_path, timeout_s, "--cluster", cluster_name, "--backend", "wirespeed",
+    [rec] = _bench(tmp_path, timeout_s, "--cluster", cluster_name, "--backend", backend,
                    "--sizes", "1M", "-n", 80, "--no-per-op")
     assert rec["wrong"] == 0
     assert _loop_s(rec) > 1.5 * timeout_s, rec

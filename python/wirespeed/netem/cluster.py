@@ -315,7 +315,7 @@ def _build(c: Cluster) -> None:
         run(["ip", "-n", h.netns, "link", "set", h.ifname, "up"])
         rate = c.rate_of(h.index)
         flow = min(c.flow_rate_bps, rate) if c.flow_rate_bps else None
-        gso = str(shaping.segment_limit_bytes(rate))
+        gso = str(shaping.segment_limit_bytes(rate, sum(c.rate_of(g.index) for g in c.hosts)))
         run(["ip", "-n", h.netns, "link", "set", "dev", h.ifname, "gso_max_size", gso])
         run(["ip", "-n", sw, "link", "set", "dev", port, "gso_max_size", gso])
         tc_batch(h.netns, shaping.host_egress_program(h.ifname, rate, flow))

@@ -42,16 +42,23 @@ def _queue_limit_bytes(rate_bps: int) -> int:
     return max(rate_bps // 8 // 50, 4 * 65536)
 
 
-def segment_limit_bytes(rate_bps: int) -> int:
-    """The largest packet TCP may hand a capped device at once (its gso_max_size): about 100 us of
-    the link's rate, at least two full frames, at most the kernel's default of 64 KiB.
+SEGMENTS_PER_S = 20_000  # what the 2-core machine switches beside the ranks' own work
+
+
+def segment_limit_bytes(rate_bps: int, cluster_bps: int) -> int:
+    """The largest packet TCP may hand a capped device at once (its gso_max_size): about 100 us
+    of the link's rate, but no smaller than lets every link of the cluster (`cluster_bps`, their
+    sum) run full at SEGMENTS_PER_S in all; at least two full frames, at most the kernel's
+    default of 64 KiB.
 
     htb lets a packet through whenever its bucket is not empty and charges it afterwards, so one
     64 KiB GSO packet crosses at the veth's speed: on a 200 Mbit/s link a loop of 160 KiB measured
-    3% above the cap. Segments of 100 us of link time keep that burst below the headers' share of
-    a frame (~4.5%) for any loop longer than ~2 ms of link time, at ~10,000 packets per second
-    whatever the rate (what the 2-core machine can afford)."""
-    return max(2 * 1514, min(65536, rate_bps // 8 // 10_000))
+    3% above the cap, and a 12.5 KiB segment still let a 40 KiB loop claim 10% more. The floor
+    from the packet budget: 8 hosts of 1 Gbit/s with 100 us segments (80,000 a second) were
+    CPU-bound on two cores and ran 45% slower than their links."""
+    by_time = rate_bps // 8 // 10_000
+    by_budget = cluster_bps // 8 // SEGMENTS_PER_S
+    return max(2 * 1514, min(65536, max(by_time, by_budget)))
 
 
 def link_program(dev: str, rate_bps: int, delay_s: float | None = None) -> list[str]:
