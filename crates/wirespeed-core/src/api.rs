@@ -9,6 +9,78 @@ use crate::error::{Error, Result};
 /// A byte range in this process: (address, length).
 pub type Buf = (usize, usize);
 
+/// Declares `Kind` from one table, so a new collective is one line here: its name in errors and
+/// its code, which the wire and the shared segments carry.
+macro_rules! kinds {
+    ($($kind:ident = $code:literal, $name:literal;)*) => {
+        /// A collective, named the same way on every layer: the engine's `Op` (`Op::kind`), the
+        /// one-host descriptor (`DescHeader::kind`, the code) and the multi-host message tag
+        /// (bits 56-62, the code). The codes are part of the shm layout and the TCP wire format
+        /// between ranks of one build, and must not change.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum Kind {
+            $($kind = $code,)*
+        }
+
+        impl Kind {
+            pub const ALL: &'static [Kind] = &[$(Kind::$kind,)*];
+
+            /// The name errors use ("all_reduce: rank 1 sends ...").
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $name,)*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    AllReduce = 1, "all_reduce";
+    Reduce = 2, "reduce";
+    ReduceScatter = 3, "reduce_scatter";
+    AllGather = 4, "all_gather";
+    AllToAll = 5, "all_to_all";
+    Broadcast = 6, "broadcast";
+    Barrier = 7, "barrier";
+    Gather = 8, "gather";
+    Scatter = 9, "scatter";
+}
+
+impl Kind {
+    /// The number the shm descriptor and the TCP tag carry.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The kind a peer's descriptor names; None for a code no build ever wrote.
+    pub fn from_code(code: u32) -> Option<Kind> {
+        Kind::ALL.iter().copied().find(|k| k.code() == code)
+    }
+
+    /// A name for a code read from a peer, which may be garbage.
+    pub fn name_of(code: u32) -> &'static str {
+        Kind::from_code(code).map_or("?", Kind::name)
+    }
+}
+
+/// A rank argument (root, peer) outside the group: one check for the one-host and multi-host groups.
+pub(crate) fn check_rank(world: usize, r: usize, what: &str) -> Result<()> {
+    if r >= world {
+        return Err(Error::Unsupported(format!("{what} {r} is not a rank of this group of {world}")));
+    }
+    Ok(())
+}
+
+/// A list of per-rank buffers of the wrong length.
+pub(crate) fn check_list(world: usize, n: usize, what: &str) -> Result<()> {
+    if n != world {
+        return Err(Error::Unsupported(format!("{what}: expected {world} buffers (one per rank), got {n}")));
+    }
+    Ok(())
+}
+
 /// A send that may still be in flight, over shared memory (`shm::p2p::SendTicket`) or TCP
 /// (`hosts::mesh::SendTicket`).
 pub trait Pending: Send + Sync {
@@ -104,4 +176,33 @@ pub trait Collectives: Send {
     /// Break the group for `e`, found outside its ops (a send's wait failed, or an op panicked):
     /// later ops fail, peers are told, and nothing in flight keeps using a caller's buffer.
     fn abort(&mut self, e: &Error);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kind;
+
+    /// The codes are in the shm layout and on the wire: a renumbering would make ranks of two
+    /// builds misread each other, so they are pinned here, with the names errors print.
+    #[test]
+    fn kind_codes_and_names_are_pinned() {
+        let want = [
+            (1, "all_reduce"),
+            (2, "reduce"),
+            (3, "reduce_scatter"),
+            (4, "all_gather"),
+            (5, "all_to_all"),
+            (6, "broadcast"),
+            (7, "barrier"),
+            (8, "gather"),
+            (9, "scatter"),
+        ];
+        let got: Vec<(u32, &str)> = Kind::ALL.iter().map(|k| (k.code(), k.name())).collect();
+        assert_eq!(got, want);
+        for &k in Kind::ALL {
+            assert_eq!(Kind::from_code(k.code()), Some(k));
+        }
+        assert_eq!(Kind::from_code(0), None);
+        assert_eq!(Kind::name_of(77), "?");
+    }
 }

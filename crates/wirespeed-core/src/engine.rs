@@ -20,7 +20,7 @@
 //! handle to an op early (a Python Work, a temporary input) cannot free memory the op uses: the
 //! owner travels with the op, whatever wraps, joins or forgets the handle. What a caller of
 //! `submit` or `run` promises in return is their `# Safety` section (the owner contract).
-use crate::api::{Buf, Collectives, Ticket};
+use crate::api::{Buf, Collectives, Kind, Ticket};
 use crate::shm::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -43,6 +43,25 @@ pub enum Op {
     Barrier,
     Send { to: usize, buf: Buf, tag: u64 },
     Recv { from: usize, buf: Buf, tag: u64 },
+}
+
+impl Op {
+    /// The collective this op runs (None for point-to-point, which has no descriptor or tag
+    /// kind): the same name the groups put in their descriptors and tags.
+    pub fn kind(&self) -> Option<Kind> {
+        Some(match self {
+            Op::AllReduce { .. } => Kind::AllReduce,
+            Op::ReduceScatter { .. } => Kind::ReduceScatter,
+            Op::Reduce { .. } => Kind::Reduce,
+            Op::AllGather { .. } => Kind::AllGather,
+            Op::AllToAll { .. } => Kind::AllToAll,
+            Op::Broadcast { .. } => Kind::Broadcast,
+            Op::Gather { .. } => Kind::Gather,
+            Op::Scatter { .. } => Kind::Scatter,
+            Op::Barrier => Kind::Barrier,
+            Op::Send { .. } | Op::Recv { .. } => return None,
+        })
+    }
 }
 
 /// What keeps an op's buffers valid (the memory behind its addresses, and any temporaries the
@@ -433,5 +452,35 @@ impl Drop for Engine {
         for owner in std::mem::take(&mut st.retained) {
             std::mem::forget(owner);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every collective kind can be queued: a kind added to api.rs without its `Op` fails here.
+    #[test]
+    fn every_kind_has_an_op() {
+        let (b, v) = ((0, 0), Vec::new());
+        let (d, o) = (DType::U8, ReduceOp::Sum);
+        let ops = [
+            Op::AllReduce { buf: 0, count: 0, dtype: d, op: o },
+            Op::ReduceScatter { send: v.clone(), out: 0, count: 0, dtype: d, op: o },
+            Op::Reduce { buf: 0, count: 0, dtype: d, op: o, root: 0 },
+            Op::AllGather { send: b, recv: v.clone() },
+            Op::AllToAll { send: v.clone(), recv: v.clone() },
+            Op::Broadcast { buf: b, root: 0 },
+            Op::Gather { send: b, recv: v.clone(), root: 0 },
+            Op::Scatter { send: v, recv: b, root: 0 },
+            Op::Barrier,
+            Op::Send { to: 0, buf: b, tag: 0 },
+            Op::Recv { from: 0, buf: b, tag: 0 },
+        ];
+        let kinds: Vec<Kind> = ops.iter().filter_map(Op::kind).collect();
+        for k in Kind::ALL {
+            assert_eq!(kinds.iter().filter(|&x| x == k).count(), 1, "{}", k.name());
+        }
+        assert_eq!(kinds.len(), Kind::ALL.len());
     }
 }

@@ -34,8 +34,7 @@ pub mod mesh;
 
 use crate::config::Config;
 use crate::plan::{NetAlgo, Tuning};
-use crate::api::{Buf, Ticket};
-use crate::shm::collectives::{check_list, check_rank, ALL_GATHER, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER, SCATTER};
+use crate::api::{check_list, check_rank, Buf, Kind, Ticket};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -171,11 +170,11 @@ unsafe impl Send for Pend {}
 
 /// The tag of every message of one collective call: kind, dtype, op, root and a sequence number,
 /// so ranks that called different collectives meet a Mismatch instead of mixing data.
-fn op_tag(seq: u64, kind: u32, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
+fn op_tag(seq: u64, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
     let d = dtype.map(|d| d as u64).unwrap_or(0xff) & 0xff;
     let o = op.map(|o| o as u64).unwrap_or(0xff) & 0xff;
     // Roots up to 2^24 ranks: the tag keeps the root's low 24 bits, the sequence number 24.
-    (1 << 63) | ((kind as u64 & 0x7f) << 56) | (d << 48) | (o << 40) | ((root as u64 & 0xff_ffff) << 16) | (seq & 0xffff)
+    (1 << 63) | ((kind.code() as u64 & 0x7f) << 56) | (d << 48) | (o << 40) | ((root as u64 & 0xff_ffff) << 16) | (seq & 0xffff)
 }
 
 impl HostsComm {
@@ -205,7 +204,7 @@ impl HostsComm {
         self.lay.local_of[self.rank] == 0
     }
 
-    pub(crate) fn tag(&mut self, kind: u32, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
+    pub(crate) fn tag(&mut self, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
         self.seq += 1;
         op_tag(self.seq, kind, dtype, op, root)
     }
@@ -287,7 +286,7 @@ impl HostsComm {
 
     fn all_reduce_impl(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let algo = self.tuning.pick_across_hosts(buf.len(), self.world, self.lay.hosts.len());
-        let tag = self.tag(crate::shm::collectives::ALL_REDUCE, Some(dtype), Some(op), algo as usize);
+        let tag = self.tag(Kind::AllReduce, Some(dtype), Some(op), algo as usize);
         let world = self.world;
         match algo {
             NetAlgo::Ring => {
@@ -318,7 +317,7 @@ impl HostsComm {
     /// which shuts the connections on an error (algo/mod.rs, "Buffers and errors").
     // SAFETY: unsafe to call: `broadcast_impl` relies on its callers for this (`# Safety` above): `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`, which shuts the connections on an error (algo/mod.rs, ...
     unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
-        let tag = self.tag(BROADCAST, None, None, root);
+        let tag = self.tag(Kind::Broadcast, None, None, root);
         let rh = self.lay.host_of[root];
         let mine = self.my_host();
         let local_many = self.lay.hosts[mine].len() > 1;
@@ -428,7 +427,7 @@ impl crate::api::Collectives for HostsComm {
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
-            let tag = c.tag(REDUCE_SCATTER, Some(dtype), Some(op), 0);
+            let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), 0);
             let members: Vec<usize> = (0..c.world).collect();
             let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
             let world = c.world;
@@ -444,7 +443,7 @@ impl crate::api::Collectives for HostsComm {
         // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| {
-            let tag = c.tag(REDUCE, Some(dtype), Some(op), root);
+            let tag = c.tag(Kind::Reduce, Some(dtype), Some(op), root);
             let members: Vec<usize> = (0..c.world).collect();
             let world = c.world;
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
@@ -454,7 +453,7 @@ impl crate::api::Collectives for HostsComm {
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
-            let tag = c.tag(ALL_GATHER, None, None, 0);
+            let tag = c.tag(Kind::AllGather, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable,
             // every recv[j] writable and ours (recv[rank] being `send` or disjoint from it) until
@@ -467,7 +466,7 @@ impl crate::api::Collectives for HostsComm {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
-            let tag = c.tag(ALL_TO_ALL, None, None, 0);
+            let tag = c.tag(Kind::AllToAll, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: as for all_gather, with one send range per destination.
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
@@ -487,7 +486,7 @@ impl crate::api::Collectives for HostsComm {
             check_list(self.world, recv.len(), "gather outputs on the root")?;
         }
         self.guarded(|c| {
-            let tag = c.tag(GATHER, None, None, root);
+            let tag = c.tag(Kind::Gather, None, None, root);
             let members: Vec<usize> = (0..c.world).collect();
             // Every rank sends to the root only; the root receives from all (its own piece copied).
             let mut sends = vec![None; c.world];
@@ -506,7 +505,7 @@ impl crate::api::Collectives for HostsComm {
             check_list(self.world, send.len(), "scatter inputs on the root")?;
         }
         self.guarded(|c| {
-            let tag = c.tag(SCATTER, None, None, root);
+            let tag = c.tag(Kind::Scatter, None, None, root);
             let members: Vec<usize> = (0..c.world).collect();
             // The root sends to all (its own piece copied); every rank receives from the root only.
             let sends = if c.rank == root { HostsComm::regions(send) } else { vec![None; c.world] };
@@ -520,7 +519,7 @@ impl crate::api::Collectives for HostsComm {
     }
     fn barrier(&mut self) -> Result<()> {
         self.guarded(|c| {
-            let tag = c.tag(BARRIER, None, None, 0);
+            let tag = c.tag(Kind::Barrier, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
             crate::algo::direct::barrier(c, &members, tag)
         })

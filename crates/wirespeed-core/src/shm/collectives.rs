@@ -10,7 +10,7 @@
 //! (it is whenever a rank's memory is read directly, so it must not return and reuse it early).
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
-use crate::api::Buf;
+use crate::api::{check_list, check_rank, Buf, Kind};
 use crate::plan::ShmAlgo;
 use super::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
@@ -18,31 +18,6 @@ use crate::error::{Error, Result};
 use crate::kernels::reduce::reduce_many;
 use super::segment::{DescHeader, Piece, MODE_ADDR, MODE_NONE, MODE_SLOT};
 use crate::kernels::copy;
-
-pub const ALL_REDUCE: u32 = 1;
-pub const REDUCE: u32 = 2;
-pub const REDUCE_SCATTER: u32 = 3;
-pub const ALL_GATHER: u32 = 4;
-pub const ALL_TO_ALL: u32 = 5;
-pub const BROADCAST: u32 = 6;
-pub const BARRIER: u32 = 7;
-pub const GATHER: u32 = 8;
-pub const SCATTER: u32 = 9;
-
-pub fn kind_name(k: u32) -> &'static str {
-    match k {
-        ALL_REDUCE => "all_reduce",
-        REDUCE => "reduce",
-        REDUCE_SCATTER => "reduce_scatter",
-        ALL_GATHER => "all_gather",
-        ALL_TO_ALL => "all_to_all",
-        BROADCAST => "broadcast",
-        BARRIER => "barrier",
-        GATHER => "gather",
-        SCATTER => "scatter",
-        _ => "?",
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -58,11 +33,11 @@ enum Mode {
 const ANY_COUNT: u64 = u64::MAX;
 
 impl Comm {
-    fn header(&mut self, kind: u32, dtype: Option<DType>, op: Option<ReduceOp>, root: usize, count: u64, algo: u32) -> DescHeader {
+    fn header(&mut self, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root: usize, count: u64, algo: u32) -> DescHeader {
         self.seq += 1;
         DescHeader {
             seq: self.seq,
-            kind,
+            kind: kind.code(),
             dtype: dtype.map(|d| d as u32).unwrap_or(u32::MAX),
             op: op.map(|o| o as u32).unwrap_or(u32::MAX),
             root: root as u32,
@@ -138,7 +113,7 @@ impl Comm {
             if p.len as usize != want(j) {
                 let e = Error::Mismatch(format!(
                     "{}: rank {j} sends {} bytes to rank {}, which expects {}",
-                    kind_name(kind), p.len, self.rank, want(j)
+                    Kind::name_of(kind), p.len, self.rank, want(j)
                 ));
                 self.fail(&e);
                 return Err(e);
@@ -303,7 +278,7 @@ impl Comm {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
         self.guarded(|c| {
-            let h = c.header(ALL_REDUCE, Some(dtype), Some(op), 0, count as u64, algo as u32);
+            let h = c.header(Kind::AllReduce, Some(dtype), Some(op), 0, count as u64, algo as u32);
             match algo {
                 ShmAlgo::OneShot => {
                     let send = vec![(buf, bytes); c.world];
@@ -390,7 +365,7 @@ impl Comm {
     pub unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
-            let h = c.header(REDUCE_SCATTER, Some(dtype), Some(op), 0, count as u64, 0);
+            let h = c.header(Kind::ReduceScatter, Some(dtype), Some(op), 0, count as u64, 0);
             // SAFETY: `Collectives`' contract (api.rs): every send[j] is readable and `out`
             // writable for `count` elements until this returns, `out` overlapping no input but
             // send[rank] at the same address; `send` has one range per rank (checked). The sync
@@ -411,7 +386,7 @@ impl Comm {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
         self.guarded(|c| {
-            let h = c.header(REDUCE, Some(dtype), Some(op), root, count as u64, 0);
+            let h = c.header(Kind::Reduce, Some(dtype), Some(op), root, count as u64, 0);
             let mut send = vec![(0usize, 0usize); c.world];
             send[root] = (buf, bytes);
             let n = if c.rank == root { count } else { 0 };
@@ -433,7 +408,7 @@ impl Comm {
     pub unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
-            let h = c.header(ALL_GATHER, None, None, 0, send.1 as u64, 0);
+            let h = c.header(Kind::AllGather, None, None, 0, send.1 as u64, 0);
             let sends = vec![send; c.world];
             // SAFETY: `Collectives`' contract (api.rs): `send` is readable and every recv[j]
             // writable and ours until this returns, recv[rank] being `send` or disjoint from it;
@@ -450,7 +425,7 @@ impl Comm {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
-            let h = c.header(ALL_TO_ALL, None, None, 0, ANY_COUNT, 0);
+            let h = c.header(Kind::AllToAll, None, None, 0, ANY_COUNT, 0);
             // SAFETY: `Collectives`' contract (api.rs): every send[j] is readable and every
             // recv[j] writable and ours until this returns, recv[rank] being send[rank] or
             // disjoint from it; both lists have one range per rank (checked).
@@ -467,7 +442,7 @@ impl Comm {
         self.guarded(|c| {
             let stages = c.tuning.broadcast_stages(buf.1, c.world);
             let split = c.world == 2 && !stages;
-            let h = c.header(BROADCAST, None, None, root, buf.1 as u64, split as u32);
+            let h = c.header(Kind::Broadcast, None, None, root, buf.1 as u64, split as u32);
             if split {
                 // SAFETY: `Collectives`' contract (api.rs): `buf` is valid, read on the root and
                 // written elsewhere, until this returns; that is broadcast_split's contract.
@@ -534,7 +509,7 @@ impl Comm {
     pub unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
-            let h = c.header(GATHER, None, None, root, send.1 as u64, 0);
+            let h = c.header(Kind::Gather, None, None, root, send.1 as u64, 0);
             let none = (0usize, 0usize);
             let mut sends = vec![none; c.world];
             sends[root] = send;
@@ -556,7 +531,7 @@ impl Comm {
     pub unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
-            let h = c.header(SCATTER, None, None, root, recv.1 as u64, 0);
+            let h = c.header(Kind::Scatter, None, None, root, recv.1 as u64, 0);
             let none = (0usize, 0usize);
             let sends = if c.rank == root { send.to_vec() } else { vec![none; c.world] };
             if sends.len() != c.world {
@@ -573,29 +548,13 @@ impl Comm {
 
     pub fn barrier(&mut self) -> Result<()> {
         self.guarded(|c| {
-            let h = c.header(BARRIER, None, None, 0, 0, 0);
+            let h = c.header(Kind::Barrier, None, None, 0, 0, 0);
             let none = vec![(0usize, 0usize); c.world];
             // SAFETY: no memory: every range is empty, so nothing is read, copied or published.
             unsafe { c.exchange(h, &none, &none, Mode::Auto) }
         })
     }
 
-}
-
-/// A rank argument (root, peer) outside the group: one check for the one-host and multi-host groups.
-pub(crate) fn check_rank(world: usize, r: usize, what: &str) -> Result<()> {
-    if r >= world {
-        return Err(Error::Unsupported(format!("{what} {r} is not a rank of this group of {world}")));
-    }
-    Ok(())
-}
-
-/// A list of per-rank buffers of the wrong length.
-pub(crate) fn check_list(world: usize, n: usize, what: &str) -> Result<()> {
-    if n != world {
-        return Err(Error::Unsupported(format!("{what}: expected {world} buffers (one per rank), got {n}")));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -730,7 +689,7 @@ mod tests {
                 r
             } else {
                 // all_gather's exchange, up to its reads.
-                let h = c.header(ALL_GATHER, None, None, 0, n as u64, 0);
+                let h = c.header(Kind::AllGather, None, None, 0, n as u64, 0);
                 let sends = [(mine.as_ptr() as usize, n); 2];
                 // SAFETY: `mine` is readable for `n` bytes until this closure ends (with
                 // stage_max 0 it is not copied, only published for rank 0 to read in place).

@@ -7,6 +7,7 @@
 //! Setup is two steps so any store can carry the rendezvous: `Comm::new` creates this rank's
 //! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
 //! through its store and hands every rank's info to `connect`.
+use crate::api::Kind;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use super::segment::{DescHeader, Layout, Piece, Seg, MAGIC};
@@ -247,7 +248,7 @@ impl Comm {
             if d.kind != mine.kind {
                 return Err(Error::Mismatch(format!(
                     "rank {r} called {} while rank {} called {}",
-                    super::collectives::kind_name(d.kind), self.rank, super::collectives::kind_name(mine.kind)
+                    Kind::name_of(d.kind), self.rank, Kind::name_of(mine.kind)
                 )));
             }
             if d.dtype != mine.dtype {
@@ -263,14 +264,14 @@ impl Comm {
             if d.count != mine.count && d.count != u64::MAX && mine.count != u64::MAX {
                 return Err(Error::Mismatch(format!(
                     "rank {r} passed {} elements while rank {} passed {} ({})",
-                    d.count, self.rank, mine.count, super::collectives::kind_name(mine.kind)
+                    d.count, self.rank, mine.count, Kind::name_of(mine.kind)
                 )));
             }
             // After the count check: different sizes also choose differently, and say so better.
             if d.algo != mine.algo {
                 return Err(Error::Mismatch(format!(
                     "rank {r} chose algorithm {} for {} while rank {} chose {}: set the WIRESPEED_* tuning variables alike on every rank",
-                    d.algo, super::collectives::kind_name(mine.kind), self.rank, mine.algo
+                    d.algo, Kind::name_of(mine.kind), self.rank, mine.algo
                 )));
             }
         }

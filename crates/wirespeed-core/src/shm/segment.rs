@@ -55,6 +55,7 @@ const _: () = assert!(std::mem::size_of::<SendEntry>() <= 32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DescHeader {
     pub seq: u64,
+    /// `api::Kind::code`: kept a plain word, since a peer's may be anything.
     pub kind: u32,
     pub dtype: u32,
     pub op: u32,
