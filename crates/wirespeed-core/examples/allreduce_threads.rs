@@ -1,7 +1,7 @@
 //! Quick look at the core's all_reduce speed without Python: ranks are threads of one process.
 //!     cargo run --release --example allreduce_threads -- <ranks> <bytes> <iters>
 use std::time::{Duration, Instant};
-use wirespeed_core::{Comm, Config, DType, ReduceOp};
+use wirespeed_core::{Collectives, Comm, Config, DType, ReduceOp};
 
 fn main() {
     let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("integer arguments")).collect();

@@ -1,8 +1,9 @@
 //! The vocabulary of what a group offers, the same for every kind of group: a byte range
-//! (`Buf`), a send still in flight (`Pending`, boxed as `Ticket`) and the collectives of a
-//! connected group (`Collectives`). It names no implementation, so a group can use it without
-//! importing `group` or the engine: the one-host shared-memory `Comm` (shm/; its impl is in
-//! group.rs) and the multi-host `HostsComm` (hosts/) implement it, the engine runs ops through it.
+//! (`Buf`), what a collective is (`Kind`), a send still in flight (`Pending`, boxed as `Ticket`)
+//! and the collectives of a connected group (`Collectives`). It names no implementation, so a
+//! group can use it without importing `group` or the engine: the one-host shared-memory `Comm`
+//! (shm/collectives.rs) and the multi-host `HostsComm` (hosts/) implement it, the engine runs
+//! ops through it.
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
@@ -99,7 +100,7 @@ pub type Ticket = Box<dyn Pending>;
 /// # Safety
 ///
 /// The buffer contract: every `unsafe` method below is unsafe for it, the implementations
-/// (`Comm` in group.rs and shm/, `HostsComm` in hosts/) rely on it, and the engine's `Op`s carry
+/// (`Comm` in shm/, `HostsComm` in hosts/) rely on it, and the engine's `Op`s carry
 /// it (engine.rs). The caller passes memory as addresses (a `Buf`, or `buf`/`out` holding
 /// `count` elements of `dtype`) and promises, for each range:
 /// - it is this process's memory, valid for reads (an input) or writes (an output) of its whole

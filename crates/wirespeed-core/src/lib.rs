@@ -3,9 +3,9 @@
 //!
 //! Modules, bottom up: each uses only modules listed before it, and no two import each other
 //! (docs/architecture.md draws them).
-//! - vocabulary: `error`, `dtype`, `api` (what every group offers: `Buf`, the `Collectives`
-//!   trait, a send in flight as `Pending`/`Ticket`), `plan` (which algorithm per size and layout,
-//!   with the constants' sources);
+//! - vocabulary: `error`, `dtype`, `api` (what every group offers: `Buf`, `Kind`, the
+//!   `Collectives` trait, a send in flight as `Pending`/`Ticket`), `plan` (which algorithm per
+//!   size and layout, with the constants' sources);
 //! - the machine: `sys` (Linux calls), `kernels` (`reduce`, the reduction kernels; `copy`, the
 //!   copy kernels);
 //! - transport: `transport` (the `Transport` trait; `transport::tcp`, the event-driven

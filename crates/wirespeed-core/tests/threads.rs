@@ -3,7 +3,7 @@
 //! dead peer, torch integration) is tested from Python in tests/native.
 use std::sync::mpsc;
 use std::time::Duration;
-use wirespeed_core::{Comm, Config, DType, Engine, Error, Op, ReduceOp};
+use wirespeed_core::{Collectives, Comm, Config, DType, Engine, Error, Op, ReduceOp};
 
 /// Run `f(comm)` on `world` connected ranks, one thread each; results in rank order.
 fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {

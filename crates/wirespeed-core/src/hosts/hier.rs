@@ -9,6 +9,7 @@
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use super::HostsComm;
+use crate::api::Collectives;
 
 impl HostsComm {
     pub(crate) fn hier_all_reduce(&mut self, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {

@@ -34,7 +34,7 @@ pub mod mesh;
 
 use crate::config::Config;
 use crate::plan::{NetAlgo, Tuning};
-use crate::api::{check_list, check_rank, Buf, Kind, Ticket};
+use crate::api::{check_list, check_rank, Buf, Collectives, Kind, Ticket};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -217,9 +217,9 @@ impl HostsComm {
     // SAFETY: unsafe to call: `post` relies on its callers for this (`# Safety` above): `Collectives::send_post`'s buffer contract (api.rs): `b` stays readable, and is written by nobody, until the ticket completes. (If the group breaks ...
     pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
         if self.lay.host_of[to] == self.my_host() {
-            // SAFETY: this fn's contract is Comm::send_post's: `b` stays readable and unwritten
+            // SAFETY: this fn's contract is Comm::post_to's: `b` stays readable and unwritten
             // until the ticket completes.
-            unsafe { self.local.send_post(self.lay.local_of[to], b.0, b.1, tag) }.map(|t| Box::new(t) as Ticket)
+            unsafe { self.local.post_to(self.lay.local_of[to], b.0, b.1, tag) }.map(|t| Box::new(t) as Ticket)
         } else {
             self.tcp.send(to, b.0 as *const u8, b.1, tag).map(|t| Box::new(t) as Ticket)
         }
@@ -233,8 +233,8 @@ impl HostsComm {
     // SAFETY: unsafe to call: `take` relies on its callers for this (`# Safety` above): `b` is writable, and touched by nobody else, until this returns. Called only inside `guarded`, which on an error shuts the connections before ...
     pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
         if self.lay.host_of[from] == self.my_host() {
-            // SAFETY: this fn's contract is Comm::recv's: `b` is writable and ours for the call.
-            unsafe { self.local.recv(self.lay.local_of[from], b.0, b.1, tag) }
+            // SAFETY: this fn's contract is Comm::recv_from's: `b` is writable and ours for the call.
+            unsafe { self.local.recv_from(self.lay.local_of[from], b.0, b.1, tag) }
         } else {
             self.tcp.recv(from, b.0 as *mut u8, b.1, tag)
         }
@@ -365,8 +365,8 @@ impl Transport for HostsComm {
         let p = if self.lay.host_of[to] == self.my_host() {
             // SAFETY: post_send's contract: `data..data+len` stays readable and unwritten until
             // the handle is waited (the ticket completed) or the group breaks, after which a late
-            // receiver's read fails: what Comm::send_post asks.
-            Pend::ShmSend(unsafe { self.local.send_post(self.lay.local_of[to], data as usize, len, tag)? })
+            // receiver's read fails: what Comm::post_to asks.
+            Pend::ShmSend(unsafe { self.local.post_to(self.lay.local_of[to], data as usize, len, tag)? })
         } else {
             Pend::TcpSend(self.tcp.send(to, data, len, tag)?)
         };
@@ -399,8 +399,8 @@ impl Transport for HostsComm {
         match std::mem::replace(&mut self.pend[h.0], Pend::Done) {
             Pend::ShmSend(t) => t.wait(),
             // SAFETY: post_recv's contract: `ptr..ptr+len` was posted writable and ours until its
-            // handle is waited, which is now; Comm::recv needs it for this call only.
-            Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv(from, ptr as usize, len, tag) },
+            // handle is waited, which is now; Comm::recv_from needs it for this call only.
+            Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv_from(from, ptr as usize, len, tag) },
             Pend::TcpSend(t) => t.wait(),
             Pend::TcpRecv(t) => t.wait(),
             Pend::Done => Ok(()),
@@ -412,7 +412,7 @@ impl Transport for HostsComm {
 /// `guarded`, which breaks the group on an error before returning, so nothing posted into a
 /// caller's buffer outlives the call (algo/mod.rs, "Buffers and errors"); `send_post` breaks the
 /// group itself when posting fails.
-impl crate::api::Collectives for HostsComm {
+impl Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }

@@ -10,7 +10,7 @@
 //! (it is whenever a rank's memory is read directly, so it must not return and reuse it early).
 //! Slots alternate by op parity, so staged data of op s is never overwritten before every peer
 //! has passed op s+1's first sync, i.e. finished reading it.
-use crate::api::{check_list, check_rank, Buf, Kind};
+use crate::api::{check_list, check_rank, Buf, Collectives, Kind, Ticket};
 use crate::plan::ShmAlgo;
 use super::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
@@ -270,11 +270,58 @@ impl Comm {
             .collect()
     }
 
-    /// In-place all_reduce of `count` elements at `buf`.
+    /// Broadcast between 2 ranks, past the staging size: each rank publishes its buffer (the
+    /// root's to be read, the other's to be filled) and both copy half at once, the receiver
+    /// reading the front with process_vm_readv while the root writes the back with
+    /// process_vm_writev: two cores copy where one would. The headers (compared by
+    /// publish_and_sync) carry the byte count and this choice, so both ranks agree on both.
+    ///
     /// # Safety
-    /// `Collectives::all_reduce`'s: the buffer contract (api.rs) for `buf`.
-    // SAFETY: unsafe to call: `all_reduce` relies on its callers for this (`# Safety` above): `Collectives::all_reduce`'s: the buffer contract (api.rs) for `buf`.
-    pub unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    /// `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root,
+    /// writable and ours elsewhere. Each side publishes it for the other to read or write in
+    /// place; both end in a sync, so neither returns while the other still copies.
+    // SAFETY: unsafe to call: `broadcast_split` relies on its callers for this (`# Safety` above): `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root, writable and ours elsewhere. Each side publishes it for the ...
+    unsafe fn broadcast_split(&mut self, h: DescHeader, buf: Buf, root: usize) -> Result<()> {
+        let peer = 1 - self.rank;
+        let mut pieces = vec![Piece::default(); 2];
+        pieces[peer] = Piece { mode: MODE_ADDR, loc: buf.0 as u64, len: buf.1 as u64 };
+        let parity = self.publish_and_sync(h, &pieces)?;
+        let theirs = self.net.segs[peer].piece(parity, self.rank);
+        // Halves split at a multiple of 4096 bytes (on a page boundary when the buffer is aligned).
+        let front = (buf.1 / 2).next_multiple_of(4096).min(buf.1);
+        if self.rank == root {
+            // This is the one place a rank writes into a peer's own memory, which the peer's
+            // caller frees once the call returns. A receiver returns early only after marking
+            // itself aborted (its final sync timed out): then write nothing. (What stays open: a
+            // root stalled for the whole timeout between this check and the system call.)
+            if self.net.segs[peer].aborted().load(std::sync::atomic::Ordering::Acquire) != 0 {
+                return Err(Error::PeerAborted { rank: peer, reason: self.net.segs[peer].reason() });
+            }
+            self.net.write_to(peer, theirs.loc + front as u64, (buf.0 + front) as *const u8, buf.1 - front)?;
+            // Neither buffer may be touched by its owner until both halves have landed.
+            self.net.sync()
+        } else {
+            let read = self.net.read_from(peer, theirs.loc, buf.0 as *mut u8, front);
+            // Even when the read failed, wait for the root to be done writing into this buffer
+            // (its sync, or its abort), bounded by the timeout, before the caller gets it back.
+            let landed = self.net.sync();
+            read.and(landed)
+        }
+    }
+
+}
+
+/// The one-host group implements the trait itself, with no wrapper between the engine and its
+/// collectives. Each method's `# Safety` is `Collectives`' buffer contract (api.rs); the SAFETY
+/// lines inside say where each range is read, written or published to peers.
+impl Collectives for Comm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// In-place all_reduce of `count` elements at `buf`.
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
         self.guarded(|c| {
@@ -359,10 +406,8 @@ impl Comm {
     }
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
-    /// # Safety
-    /// `Collectives::reduce_scatter`'s: the buffer contract (api.rs) for `send` and `out`.
-    // SAFETY: unsafe to call: `reduce_scatter` relies on its callers for this (`# Safety` above): `Collectives::reduce_scatter`'s: the buffer contract (api.rs) for `send` and `out`.
-    pub unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
             let h = c.header(Kind::ReduceScatter, Some(dtype), Some(op), 0, count as u64, 0);
@@ -379,10 +424,8 @@ impl Comm {
     }
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
-    /// # Safety
-    /// `Collectives::reduce`'s: the buffer contract (api.rs) for `buf`.
-    // SAFETY: unsafe to call: `reduce` relies on its callers for this (`# Safety` above): `Collectives::reduce`'s: the buffer contract (api.rs) for `buf`.
-    pub unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
         self.guarded(|c| {
@@ -402,10 +445,8 @@ impl Comm {
     }
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
-    /// # Safety
-    /// `Collectives::all_gather`'s: the buffer contract (api.rs) for `send` and `recv`.
-    // SAFETY: unsafe to call: `all_gather` relies on its callers for this (`# Safety` above): `Collectives::all_gather`'s: the buffer contract (api.rs) for `send` and `recv`.
-    pub unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
             let h = c.header(Kind::AllGather, None, None, 0, send.1 as u64, 0);
@@ -418,10 +459,8 @@ impl Comm {
     }
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
-    /// # Safety
-    /// `Collectives::all_to_all`'s: the buffer contract (api.rs) for `send` and `recv`.
-    // SAFETY: unsafe to call: `all_to_all` relies on its callers for this (`# Safety` above): `Collectives::all_to_all`'s: the buffer contract (api.rs) for `send` and `recv`.
-    pub unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
@@ -434,10 +473,8 @@ impl Comm {
     }
 
     /// `buf` on every rank = `buf` on `root`.
-    /// # Safety
-    /// `Collectives::broadcast`'s: the buffer contract (api.rs) for `buf`.
-    // SAFETY: unsafe to call: `broadcast` relies on its callers for this (`# Safety` above): `Collectives::broadcast`'s: the buffer contract (api.rs) for `buf`.
-    pub unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let stages = c.tuning.broadcast_stages(buf.1, c.world);
@@ -463,50 +500,9 @@ impl Comm {
         })
     }
 
-    /// Broadcast between 2 ranks, past the staging size: each rank publishes its buffer (the
-    /// root's to be read, the other's to be filled) and both copy half at once, the receiver
-    /// reading the front with process_vm_readv while the root writes the back with
-    /// process_vm_writev: two cores copy where one would. The headers (compared by
-    /// publish_and_sync) carry the byte count and this choice, so both ranks agree on both.
-    ///
-    /// # Safety
-    /// `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root,
-    /// writable and ours elsewhere. Each side publishes it for the other to read or write in
-    /// place; both end in a sync, so neither returns while the other still copies.
-    // SAFETY: unsafe to call: `broadcast_split` relies on its callers for this (`# Safety` above): `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root, writable and ours elsewhere. Each side publishes it for the ...
-    unsafe fn broadcast_split(&mut self, h: DescHeader, buf: Buf, root: usize) -> Result<()> {
-        let peer = 1 - self.rank;
-        let mut pieces = vec![Piece::default(); 2];
-        pieces[peer] = Piece { mode: MODE_ADDR, loc: buf.0 as u64, len: buf.1 as u64 };
-        let parity = self.publish_and_sync(h, &pieces)?;
-        let theirs = self.net.segs[peer].piece(parity, self.rank);
-        // Halves split at a multiple of 4096 bytes (on a page boundary when the buffer is aligned).
-        let front = (buf.1 / 2).next_multiple_of(4096).min(buf.1);
-        if self.rank == root {
-            // This is the one place a rank writes into a peer's own memory, which the peer's
-            // caller frees once the call returns. A receiver returns early only after marking
-            // itself aborted (its final sync timed out): then write nothing. (What stays open: a
-            // root stalled for the whole timeout between this check and the system call.)
-            if self.net.segs[peer].aborted().load(std::sync::atomic::Ordering::Acquire) != 0 {
-                return Err(Error::PeerAborted { rank: peer, reason: self.net.segs[peer].reason() });
-            }
-            self.net.write_to(peer, theirs.loc + front as u64, (buf.0 + front) as *const u8, buf.1 - front)?;
-            // Neither buffer may be touched by its owner until both halves have landed.
-            self.net.sync()
-        } else {
-            let read = self.net.read_from(peer, theirs.loc, buf.0 as *mut u8, front);
-            // Even when the read failed, wait for the root to be done writing into this buffer
-            // (its sync, or its abort), bounded by the timeout, before the caller gets it back.
-            let landed = self.net.sync();
-            read.and(landed)
-        }
-    }
-
     /// On `root`, recv[j] = rank j's `send`.
-    /// # Safety
-    /// `Collectives::gather`'s: the buffer contract (api.rs) for `send` and, on `root`, `recv`.
-    // SAFETY: unsafe to call: `gather` relies on its callers for this (`# Safety` above): `Collectives::gather`'s: the buffer contract (api.rs) for `send` and, on `root`, `recv`.
-    pub unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(Kind::Gather, None, None, root, send.1 as u64, 0);
@@ -525,10 +521,8 @@ impl Comm {
     }
 
     /// recv = `root`'s send[rank].
-    /// # Safety
-    /// `Collectives::scatter`'s: the buffer contract (api.rs) for `recv` and, on `root`, `send`.
-    // SAFETY: unsafe to call: `scatter` relies on its callers for this (`# Safety` above): `Collectives::scatter`'s: the buffer contract (api.rs) for `recv` and, on `root`, `send`.
-    pub unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
             let h = c.header(Kind::Scatter, None, None, root, recv.1 as u64, 0);
@@ -546,7 +540,7 @@ impl Comm {
         })
     }
 
-    pub fn barrier(&mut self) -> Result<()> {
+    fn barrier(&mut self) -> Result<()> {
         self.guarded(|c| {
             let h = c.header(Kind::Barrier, None, None, 0, 0, 0);
             let none = vec![(0usize, 0usize); c.world];
@@ -555,6 +549,22 @@ impl Comm {
         })
     }
 
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
+        // SAFETY: the trait's contract is `post_to`'s: the bytes stay readable and unwritten
+        // until the ticket completes, and the boxed ticket is `post_to`'s own.
+        unsafe { self.post_to(to, addr, len, tag) }.map(|t| Box::new(t) as Ticket)
+    }
+
+    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
+        // SAFETY: the trait's contract is `recv_from`'s: the bytes are writable and ours for the call.
+        unsafe { self.recv_from(from, addr, len, tag) }
+    }
+
+    fn abort(&mut self, e: &Error) {
+        self.fail(e);
+    }
 }
 
 #[cfg(test)]

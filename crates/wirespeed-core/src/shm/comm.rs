@@ -402,7 +402,7 @@ impl Net {
             return Ok(());
         }
         // SAFETY: the callers' promise above: `dst` is `len` writable bytes that only this call
-        // touches (fetch's and Comm::recv's outputs, reduce_to_me's scratch block, the Rsag
+        // touches (fetch's and Comm::recv_from's outputs, reduce_to_me's scratch block, the Rsag
         // gather's chunk, broadcast_split's front half). The remote side is checked by the kernel.
         unsafe { sys::read_peer(self.pids[r], addr, dst, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_readv"))?;
         // A peer that gave up (or closed the group) may have returned and reused this memory
