@@ -12,8 +12,13 @@
 //! Messages between a pair are matched in order; every receive states its exact length and tag,
 //! and a message of another length or tag is a `Mismatch` (a rank that called another
 //! collective), never silent data.
+//!
+//! The mesh is a `Transport` over the ranks it reaches, so hosts/ hands an algorithm's posts to
+//! a peer on another host straight to it; `send` also gives a send its own ticket, for a
+//! `Collectives::send_post` that outlives the op that posted it.
 use crate::error::{Error, Result};
 use crate::transport::tcp::{Conn, Dialer, NetConfig, Reactor, Request};
+use crate::transport::{Handle, Transport};
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -54,7 +59,7 @@ pub struct Listener {
     inner: crate::transport::tcp::Listener,
     expect: Arc<Expect>,
     reactor: Arc<Reactor>,
-    /// The engine's knobs, for the connections this rank dials (`Tcp::connect`).
+    /// The engine's knobs, for the connections this rank dials (`Mesh::connect`).
     cfg: NetConfig,
 }
 
@@ -113,7 +118,7 @@ impl crate::api::Pending for SendTicket {
 }
 
 /// A receive in flight: `wait` checks the message had exactly the posted length.
-pub struct RecvTicket {
+struct RecvTicket {
     req: Request,
     from: usize,
     me: usize,
@@ -122,10 +127,7 @@ pub struct RecvTicket {
 }
 
 impl RecvTicket {
-    pub fn is_done(&self) -> bool {
-        self.req.is_done()
-    }
-    pub fn wait(&self) -> Result<()> {
+    fn wait(&self) -> Result<()> {
         let (from, me, len) = (self.from, self.me, self.len);
         let got = self.req.wait_for(self.timeout, &|| format!("rank {from} to send {len} bytes to rank {me}"))?;
         if got != len {
@@ -136,18 +138,25 @@ impl RecvTicket {
 }
 
 /// The TCP side of a rank: one connection per rank on another host.
-pub struct Tcp {
+pub struct Mesh {
     pub rank: usize,
     conns: Vec<Option<Conn>>,
     listener: Listener,
     timeout: Duration,
+    /// What was posted through `Transport` and not yet waited, by handle; None once waited.
+    posted: Vec<Option<Posted>>,
 }
 
-impl Tcp {
+enum Posted {
+    Send(SendTicket),
+    Recv(RecvTicket),
+}
+
+impl Mesh {
     /// Dial the remote ranks above this one and accept those below; `addrs[r]` is rank r's
     /// listening address ("ip:port"), `streams[r]` the streams of the connection with r (0: r is
     /// on this host, no connection).
-    pub fn connect(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Tcp> {
+    pub fn connect(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
         let remote: Vec<bool> = streams.iter().map(|&n| n > 0).collect();
         let world = addrs.len();
         let deadline = Instant::now() + timeout;
@@ -195,7 +204,7 @@ impl Tcp {
             }
         }
         listener.expect.sealed.store(true, Release);
-        Ok(Tcp { rank, conns, listener, timeout })
+        Ok(Mesh { rank, conns, listener, timeout, posted: Vec::new() })
     }
 
     /// Connections refused so far by this rank's listener.
@@ -212,47 +221,88 @@ impl Tcp {
         self.conns.get(r).and_then(|c| c.as_ref()).ok_or_else(|| Error::Unsupported(format!("rank {r} is not reached over TCP")))
     }
 
-    /// Queue `len` bytes at `ptr` for rank `to`; the caller keeps the buffer alive and unchanged
-    /// until the ticket completes (or the group is shut down).
+    /// Queue `len` bytes at `ptr` for rank `to`; the send's own ticket, complete when every byte
+    /// is written to the sockets.
     ///
-    /// Not marked unsafe, yet that is a safety condition (Conn::isend's): its callers,
-    /// HostsComm's `post` and `post_send`, meet it under their own contracts.
-    pub fn send(&mut self, to: usize, ptr: *const u8, len: usize, tag: u64) -> Result<SendTicket> {
+    /// # Safety
+    /// `ptr..ptr+len` stays readable, and written by nobody, until the ticket completes or the
+    /// mesh is shut down (`shutdown`, or drop): the engine's threads read it meanwhile.
+    // SAFETY: unsafe to call: `send` relies on its callers for this (`# Safety` above): `ptr..ptr+len` stays readable, and written by nobody, until the ticket completes or the mesh is shut down.
+    pub unsafe fn send(&mut self, to: usize, ptr: *const u8, len: usize, tag: u64) -> Result<SendTicket> {
         let timeout = self.timeout;
-        // SAFETY: the callers' promise above, which is Conn::isend's contract; `shutdown`
-        // (closing every connection) ends the engine's reads of the buffer.
+        // SAFETY: this fn's contract is Conn::isend's; `shutdown` (closing every connection)
+        // ends the engine's reads of the buffer.
         let req = unsafe { self.conn(to)?.isend(ptr, len, tag)? };
         Ok(SendTicket { req, to, timeout })
     }
 
-    /// Post the receive of the next message from `from`: exactly `len` bytes with `tag` into
-    /// `dst`, which the caller keeps for the engine alone until the ticket completes.
+    /// Post the receive of the next message from `from`: exactly `len` bytes with `tag`.
     ///
-    /// Not marked unsafe, yet that is a safety condition (Conn::irecv's): its callers,
-    /// HostsComm's `post_recv` and `take` (through `recv`), meet it under their own contracts.
-    pub fn post_recv(&mut self, from: usize, dst: *mut u8, len: usize, tag: u64) -> Result<RecvTicket> {
+    /// # Safety
+    /// `dst..dst+len` stays writable, and touched by nobody else, until the ticket completes or
+    /// the mesh is shut down: the engine's threads write it meanwhile.
+    // SAFETY: unsafe to call: `irecv` relies on its callers for this (`# Safety` above): `dst..dst+len` stays writable, and touched by nobody else, until the ticket completes or the mesh is shut down.
+    unsafe fn irecv(&mut self, from: usize, dst: *mut u8, len: usize, tag: u64) -> Result<RecvTicket> {
         let (me, timeout) = (self.rank, self.timeout);
-        // SAFETY: the callers' promise above, which is Conn::irecv's contract; `shutdown` ends
-        // the engine's writes into the buffer.
+        // SAFETY: this fn's contract is Conn::irecv's; `shutdown` ends the engine's writes into
+        // the buffer.
         let req = unsafe { self.conn(from)?.irecv(dst, len, tag)? };
         Ok(RecvTicket { req, from, me, len, timeout })
     }
 
-    /// Receive exactly `len` bytes with `tag` from rank `from` into `dst` (the next message from it).
-    pub fn recv(&mut self, from: usize, dst: *mut u8, len: usize, tag: u64) -> Result<()> {
-        self.post_recv(from, dst, len, tag)?.wait()
+    fn push(&mut self, p: Posted) -> Handle {
+        self.posted.push(Some(p));
+        Handle(self.posted.len() - 1)
     }
 
     /// Shut every connection, so peers blocked on this rank fail at once. Afterwards no engine
-    /// thread touches any caller buffer.
+    /// thread touches any caller buffer, so what was posted may be forgotten.
     pub fn shutdown(&mut self) {
         for c in self.conns.iter().flatten() {
             c.close();
         }
+        self.posted.clear();
     }
 }
 
-impl Drop for Tcp {
+/// Each method's contract is `Transport`'s (transport/mod.rs); "shut down" is `shutdown`.
+impl Transport for Mesh {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.conns.len()
+    }
+    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the mesh is shut down
+    unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
+        // SAFETY: `Transport::post_send`'s contract is `send`'s: the bytes stay readable and
+        // unwritten until the handle (which holds the ticket) is waited or the mesh shut down.
+        let t = unsafe { self.send(to, data, len, tag)? };
+        Ok(self.push(Posted::Send(t)))
+    }
+    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the mesh is shut down
+    unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
+        // SAFETY: `Transport::post_recv`'s contract is `irecv`'s: the bytes stay writable and
+        // ours until the handle is waited or the mesh shut down.
+        let t = unsafe { self.irecv(from, data, len, tag)? };
+        Ok(self.push(Posted::Recv(t)))
+    }
+    fn wait(&mut self, h: Handle) -> Result<()> {
+        let p = self.posted.get_mut(h.0).and_then(Option::take);
+        // Handles count up from 0 again once nothing is posted, so the list stays as long as
+        // one op's posts (every op waits all of its handles).
+        if self.posted.iter().all(Option::is_none) {
+            self.posted.clear();
+        }
+        match p {
+            Some(Posted::Send(t)) => t.wait(),
+            Some(Posted::Recv(t)) => t.wait(),
+            None => Err(Error::Unsupported(format!("no operation {} is pending", h.0))),
+        }
+    }
+}
+
+impl Drop for Mesh {
     fn drop(&mut self) {
         self.shutdown();
     }
@@ -270,5 +320,46 @@ mod tests {
         let mut bad = k;
         bad[31] ^= 1;
         assert_eq!(parse_key(&bad), None);
+    }
+
+    /// The algorithms run over the mesh alone (every rank on its own host): a ring all_reduce
+    /// over loopback, then a handle waited twice is refused.
+    #[test]
+    fn the_ring_runs_over_the_mesh_alone() {
+        let world = 3;
+        let token = [7u8; 16];
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let streams = vec![2; world];
+        let listeners: Vec<Listener> = (0..world)
+            .map(|r| {
+                let mut s = streams.clone();
+                s[r] = 0;
+                let dialers: Vec<usize> = (0..r).collect();
+                Listener::bind(ip, r, world, token, NetConfig::default(), &dialers, &s).unwrap()
+            })
+            .collect();
+        let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
+        let hs: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let (addrs, mut s) = (addrs.clone(), streams.clone());
+                s[r] = 0;
+                std::thread::spawn(move || {
+                    let mut m = Mesh::connect(l, r, &addrs, &s, token, Duration::from_secs(10)).unwrap();
+                    let mut v: Vec<i32> = (0..1000).map(|i| i * (r as i32 + 1)).collect();
+                    // SAFETY: `v` is a live Vec of i32 viewed as bytes for the call only.
+                    let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
+                    let members: Vec<usize> = (0..world).collect();
+                    crate::algo::ring::all_reduce(&mut m, &members, 1, b, crate::DType::I32, crate::ReduceOp::Sum, world, &mut Vec::new()).unwrap();
+                    (v, m.wait(Handle(0)).is_err())
+                })
+            })
+            .collect();
+        for h in hs {
+            let (v, refused) = h.join().unwrap();
+            assert!(v.iter().enumerate().all(|(i, &x)| x == i as i32 * 6), "wrong sum");
+            assert!(refused, "a handle waited twice must be refused");
+        }
     }
 }

@@ -10,8 +10,8 @@
 //! about (hosts + 2) x nstreams + remote ranks, instead of nstreams x remote ranks (at 64 hosts
 //! x 8 ranks and 12 streams: 1,244 instead of 6,048).
 //!
-//! The group is itself a `Transport` (shared memory to peers of its host, TCP to the others), so
-//! the algorithms of algo/ run over it unchanged. Collectives across hosts:
+//! The group is itself a `Transport` (shared memory to peers of its host, the mesh's own
+//! `Transport` to the others), so the algorithms of algo/ run over it unchanged. Collectives across hosts:
 //! - all_reduce: hierarchical (shm reduce to each host's leader, ring or recursive doubling among
 //!   leaders, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
 //!   WIRESPEED_ALGO=ring (algo/ring.rs).
@@ -38,7 +38,7 @@ use crate::api::{check_list, check_rank, Buf, Collectives, Kind, Ticket};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use mesh::{Listener, Tcp};
+use mesh::{Listener, Mesh};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
 use std::time::Duration;
@@ -134,7 +134,7 @@ impl HostsSetup {
         let local_infos: Vec<RankInfo> = lay.hosts[h].iter().map(|&r| infos[r].clone()).collect();
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
-        let tcp = Tcp::connect(listener, rank, &addrs, &streams, token, timeout)?;
+        let tcp = Mesh::connect(listener, rank, &addrs, &streams, token, timeout)?;
         Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
     }
 }
@@ -144,7 +144,7 @@ pub struct HostsComm {
     pub world: usize,
     pub(crate) lay: Layout,
     pub(crate) local: Comm,
-    pub(crate) tcp: Tcp,
+    pub(crate) tcp: Mesh,
     seq: u64,
     broken: Option<Error>,
     pub(crate) tuning: Tuning,
@@ -158,8 +158,8 @@ pub struct HostsComm {
 enum Pend {
     ShmSend(crate::shm::p2p::SendTicket),
     ShmRecv { from: usize, ptr: *mut u8, len: usize, tag: u64 },
-    TcpSend(mesh::SendTicket),
-    TcpRecv(mesh::RecvTicket),
+    /// A handle of the mesh's own `Transport`.
+    Tcp(Handle),
     Done,
 }
 
@@ -209,35 +209,10 @@ impl HostsComm {
         op_tag(self.seq, kind, dtype, op, root)
     }
 
-    /// Send to any rank: shared memory inside the host, TCP across.
-    /// # Safety
-    /// `Collectives::send_post`'s buffer contract (api.rs): `b` stays readable, and is written by
-    /// nobody, until the ticket completes. (If the group breaks first, `break_group` shuts the
-    /// connections and marks the local group aborted, so no late reader uses the bytes.)
-    // SAFETY: unsafe to call: `post` relies on its callers for this (`# Safety` above): `Collectives::send_post`'s buffer contract (api.rs): `b` stays readable, and is written by nobody, until the ticket completes. (If the group breaks ...
-    pub(crate) unsafe fn post(&mut self, to: usize, b: Buf, tag: u64) -> Result<Ticket> {
-        if self.lay.host_of[to] == self.my_host() {
-            // SAFETY: this fn's contract is Comm::post_to's: `b` stays readable and unwritten
-            // until the ticket completes.
-            unsafe { self.local.post_to(self.lay.local_of[to], b.0, b.1, tag) }.map(|t| Box::new(t) as Ticket)
-        } else {
-            self.tcp.send(to, b.0 as *const u8, b.1, tag).map(|t| Box::new(t) as Ticket)
-        }
-    }
-
-    /// Receive from any rank into `b`: shared memory inside the host, TCP across.
-    /// # Safety
-    /// `b` is writable, and touched by nobody else, until this returns. Called only inside
-    /// `guarded`, which on an error shuts the connections before returning, so a TCP receive
-    /// still posted after a failed wait cannot land later.
-    // SAFETY: unsafe to call: `take` relies on its callers for this (`# Safety` above): `b` is writable, and touched by nobody else, until this returns. Called only inside `guarded`, which on an error shuts the connections before ...
-    pub(crate) unsafe fn take(&mut self, from: usize, b: Buf, tag: u64) -> Result<()> {
-        if self.lay.host_of[from] == self.my_host() {
-            // SAFETY: this fn's contract is Comm::recv_from's: `b` is writable and ours for the call.
-            unsafe { self.local.recv_from(self.lay.local_of[from], b.0, b.1, tag) }
-        } else {
-            self.tcp.recv(from, b.0 as *mut u8, b.1, tag)
-        }
+    /// Rank `r`'s index in this host's shared-memory group, or None if TCP reaches it: the
+    /// one place a peer is routed.
+    fn local_index(&self, r: usize) -> Option<usize> {
+        (self.lay.host_of[r] == self.my_host()).then(|| self.lay.local_of[r])
     }
 
     /// Run an op; any error breaks the group and tells every peer (see the module comment). So
@@ -362,13 +337,13 @@ impl Transport for HostsComm {
     // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
-        let p = if self.lay.host_of[to] == self.my_host() {
+        let p = match self.local_index(to) {
             // SAFETY: post_send's contract: `data..data+len` stays readable and unwritten until
             // the handle is waited (the ticket completed) or the group breaks, after which a late
             // receiver's read fails: what Comm::post_to asks.
-            Pend::ShmSend(unsafe { self.local.post_to(self.lay.local_of[to], data as usize, len, tag)? })
-        } else {
-            Pend::TcpSend(self.tcp.send(to, data, len, tag)?)
+            Some(l) => Pend::ShmSend(unsafe { self.local.post_to(l, data as usize, len, tag)? }),
+            // SAFETY: post_send's contract is the mesh's own: the group breaking shuts it down.
+            None => Pend::Tcp(unsafe { self.tcp.post_send(to, data, len, tag)? }),
         };
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
@@ -376,10 +351,10 @@ impl Transport for HostsComm {
     // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, from, "receive from")?;
-        let p = if self.lay.host_of[from] == self.my_host() {
-            Pend::ShmRecv { from: self.lay.local_of[from], ptr: data, len, tag }
-        } else {
-            Pend::TcpRecv(self.tcp.post_recv(from, data, len, tag)?)
+        let p = match self.local_index(from) {
+            Some(l) => Pend::ShmRecv { from: l, ptr: data, len, tag },
+            // SAFETY: post_recv's contract is the mesh's own: the group breaking shuts it down.
+            None => Pend::Tcp(unsafe { self.tcp.post_recv(from, data, len, tag)? }),
         };
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
@@ -401,8 +376,7 @@ impl Transport for HostsComm {
             // SAFETY: post_recv's contract: `ptr..ptr+len` was posted writable and ours until its
             // handle is waited, which is now; Comm::recv_from needs it for this call only.
             Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv_from(from, ptr as usize, len, tag) },
-            Pend::TcpSend(t) => t.wait(),
-            Pend::TcpRecv(t) => t.wait(),
+            Pend::Tcp(h) => self.tcp.wait(h),
             Pend::Done => Ok(()),
         }
     }
@@ -533,9 +507,16 @@ impl Collectives for HostsComm {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
-        // SAFETY: `Collectives::send_post`'s contract (api.rs) is `post`'s: the bytes stay
-        // readable and unwritten until the ticket completes.
-        let r = unsafe { self.post(to, (addr, len), tag) };
+        // A ticket of its own, not a Transport handle: it outlives this call (the engine waits
+        // it). If the group breaks first, `break_group` shuts the connections and marks the
+        // local group aborted, so no late reader uses the bytes.
+        let r = match self.local_index(to) {
+            // SAFETY: `Collectives::send_post`'s contract (api.rs) is post_to's: the bytes stay
+            // readable and unwritten until the ticket completes.
+            Some(l) => unsafe { self.local.post_to(l, addr, len, tag) }.map(|t| Box::new(t) as Ticket),
+            // SAFETY: the same contract is the mesh's `send`'s.
+            None => unsafe { self.tcp.send(to, addr as *const u8, len, tag) }.map(|t| Box::new(t) as Ticket),
+        };
         if let Err(e) = &r {
             self.break_group(e);
         }
@@ -550,9 +531,14 @@ impl Collectives for HostsComm {
         if from == self.rank {
             return Err(Error::Unsupported(format!("rank {from} cannot receive from itself")));
         }
-        // SAFETY: `Collectives::recv`'s contract (api.rs): the bytes are writable and ours for
-        // the call; `take` runs inside `guarded`, as its contract asks.
-        self.guarded(|c| unsafe { c.take(from, (addr, len), tag) })
+        // Through the group's own Transport, which routes the peer. Inside `guarded`: a failed
+        // wait shuts the connections, so a TCP receive still posted cannot land later.
+        self.guarded(|c| {
+            // SAFETY: `Collectives::recv`'s contract (api.rs) is post_recv's: the bytes are
+            // writable and ours until the handle is waited, just below, or the group breaks.
+            let h = unsafe { c.post_recv(from, addr as *mut u8, len, tag)? };
+            c.wait(h)
+        })
     }
 }
 

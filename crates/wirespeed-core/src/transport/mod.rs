@@ -4,8 +4,9 @@
 //! - `tcp`: the event-driven multi-stream TCP engine (also under the NCCL plugin);
 //! - `sim`: an in-memory simulated network of N ranks in one process, deterministic, with link
 //!   latency and bandwidth, per-flow caps and faults, for testing algorithms at 1..64 ranks;
+//! - `hosts::mesh::Mesh`: a rank's TCP connections to the ranks on other hosts, over `tcp`;
 //! - shared memory between ranks of one host: `hosts::HostsComm` implements the trait over its
-//!   shm `Comm` (shm/p2p.rs) and its TCP connections, choosing per peer.
+//!   shm `Comm` (shm/p2p.rs) and its `Mesh`, choosing per peer.
 //!
 //! Beside them, `iface`: which address a rank or the NCCL plugin listens on.
 //!
