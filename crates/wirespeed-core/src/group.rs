@@ -14,6 +14,8 @@ use crate::hosts::{HostsComm, HostsSetup};
 use std::time::Duration;
 
 /// A rank between `new` and `connect`.
+// Unboxed though the variants differ by hundreds of bytes: a rank makes one, once.
+#[allow(clippy::large_enum_variant)]
 pub enum Setup {
     OneHost(Comm),
     Hosts(HostsSetup),

@@ -36,10 +36,14 @@ pub static READY_LINES: AtomicUsize = AtomicUsize::new(0);
 pub static REFUSAL_LINES: AtomicUsize = AtomicUsize::new(0);
 
 /// Called by logger.c with each formatted line.
+///
+/// # Safety
+/// `msg` is NULL or a NUL-terminated string, valid for reads for the call.
 #[no_mangle]
-pub extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ffi::c_ulong, msg: *const std::ffi::c_char) {
-    // SAFETY: logger.c passes the line it formatted: a NUL-terminated buffer on its stack, alive
-    // for this call (NULL is checked).
+// SAFETY: unsafe to call: `driver_log_line` relies on its callers for this (`# Safety` above): `msg` is NULL or a NUL-terminated string, valid for reads for the call.
+pub unsafe extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ffi::c_ulong, msg: *const std::ffi::c_char) {
+    // SAFETY: this fn's contract (NULL is checked); logger.c, its one caller, passes the line it
+    // formatted into a buffer on its stack, alive for this call.
     let text = if msg.is_null() { String::new() } else { unsafe { std::ffi::CStr::from_ptr(msg) }.to_string_lossy().into_owned() };
     if let Some(c) = usize::try_from(level).ok().and_then(|l| LOG_COUNTS.get(l)) {
         c.fetch_add(1, Ordering::Relaxed);
