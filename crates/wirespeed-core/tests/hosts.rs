@@ -1,58 +1,14 @@
 //! Ranks on different "hosts" as threads of one process: host ids are given explicitly, so ranks
 //! with different ids talk real TCP over loopback (several streams, handshake, framing) and ranks
 //! with equal ids real shared memory. Multi-process and namespace runs are in tests/native.
+mod common;
+
+use common::{config, input, setups, with_hosts, with_hosts_owned};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wirespeed_core::shm::comm::RankInfo;
 use wirespeed_core::plan::NetAlgo;
-use wirespeed_core::hosts::{HostsComm, HostsSetup};
-use wirespeed_core::{Collectives, Config, DType, Engine, Error, Op, ReduceOp};
-
-/// The ranks' configuration: the defaults, listening on loopback.
-fn config() -> Config {
-    Config::from_vars(&|v| (v == "WIRESPEED_IFNAME").then(|| "lo".to_string())).unwrap()
-}
-
-fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
-    let token = wirespeed_core::sys::random_token().unwrap();
-    let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-    let cfg = config();
-    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, &cfg).unwrap()).collect()
-}
-
-/// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
-fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
-    with_hosts_owned(ids, Duration::from_secs(20), move |mut c| f(&mut c))
-}
-
-/// `with_hosts`, handing each rank its group to keep (an engine takes it) under `timeout`.
-fn with_hosts_owned<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let mut s = setups(ids, timeout);
-    let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
-    let f = std::sync::Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    let hs: Vec<_> = s
-        .drain(..)
-        .enumerate()
-        .map(|(r, x)| {
-            let (infos, f, tx) = (infos.clone(), f.clone(), tx.clone());
-            std::thread::spawn(move || {
-                let c = x.connect(&infos).unwrap();
-                tx.send((r, f(c))).unwrap();
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
-    let mut v: Vec<(usize, T)> = rx.try_iter().collect();
-    v.sort_by_key(|(r, _)| *r);
-    v.into_iter().map(|(_, t)| t).collect()
-}
-
-fn input(rank: usize, n: usize) -> Vec<i64> {
-    (0..n).map(|i| ((i * 7 + rank * 13) % 101) as i64 - 50).collect()
-}
+use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
 
 const LAYOUTS: &[&[&str]] = &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b"], &["a", "b", "c"]];
 

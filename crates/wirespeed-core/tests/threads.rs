@@ -1,47 +1,11 @@
 //! Ranks as threads of one process: every rank's segment, sync and cross-memory read is real (a
 //! process may process_vm_readv itself), only the processes are one. Multi-process behaviour (a
 //! dead peer, torch integration) is tested from Python in tests/native.
-use std::sync::mpsc;
+mod common;
+
+use common::{input, with_ranks, with_ranks_timeout};
 use std::time::Duration;
 use wirespeed_core::{Collectives, Comm, Config, DType, Engine, Error, Op, ReduceOp};
-
-/// Run `f(comm)` on `world` connected ranks, one thread each; results in rank order.
-fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
-    with_ranks_timeout(world, Duration::from_secs(20), f)
-}
-
-/// `with_ranks` with the group's timeout given (short ones test what follows a timeout).
-fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let token = wirespeed_core::sys::random_token().unwrap();
-    let f = std::sync::Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    let cfg = Config::default();
-    let mut comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
-    let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
-    let handles: Vec<_> = comms
-        .drain(..)
-        .map(|mut c| {
-            let infos = infos.clone();
-            let f = f.clone();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                c.connect(&infos).unwrap();
-                let out = f(&mut c);
-                tx.send((c.rank, out)).unwrap();
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
-    let mut v: Vec<(usize, T)> = rx.try_iter().collect();
-    v.sort_by_key(|(r, _)| *r);
-    v.into_iter().map(|(_, t)| t).collect()
-}
-
-fn input(rank: usize, n: usize) -> Vec<i64> {
-    (0..n).map(|i| ((i * 7 + rank * 13) % 101) as i64 - 50).collect()
-}
 
 #[test]
 fn all_reduce_sums_exactly_for_every_size_and_algorithm() {

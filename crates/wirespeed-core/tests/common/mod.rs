@@ -1,0 +1,69 @@
+//! What the integration tests that run ranks as threads share: starting the ranks of a group,
+//! one thread each, and their inputs. Each test file is its own crate and uses part of this.
+#![allow(dead_code)]
+use std::time::Duration;
+use wirespeed_core::hosts::{HostsComm, HostsSetup};
+use wirespeed_core::shm::comm::RankInfo;
+use wirespeed_core::{Comm, Config};
+
+/// Run `f(rank, group)` on a thread per group; results in rank order. A panic on any rank
+/// fails the test.
+fn on_threads<G: Send + 'static, T: Send + 'static>(groups: Vec<G>, f: impl Fn(usize, G) -> T + Send + Sync + 'static) -> Vec<T> {
+    let f = std::sync::Arc::new(f);
+    let hs: Vec<_> = groups
+        .into_iter()
+        .enumerate()
+        .map(|(r, g)| {
+            let f = f.clone();
+            std::thread::spawn(move || f(r, g))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Run `f(comm)` on `world` connected one-host ranks, one thread each; results in rank order.
+pub fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
+    with_ranks_timeout(world, Duration::from_secs(20), f)
+}
+
+/// `with_ranks` with the group's timeout given (short ones test what follows a timeout).
+pub fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
+    let token = wirespeed_core::sys::random_token().unwrap();
+    let cfg = Config::default();
+    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
+    let infos: Vec<RankInfo> = comms.iter().map(|c| c.info()).collect();
+    on_threads(comms, move |_, mut c| {
+        c.connect(&infos).unwrap();
+        f(&mut c)
+    })
+}
+
+/// The ranks' configuration: the defaults, listening on loopback.
+pub fn config() -> Config {
+    Config::from_vars(&|v| (v == "WIRESPEED_IFNAME").then(|| "lo".to_string())).unwrap()
+}
+
+/// One multi-host setup per rank of the layout `ids` (one host id per rank), all of one job.
+pub fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
+    let token = wirespeed_core::sys::random_token().unwrap();
+    let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    let cfg = config();
+    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, &cfg).unwrap()).collect()
+}
+
+/// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
+pub fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+    with_hosts_owned(ids, Duration::from_secs(20), move |mut c| f(&mut c))
+}
+
+/// `with_hosts`, handing each rank its group to keep (an engine takes it) under `timeout`.
+pub fn with_hosts_owned<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+    let s = setups(ids, timeout);
+    let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
+    on_threads(s, move |_, x| f(x.connect(&infos).unwrap()))
+}
+
+/// Rank `rank`'s input of `n` elements: small values, different on every rank and element.
+pub fn input(rank: usize, n: usize) -> Vec<i64> {
+    (0..n).map(|i| ((i * 7 + rank * 13) % 101) as i64 - 50).collect()
+}
