@@ -3,7 +3,7 @@
 //! with equal ids real shared memory. Multi-process and namespace runs are in tests/native.
 mod common;
 
-use common::{config, input, setups, with_hosts, with_hosts_owned};
+use common::{config, input, setups, with_groups, with_hosts};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wirespeed_core::shm::comm::RankInfo;
@@ -233,36 +233,41 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
     assert!(matches!(out[0].1, Err(Error::PeerAborted { .. }) | Err(Error::Broken(_))), "{:?}", out[0].1);
 }
 
-/// A TCP send whose receiver does not come within the timeout fails and breaks the group: its
-/// bytes stop flowing (the connections are shut), so the receiver, coming later, fails instead
-/// of taking them, and the sender's next op reports the broken group at once.
+/// A send whose receiver does not come within the timeout fails and breaks the group, over
+/// shared memory (one host) and over TCP (two hosts; the message far more than the sockets
+/// buffer while nobody reads, so it cannot complete alone): the receiver, coming later, fails
+/// instead of taking the bytes (over shared memory it is told the sender aborted; over TCP its
+/// connection is shut), and the sender's next op reports the broken group at once.
 #[test]
-fn a_timed_out_tcp_send_is_stopped_and_breaks_the_group() {
-    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
-    // Far more than the sockets buffer while nobody reads, so the send cannot complete alone.
-    let n = 64 << 20;
-    let out = with_hosts_owned(&["a", "b"], Duration::from_secs(1), move |mut c| {
-        if c.rank == 0 {
-            let e = Engine::with(Box::new(c), true).unwrap();
-            let msg = vec![7u8; n];
-            let addr = msg.as_ptr() as usize;
-            // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.
-            let sent = unsafe { e.run(Op::Send { to: 1, buf: (addr, n), tag: 3 }, Box::new(msg)) };
-            both.wait();
-            both.wait();
-            // SAFETY: no buffers.
-            let next = unsafe { e.run(Op::Barrier, Box::new(())) };
-            (sent.map(|_| ()), next.map(|_| ()))
-        } else {
-            both.wait();
-            let mut got = vec![0u8; n];
-            // SAFETY: `got` lives, untouched by anyone else, through the call.
-            let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 3) };
-            both.wait();
-            (r, Ok(()))
+fn a_timed_out_send_breaks_the_group_on_one_host_and_across_hosts() {
+    for (ids, n) in [(["a", "a"], 1 << 16), (["a", "b"], 64 << 20)] {
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let out = with_groups(&ids, Duration::from_secs(1), move |mut c| {
+            if c.rank() == 0 {
+                let e = Engine::with(c, true).unwrap();
+                let msg = vec![7u8; n];
+                let addr = msg.as_ptr() as usize;
+                // SAFETY: the owner holds `msg`, whose heap memory is the op's buffer.
+                let sent = unsafe { e.run(Op::Send { to: 1, buf: (addr, n), tag: 3 }, Box::new(msg)) };
+                both.wait();
+                both.wait();
+                // SAFETY: no buffers.
+                let next = unsafe { e.run(Op::Barrier, Box::new(())) };
+                (sent.map(|_| ()), next.map(|_| ()))
+            } else {
+                both.wait();
+                let mut got = vec![0u8; n];
+                // SAFETY: `got` lives, untouched by anyone else, through the call.
+                let r = unsafe { c.recv(0, got.as_mut_ptr() as usize, n, 3) };
+                both.wait();
+                (r, Ok(()))
+            }
+        });
+        assert!(matches!(out[0].0, Err(Error::Timeout { .. })), "{ids:?}: {:?}", out[0].0);
+        assert!(out[1].0.is_err(), "{ids:?}: rank 1 took the bytes of a send that failed");
+        if ids[0] == ids[1] {
+            assert!(matches!(out[1].0, Err(Error::PeerAborted { rank: 0, .. })), "{ids:?}: {:?}", out[1].0);
         }
-    });
-    assert!(matches!(out[0].0, Err(Error::Timeout { .. })), "{:?}", out[0].0);
-    assert!(out[1].0.is_err(), "rank 1 took the bytes of a send that failed");
-    assert!(matches!(out[0].1, Err(Error::Broken(_))), "{:?}", out[0].1);
+        assert!(matches!(out[0].1, Err(Error::Broken(_))), "{ids:?}: {:?}", out[0].1);
+    }
 }

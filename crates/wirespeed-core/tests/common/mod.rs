@@ -4,7 +4,7 @@
 use std::time::Duration;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
 use wirespeed_core::shm::comm::RankInfo;
-use wirespeed_core::{Comm, Config};
+use wirespeed_core::{Collectives, Comm, Config, Setup};
 
 /// Run `f(rank, group)` on a thread per group; results in rank order. A panic on any rank
 /// fails the test.
@@ -53,17 +53,23 @@ pub fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
 
 /// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
 pub fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
-    with_hosts_owned(ids, Duration::from_secs(20), move |mut c| f(&mut c))
-}
-
-/// `with_hosts`, handing each rank its group to keep (an engine takes it) under `timeout`.
-pub fn with_hosts_owned<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let s = setups(ids, timeout);
+    let s = setups(ids, Duration::from_secs(20));
     let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
-    on_threads(s, move |_, x| f(x.connect(&infos).unwrap()))
+    on_threads(s, move |_, x| f(&mut x.connect(&infos).unwrap()))
 }
 
 /// Rank `rank`'s input of `n` elements: small values, different on every rank and element.
 pub fn input(rank: usize, n: usize) -> Vec<i64> {
     (0..n).map(|i| ((i * 7 + rank * 13) % 101) as i64 - 50).collect()
+}
+
+/// Run `f` on every rank of the layout `ids`, each handed the group `Setup` makes for it (the
+/// one-host group when all ids are equal, else the multi-host one), as the bindings get it.
+pub fn with_groups<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(Box<dyn Collectives>) -> T + Send + Sync + 'static) -> Vec<T> {
+    let token = wirespeed_core::sys::random_token().unwrap();
+    let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    let cfg = config();
+    let s: Vec<Setup> = (0..ids.len()).map(|r| Setup::new(r, ids.len(), token, timeout, &ids, &cfg).unwrap()).collect();
+    let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
+    on_threads(s, move |_, x| f(x.connect(&infos).unwrap()))
 }
