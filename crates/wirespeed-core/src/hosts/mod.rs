@@ -11,7 +11,8 @@
 //! x 8 ranks and 12 streams: 1,244 instead of 6,048).
 //!
 //! The group is itself a `Transport` (shared memory to peers of its host, the mesh's own
-//! `Transport` to the others), so the algorithms of algo/ run over it unchanged. Collectives across hosts:
+//! `Transport` to the others), so the algorithms of algo/ run over it unchanged. Collectives
+//! across hosts:
 //! - all_reduce: hierarchical (shm reduce to each host's leader, ring or recursive doubling among
 //!   leaders, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
 //!   WIRESPEED_ALGO=ring (algo/ring.rs).
@@ -134,8 +135,8 @@ impl HostsSetup {
         let local_infos: Vec<RankInfo> = lay.hosts[h].iter().map(|&r| infos[r].clone()).collect();
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
-        let tcp = Mesh::connect(listener, rank, &addrs, &streams, token, timeout)?;
-        Ok(HostsComm { rank, world, lay, local, tcp, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
+        let mesh = Mesh::connect(listener, rank, &addrs, &streams, token, timeout)?;
+        Ok(HostsComm { rank, world, lay, local, mesh, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
     }
 }
 
@@ -144,7 +145,7 @@ pub struct HostsComm {
     pub world: usize,
     pub(crate) lay: Layout,
     pub(crate) local: Comm,
-    pub(crate) tcp: Mesh,
+    pub(crate) mesh: Mesh,
     seq: u64,
     broken: Option<Error>,
     pub(crate) tuning: Tuning,
@@ -190,12 +191,12 @@ impl HostsComm {
 
     /// Connections refused so far by this rank's listener.
     pub fn refused(&self) -> usize {
-        self.tcp.refused()
+        self.mesh.refused()
     }
 
     /// TCP streams of the connection with rank `r` (0 for a rank on this host).
     pub fn streams_to(&self, r: usize) -> usize {
-        self.tcp.streams_to(r)
+        self.mesh.streams_to(r)
     }
     pub(crate) fn my_host(&self) -> usize {
         self.lay.host_of[self.rank]
@@ -238,7 +239,7 @@ impl HostsComm {
             self.broken = Some(e.clone());
         }
         self.local.fail(e);
-        self.tcp.shutdown();
+        self.mesh.shutdown();
     }
 
     /// Run `f` with the group's scratch buffer taken out (the algorithms borrow both).
@@ -343,7 +344,7 @@ impl Transport for HostsComm {
             // receiver's read fails: what Comm::post_to asks.
             Some(l) => Pend::ShmSend(unsafe { self.local.post_to(l, data as usize, len, tag)? }),
             // SAFETY: post_send's contract is the mesh's own: the group breaking shuts it down.
-            None => Pend::Tcp(unsafe { self.tcp.post_send(to, data, len, tag)? }),
+            None => Pend::Tcp(unsafe { self.mesh.post_send(to, data, len, tag)? }),
         };
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
@@ -354,7 +355,7 @@ impl Transport for HostsComm {
         let p = match self.local_index(from) {
             Some(l) => Pend::ShmRecv { from: l, ptr: data, len, tag },
             // SAFETY: post_recv's contract is the mesh's own: the group breaking shuts it down.
-            None => Pend::Tcp(unsafe { self.tcp.post_recv(from, data, len, tag)? }),
+            None => Pend::Tcp(unsafe { self.mesh.post_recv(from, data, len, tag)? }),
         };
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
@@ -376,7 +377,7 @@ impl Transport for HostsComm {
             // SAFETY: post_recv's contract: `ptr..ptr+len` was posted writable and ours until its
             // handle is waited, which is now; Comm::recv_from needs it for this call only.
             Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv_from(from, ptr as usize, len, tag) },
-            Pend::Tcp(h) => self.tcp.wait(h),
+            Pend::Tcp(h) => self.mesh.wait(h),
             Pend::Done => Ok(()),
         }
     }
@@ -515,7 +516,7 @@ impl Collectives for HostsComm {
             // readable and unwritten until the ticket completes.
             Some(l) => unsafe { self.local.post_to(l, addr, len, tag) }.map(|t| Box::new(t) as Ticket),
             // SAFETY: the same contract is the mesh's `send`'s.
-            None => unsafe { self.tcp.send(to, addr as *const u8, len, tag) }.map(|t| Box::new(t) as Ticket),
+            None => unsafe { self.mesh.send(to, addr as *const u8, len, tag) }.map(|t| Box::new(t) as Ticket),
         };
         if let Err(e) = &r {
             self.break_group(e);

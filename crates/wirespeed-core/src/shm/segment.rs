@@ -246,7 +246,7 @@ impl Seg {
         let off = self.lay.ring_off + (to * P2P_RING + n as usize % P2P_RING) * 32;
         // SAFETY: ring entry (to, n mod P2P_RING), 32 bytes inside the ring area (world x P2P_RING
         // entries at `ring_off`), 8-aligned. Only the sender writes it, and only after its
-        // receiver acknowledged the entry it replaces (`send_post` waits on `acked` first).
+        // receiver acknowledged the entry it replaces (`post_to` waits on `acked` first).
         unsafe { std::ptr::write_volatile(self.at::<SendEntry>(off), e) };
     }
     pub fn send_entry(&self, to: usize, n: u32) -> SendEntry {
