@@ -1,7 +1,8 @@
 //! A group as the engine sees it: one set of collectives (`api::Collectives`), whatever carries
-//! them; this file makes the group (`Setup`). Ranks that all
-//! share a host get the shared-memory `Comm` unchanged (its speed is the product on one host);
-//! ranks spread over hosts get `HostsComm`, which uses a `Comm` per host plus TCP between hosts.
+//! them; this file makes the group (`Setup`), and each group implements the trait itself. Ranks
+//! that all share a host get the shared-memory `Comm` unchanged (its speed is the product on one
+//! host); ranks spread over hosts get `HostsComm`, which uses a `Comm` per host plus TCP between
+//! hosts.
 //!
 //! Setup is two steps so any store can carry the rendezvous: `Setup::new` (knowing every rank's
 //! host id) creates what peers need to reach this rank and returns it from `info`; the caller
