@@ -122,9 +122,11 @@ def _start_timed(backend: Backend, coll: Collective, case: Case, bufs) -> None:
 
 
 def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
-            watchdog: Watchdog) -> dict:
+            watchdog: Watchdog, sent_bytes: Callable[[], int] | None = None) -> dict:
     """Time one case on this rank (the loop, then single calls) and check it; returns the
-    aggregate over all ranks."""
+    aggregate over all ranks. `sent_bytes`, where the rank's host link is known (the emulated
+    cluster), reads what the host has sent over it: the loop's share of it per second becomes
+    `link_sent_gbps`, what really crossed beside what busbw assumes."""
     label = f"{case.collective} {case.nbytes} B {case.dtype.name}{' ' + case.op if case.op else ''}"
     clock = time.perf_counter
     watchdog.step(f"allocating {label}")
@@ -142,6 +144,7 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
     # it late (it learns last that everyone arrived) misses the bytes sent before it looked, and
     # small loops claimed up to 1.4x a capped link. The price is one barrier per loop (1/iters of
     # a small call per call), on the side of never claiming more than was moved.
+    sent0 = sent_bytes() if sent_bytes else 0
     t0 = clock()
     backend.barrier()
     for _ in range(cfg.iters):
@@ -149,6 +152,8 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
         watchdog.progress()  # each call must end within the timeout; the loop may take longer
     backend.synchronize()
     loop_s = clock() - t0
+    # Every rank of a host reads the same counter: a host's figure is any of its ranks'.
+    sent = float(sent_bytes() - sent0) if sent_bytes else -1.0
     wrong_loop = wrong_ops = 0
     if cfg.check:
         watchdog.step(f"checking {label} (after the loop)")
@@ -166,11 +171,15 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
             watchdog.step(f"checking {label} (after the single calls)")
             wrong_ops = check_last(backend, coll, case, bufs)
     watchdog.step(f"gathering results of {label}")
-    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), loop_s] + times)
+    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), loop_s, sent] + times)
     del bufs
     out = summarize_loop([r[2] for r in rows], cfg.iters)
+    if sent >= 0:
+        # The barrier inside the timed region and the header bytes count too: a figure of what
+        # the wire carried, never more than the link, for the busiest host.
+        out["link_sent_gbps"] = max(r[3] for r in rows) / (out["time_us"] * cfg.iters * 1e-6) / 1e9
     if times:
-        out.update(summarize_ops([r[3:] for r in rows]))
+        out.update(summarize_ops([r[4:] for r in rows]))
     # The worse of the two checked results, each summed over ranks (not their sum: one broken
     # element found twice is one wrong element).
     out["wrong"] = int(max(sum(r[0] for r in rows), sum(r[1] for r in rows)))
@@ -179,9 +188,10 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
 
 
 def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
-             on_result: Callable[[dict], None], on_step: Callable[[], None] = lambda: None) -> int:
+             on_result: Callable[[dict], None], on_step: Callable[[], None] = lambda: None,
+             sent_bytes: Callable[[], int] | None = None) -> int:
     """Run every case on this rank; on_result gets each measurement (same on every rank).
-    Returns the total of wrong elements over all cases and ranks."""
+    Returns the total of wrong elements over all cases and ranks. `sent_bytes`: see measure."""
     watchdog = Watchdog(cfg.timeout_s, info.rank)
     total_wrong = 0
     try:
@@ -191,7 +201,7 @@ def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
                 if reason:
                     continue
                 case = make_case(s, nbytes, inplace, info, device)
-                m = measure(backend, case, s.collective, cfg, watchdog)
+                m = measure(backend, case, s.collective, cfg, watchdog, sent_bytes)
                 factor = s.collective.busbw_factor(info.world_size)
                 algbw = case.nbytes / (m["time_us"] * 1e-6) / 1e9 if m["time_us"] > 0 else 0.0
                 m.update(collective=s.collective.name, dtype=s.dtype.name, op=s.op, root=s.root,

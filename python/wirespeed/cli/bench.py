@@ -181,7 +181,7 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
     lead = info.rank == 0
     records = []
     env = record_env() if lead else {}
-    from ..launch.cluster import link_fields
+    from ..launch.cluster import host_link_sent_bytes, link_fields
     link = link_fields()  # link_rate_gbps etc. when the ranks run on the emulated cluster
     run_id = time.strftime("%Y%m%d-%H%M%S")
     progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
@@ -197,7 +197,8 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
             if lead:
                 records.append(record("bench", {"run_id": run_id, "backend": cfg.backend,
                                 "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env}))
-        total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance)
+        total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance,
+                               host_link_sent_bytes())
     except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
         progress.close()
         raise rank_error(info.rank, e) from None
