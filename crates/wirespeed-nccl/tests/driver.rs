@@ -151,3 +151,17 @@ fn nccl_socket_ifname_is_the_fallback_interface_variable() {
 fn a_sender_closing_right_after_its_sends_complete_loses_nothing() {
     pair("early-close", "11", &[], &[]);
 }
+
+#[test]
+fn bad_numbers_are_one_line_errors_not_panics_or_wraps() {
+    // A panic exits 101; a wrapped size ran a sweep of nothing and printed PASS.
+    for (flag, value) in [("--timeout", "-1"), ("--timeout", "nan"), ("--timeout", "1e30"), ("--timeout", "0"),
+                          ("--max-bytes", "17179869184G"), ("--max-bytes", "0"), ("--count", "0"),
+                          ("--total", "99999999999999999999"), ("--msg", "12Q")] {
+        let o = run(&["pair", "--scenario", "sweep", flag, value], &[]);
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {out}");
+        assert_eq!(out.trim().lines().count(), 1, "{flag} {value}: {out}");
+        assert!(out.starts_with("wirespeed-nccl-driver: ") && !out.contains("PASS"), "{flag} {value}: {out}");
+    }
+}

@@ -87,7 +87,17 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("not a size: {s:?} (e.g. 512K, 64M)"))
+    let bad = || format!("not a size: {s:?} (e.g. 512K, 64M)");
+    // checked: 17179869184G wrapped to 0 and a sweep of nothing reported PASS.
+    num.parse::<usize>().map_err(|_| bad())?.checked_mul(mul).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Seconds for --timeout: finite, positive and at most a day (Instant + 1e30 s panics).
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Ok(Duration::from_secs_f64(t)),
+        _ => Err(format!("--timeout {s:?}: give seconds, more than 0 and at most 86400")),
+    }
 }
 
 /// The library next to the driver: cargo's name in target/<profile>/, the installed name in
@@ -125,7 +135,7 @@ fn parse_args() -> Result<Args, String> {
             "--api" => a.api = val()?.parse().map_err(|_| "--api takes 8..12")?,
             "--lib" => a.lib = val()?,
             "--rank" => a.rank = val()?.parse().map_err(|_| "--rank takes 0 or 1")?,
-            "--timeout" => a.timeout = Duration::from_secs_f64(val()?.parse().map_err(|_| "--timeout takes seconds")?),
+            "--timeout" => a.timeout = parse_timeout(&val()?)?,
             "--wrap0" => a.wrap[0] = val()?.split_whitespace().map(String::from).collect(),
             "--wrap1" => a.wrap[1] = val()?.split_whitespace().map(String::from).collect(),
             "--count" => a.count = val()?.parse().map_err(|_| "--count takes a number")?,
@@ -140,8 +150,8 @@ fn parse_args() -> Result<Args, String> {
     if !(8..=12).contains(&a.api) {
         return Err(format!("--api {}: the plugin exports versions 8 to 12", a.api));
     }
-    if a.window == 0 || a.msg == 0 {
-        return Err("--window and --msg must be positive".into());
+    if a.window == 0 || a.msg == 0 || a.count == 0 || a.max_bytes == 0 || a.total == 0 {
+        return Err("--window, --msg, --count, --max-bytes and --total must be positive".into());
     }
     Ok(a)
 }
