@@ -60,6 +60,10 @@ class RanksDisagree(WirespeedError):
     exit_code = EXIT_MISMATCH
 
 
+class RankClaimedTwice(RanksDisagree):
+    """Two processes claimed one rank number at the rendezvous (a stale rank of an earlier job on
+    the same port, a launcher that started a rank twice): the job cannot know which is its own."""
+
 
 # ---- the native transport's errors (wirespeed._native raises these: the binding imports them) ----
 # Each is the kind of failure it is, so its exit status comes from its type; TransportError says it
