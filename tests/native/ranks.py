@@ -1,4 +1,4 @@
-"""Start N real rank processes of a worker script on loopback and collect what each reports.
+"""Start N real rank processes of a worker script (workers/) on loopback and collect what each reports.
 
 Each worker prints one JSON line prefixed with RESULT; a rank that hangs past the deadline is
 killed (and the test fails), so no test can hang and nothing is left running.
@@ -14,7 +14,9 @@ from pathlib import Path
 from wirespeed.launch.environment import free_port  # noqa: F401 - tests import it from here
 from wirespeed.launch.local import rank_env
 
-HERE = Path(__file__).resolve().parent
+# The rank programs (one process each) live apart from the tests, so this folder lists tests and
+# the checks they share with the ranks.
+WORKERS = Path(__file__).resolve().parent / "workers"
 
 
 def run_ranks(script: str, world: int, timeout: float, extra_env: dict | None = None,
@@ -24,7 +26,7 @@ def run_ranks(script: str, world: int, timeout: float, extra_env: dict | None = 
     procs = []
     for r in range(world):
         env = dict(rank_env(r, world, port), OMP_NUM_THREADS="1", **(extra_env or {}))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / script), *map(str, args)], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(WORKERS / script), *map(str, args)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout
     outs = []

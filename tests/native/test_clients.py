@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from .ranks import HERE, free_port, run_ranks
+from .ranks import WORKERS, free_port, run_ranks
 
 COMMON = ("api", "dtypes", "layouts", "data_dtypes", "functional", "mesh1d", "fsdp2", "ddp_hooks")
 
@@ -25,7 +25,7 @@ def under_torchrun(nproc: int, args, timeout: float) -> list[dict]:
 
 def _torchrun(nproc, args, timeout, report_dir):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-port", str(free_port()), str(HERE / "worker_clients.py"), *args]
+           "--master-port", str(free_port()), str(WORKERS / "worker_clients.py"), *args]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     p = subprocess.Popen(cmd, env=dict(env, OMP_NUM_THREADS="1", CLIENTS_REPORT_DIR=report_dir),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

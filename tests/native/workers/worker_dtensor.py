@@ -8,7 +8,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests/
 from native import dtensor_checks as dc  # noqa: E402
 from native.ranks import report  # noqa: E402
 import wirespeed.native  # noqa: E402,F401

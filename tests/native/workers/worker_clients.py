@@ -11,7 +11,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests/
 from native import clients_api as api  # noqa: E402
 from native import clients_models as models  # noqa: E402
 from native.ranks import report  # noqa: E402
