@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..report.outputs import run_dir
-from ..report.records import bench_records, read_records, write_jsonl
+from ..report.records import load, write_jsonl
 from . import render
 from .plan import CompareConfig, gpu_count, make_plan
 from .plot import plot_compare
@@ -82,14 +82,14 @@ def run_compare(cfg: CompareConfig) -> int:
 
 def rebuild(paths: list[str], variant: str, plot_dir: str | None) -> int:
     """Tables, summary and plots from saved records (compare or bench runs, any mix)."""
-    records = []
-    for p in paths:
-        records.extend(bench_records(read_records(p)))  # other kinds (model, ...) have no sizes
+    loaded = load(paths, ("bench",), "compare", "--from")  # other kinds (model, ...) have no sizes
+    records = loaded.records
     if plot_dir is None:
         first = Path(paths[0])
         plot_dir = str(first if first.is_dir() else first.parent)
     from ..report.outputs import check_output_dir
     check_output_dir(plot_dir, "--plot-dir")
     _print(f"# wirespeed compare: rebuilt from {len(records)} records in {', '.join(paths)}")
+    _print(loaded.note())
     report(records, variant, plot_dir)
     return 0
