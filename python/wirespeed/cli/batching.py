@@ -31,8 +31,8 @@ def register(sub) -> None:
     add(p, "-d", "--dtype", default="float32", help="float32, float16, bfloat16, float64, int32, ...")
     flags.ranks(p, holds="the buffer")
     flags.iterations(p, warmup="1", iters="3", unit="steps per chunk count")
-    add(p, "--json", default=None, help="write one JSON-lines record per chunk count here")
-    add(p, "--plot", default=None, help="write a PNG of total time vs chunk count with the fit here")
+    flags.output(p, "--json", default=None, help="write one JSON-lines record per chunk count here")
+    flags.output(p, "--plot", default=None, help="write a PNG of total time vs chunk count with the fit here")
     p.set_defaults(func=main)
 
 
@@ -101,9 +101,7 @@ def _job(args) -> Job:
 def _launch(c, args, start) -> int:
     from ..backends import create
     from ..launch.memory import check_local_ranks
-    from ..report.outputs import check_outputs
     check_local_ranks(c["nproc"])
-    check_outputs(files={"--json": args.json, "--plot": args.plot})
     create(c["backend"], c["device"])
     check_local_gpus(c["nproc"], c["backend"])
     total = pick_total(args.total, c, c["nproc"])

@@ -49,10 +49,11 @@ def register(sub) -> None:
     add(p, "--no-per-op", action="store_true",
         help="time only the loop, not single calls too (records then lack p50/p99/min/max)")
     add(p, "--format", default="table", choices=("table", "md"), help="nccl-tests table or markdown")
-    add(p, "--json", default=None, help="write JSON-lines records here")
-    add(p, "--csv", default=None, help="write CSV here")
-    add(p, "--plot", default=None, help="write a PNG plot of busbw and algbw here")
-    add(p, "--save-dir", default="runs", help="every run also lands in SAVE_DIR/<timestamp>/")
+    flags.output(p, "--json", default=None, help="write JSON-lines records here")
+    flags.output(p, "--csv", default=None, help="write CSV here")
+    flags.output(p, "--plot", default=None, help="write a PNG plot of busbw and algbw here")
+    flags.output(p, "--save-dir", what="dir", unused_with=("no_save",), default="runs",
+                 help="every run also lands in SAVE_DIR/<timestamp>/")
     add(p, "--no-save", action="store_true", help="do not save the run under --save-dir")
     add(p, "--no-progress", action="store_true", help="no progress bar even on a terminal")
     flags.placement(p, rph="place ranks in blocks of this many per host (default -N = hosts x this)")
@@ -109,20 +110,12 @@ def _validate_for_world(cfg: BenchConfig, world: int) -> None:
         raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
 
 
-def check_bench_outputs(cfg: BenchConfig) -> None:
-    """Every file and directory the report will write, proven writable before any rank runs."""
-    from ..report.outputs import check_outputs
-    check_outputs(files={"--json": cfg.json_path, "--csv": cfg.csv_path, "--plot": cfg.plot_path},
-                  dirs={"--save-dir": cfg.save_dir})
-
-
 def launch_local(cfg: BenchConfig, args, start) -> int:
     from ..backends import create
     from ..bench.memory import check_fits
     if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
         from ..launch.cluster import cluster_nproc
         cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
-    check_bench_outputs(cfg)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     _validate_for_world(cfg, cfg.nproc)
     check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, args.cluster, args.ranks_per_host))
@@ -161,8 +154,6 @@ def _gpu_sharing(backend, device: str, cfg: BenchConfig) -> list[str]:
 def _before_start(cfg: BenchConfig, info) -> None:
     from ..bench.memory import check_fits
     _validate_for_world(cfg, info.world_size)
-    if info.rank == 0 and os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
-        check_bench_outputs(cfg)  # under an outer launcher: rank 0 writes, so rank 0 checks
     if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,

@@ -31,10 +31,12 @@ def register(sub) -> None:
         help="run the whole matrix this many times, interleaved; report median and spread")
     add(p, "--variant", default="best", choices=("best", "in-place", "out-of-place"),
         help="which variant fills a cell (best: the faster one the backend has)")
-    add(p, "--json", default=None, help="write every record (JSON lines) here")
-    add(p, "--save-dir", default="runs", help="records, summary, plots and logs go to SAVE_DIR/compare-<time>/")
+    flags.output(p, "--json", unused_with=("from_paths",), default=None,
+                 help="write every record (JSON lines) here")
+    flags.output(p, "--save-dir", what="dir", unused_with=("no_save", "from_paths"), default="runs",
+                 help="records, summary, plots and logs go to SAVE_DIR/compare-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
-    add(p, "--plot-dir", default=None, help="write the plots here (default: the saved run's directory)")
+    flags.output(p, "--plot-dir", what="dir", default=None, help="write the plots here (default: the saved run's directory)")
     flags.placement(p, what="every combination's ranks", rph="ranks per host (default 1, round robin)")
     p.add_argument("--from", dest="from_paths", nargs="+", default=None, metavar="RUNDIR",
                    help="rebuild tables, summary and plots from saved records instead of running")
@@ -77,11 +79,8 @@ def config_from_args(args):
 def main(args, argv) -> int:
     from ..compare.session import rebuild, run_compare
     from .rankjob import check_rank_flags
-    from ..report.outputs import check_outputs
     if args.from_paths:
         return rebuild(args.from_paths, args.variant, args.plot_dir)
     check_rank_flags(args)
     cfg = config_from_args(args)
-    check_outputs(files={"--json": cfg.json_path}, dirs={"--save-dir": cfg.save_dir,
-                                                          "--plot-dir": cfg.plot_dir})
     return run_compare(cfg)

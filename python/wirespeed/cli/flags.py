@@ -1,7 +1,8 @@
 """Flags that several commands share, declared (and where they have one, validated) once: how many
 iterations and how long to wait (-w/-n/-T), which ranks run (--backend/--device/-N/--master-port),
-and where they run (--cluster/--ranks-per-host/--host-per-rank). Each command says only what its
-iterations count and its buffers hold."""
+where they run (--cluster/--ranks-per-host/--host-per-rank), and what a command writes (`output`:
+every file or directory flag, proven writable by `check_outputs` before any work). Each command
+says only what its iterations count and its buffers hold."""
 from __future__ import annotations
 
 from .common import add, positive_int
@@ -24,6 +25,8 @@ def ranks(p, *, holds: str = "the buffers", backends: str = "gloo, nccl, ...",
     add(p, "--device", default=None, choices=("cpu", "cuda"), help=f"where {holds} live")
     add(p, "-N", "--nproc", default=nproc, help=nproc_help)
     if port:
+        # Only commands that start local ranks take a port; those ranks re-run the command line.
+        p.set_defaults(_runs_ranks=True)
         add(p, "--master-port", default=None, help="rendezvous port for local ranks (default: a free one)")
 
 
@@ -37,3 +40,26 @@ def placement(p, *, what: str = "the ranks", rph: str = "place ranks in blocks o
         add(p, "--host-per-rank", action="store_true",
             help="give every rank a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID): libraries treat "
             "the ranks as nodes of a cluster, and several NCCL ranks may share one GPU")
+
+
+def output(p, *names, what: str = "file", unused_with: tuple[str, ...] = (), twin: bool = True, **kw):
+    """An output flag (`what`: a "file" or a "dir"), declared with `add` and remembered on the
+    parser, so `check_outputs` proves it writable before the command does any work: a long sweep
+    must never end in a traceback with its results lost. `unused_with`: flags (dests) that make
+    this output unused (--no-save, --from), so an unwritable default is not held against them.
+    twin=False: no WIRESPEED_* twin (plot's -o, which never had one)."""
+    action = add(p, *names, **kw) if twin else p.add_argument(*names, **kw)
+    p.set_defaults(_outputs=[*(p.get_default("_outputs") or ()), (names[0], action.dest, what,
+                                                                     unused_with)])
+    return action
+
+
+def check_outputs(args) -> None:
+    """Every declared output of the command in `args`, checked at once (main does this before a
+    command runs; a one-line UsageError names the first that cannot be written)."""
+    from ..report.outputs import check_outputs as check
+    files, dirs = {}, {}
+    for flag, dest, what, unused_with in getattr(args, "_outputs", None) or ():
+        if not any(getattr(args, u, None) for u in unused_with):
+            (files if what == "file" else dirs)[flag] = getattr(args, dest, None)
+    check(files=files, dirs=dirs)

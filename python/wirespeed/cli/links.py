@@ -26,9 +26,10 @@ def register(sub) -> None:
         help="pairs of ranks, or of hosts (one rank each); auto: ranks up to 16, else hosts")
     flags.ranks(p, backends="gloo, nccl or wirespeed")
     flags.iterations(p, warmup="1", iters="5", unit="messages each way per pair")
-    add(p, "--json", default=None, help="write the pair records (JSON lines) here")
-    add(p, "--plot", default=None, help="write the heatmap PNG here")
-    add(p, "--save-dir", default="runs", help="records and heatmap also go to SAVE_DIR/links-<time>/")
+    flags.output(p, "--json", default=None, help="write the pair records (JSON lines) here")
+    flags.output(p, "--plot", default=None, help="write the heatmap PNG here")
+    flags.output(p, "--save-dir", what="dir", unused_with=("no_save",), default="runs",
+                 help="records and heatmap also go to SAVE_DIR/links-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
     flags.placement(p, rph="ranks per host", host_per_rank=False)
     p.set_defaults(func=main)
@@ -68,9 +69,6 @@ def _job(args):
 
 def _launch(cfg, args, start) -> int:
     from .rankjob import default_nproc
-    from ..report.outputs import check_outputs
-    check_outputs(files={"--json": args.json, "--plot": args.plot},
-                  dirs={"--save-dir": None if args.no_save else args.save_dir})
     nproc = default_nproc(args.nproc, cfg.device)
     if args.cluster:
         from ..launch.cluster import cluster_nproc

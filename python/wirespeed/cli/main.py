@@ -5,8 +5,8 @@ import os
 import sys
 
 from ..errors import WirespeedError
-from . import (batching, bench, cluster, compare, env, launch, links, model, objects, plot, plugin,
-               predict, tune)
+from . import (batching, bench, cluster, compare, env, flags, launch, links, model, objects, plot,
+               plugin, predict, tune)
 from .common import Parser, fail
 
 SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, plugin,
@@ -22,6 +22,20 @@ def build_parser() -> Parser:
     return parser
 
 
+def check_outputs_here(args) -> None:
+    """Every command's outputs, proven writable before it does any work (flags.output). In the
+    ranks of a rank-running command only rank 0 of an outer launcher (torchrun, srun, mpirun)
+    checks: rank 0 writes, and nobody checked before it started. Under wirespeed's own spawn the
+    shell that started the ranks checked already, and ranks probing one path at once would trip
+    over each other's probe files."""
+    if getattr(args, "_runs_ranks", False):
+        from ..launch.environment import rank_info
+        info = rank_info(need_master=False)
+        if info is not None and (info.rank != 0 or os.environ.get("_WIRESPEED_LOCAL_SPAWN") == "1"):
+            return
+    flags.check_outputs(args)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -30,6 +44,7 @@ def main(argv=None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        check_outputs_here(args)
         return args.func(args, argv) or 0
     except WirespeedError as e:
         fail(e)

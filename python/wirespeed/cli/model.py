@@ -43,7 +43,8 @@ def register(sub) -> None:
     add(p, "-d", "--dtype", default="float32", help="float32, float16, bfloat16, float64, ...")
     flags.ranks(p, holds="the gradients")
     flags.iterations(p, warmup="2", iters="10", unit="steps per strategy")
-    add(p, "--json", default=None, help="write one JSON-lines record per strategy here")
+    flags.output(p, "--json", unused_with=("list",), default=None,
+                 help="write one JSON-lines record per strategy here")
     flags.placement(p, host_per_rank=False)
     # The launcher resolves the shapes once and hands them to its ranks (no model build per rank).
     p.add_argument("--resolved-shapes", default=None, help=argparse.SUPPRESS)
@@ -130,9 +131,7 @@ def launch_local(cfg, args, start) -> int:
     from ..backends import create
     from ..launch.memory import check_local_ranks
     from ..workloads.config import validate
-    from ..report.outputs import check_output_file
     check_local_ranks(cfg.nproc)
-    check_output_file(cfg.json_path, "--json")
     adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_local_gpus(cfg.nproc, cfg.backend)
     validate(cfg, cfg.nproc)

@@ -18,7 +18,6 @@ from ..errors import UsageError
 from . import flags
 from .rankjob import (Job, check_local_gpus, guarded_rank, parse_iters_timeout, parse_num,
                       resolve_backend, run_job, uses_torch_distributed)
-from .common import add
 from ..report.records import record
 
 
@@ -29,7 +28,7 @@ def register(sub) -> None:
     flags.ranks(p, holds="the flag tensors", backends="gloo, nccl", nproc="2,4",
                 nproc_help="comma list of world sizes to launch locally")
     flags.iterations(p, warmup="20", iters="200", unit="calls per method", timeout="120")
-    add(p, "--json", default=None, help="write one JSON-lines record per world size and method here")
+    flags.output(p, "--json", default=None, help="write one JSON-lines record per world size and method here")
     p.add_argument("--records-to", default=None, help=argparse.SUPPRESS)  # launcher <- rank 0
     p.set_defaults(func=main)
 
@@ -65,8 +64,6 @@ def _launch(c, args, start) -> int:
         raise UsageError(f"objects compares with torch.distributed's all_gather_object, which "
                          f"--backend {c['backend']} lacks: use gloo, nccl or wirespeed")
     from ..launch.memory import check_local_ranks
-    from ..report.outputs import check_output_file
-    check_output_file(args.json, "--json")
     for n in c["worlds"]:
         check_local_ranks(n)
         check_local_gpus(n, c["backend"])

@@ -3,6 +3,7 @@ sizes, hosts, sizes and link rates (docs/predict.md). Pure arithmetic on records
 from __future__ import annotations
 
 from ..errors import UsageError
+from . import flags
 from .common import add
 
 
@@ -29,8 +30,8 @@ def register(sub) -> None:
         help="the rate the fitted runs' links had, for records that do not carry it")
     add(p, "--against", nargs="+", default=None, metavar="RUNS",
         help="measured runs to hold the predictions against (their own ranks, hosts and sizes)")
-    add(p, "--json", default=None, help="write the predicted records (JSON lines) here")
-    add(p, "--plot", default=None, help="write a PNG of measured points and predicted curves here")
+    flags.output(p, "--json", default=None, help="write the predicted records (JSON lines) here")
+    flags.output(p, "--plot", default=None, help="write a PNG of measured points and predicted curves here")
     p.set_defaults(func=main)
 
 
@@ -48,7 +49,7 @@ def _int_list(text, flag) -> list[int] | None:
 
 def main(args, argv) -> int:
     from ..netem.units import parse_rate
-    from ..report.records import read_records, write_jsonl
+    from ..report.records import load, write_jsonl
     from ..sizes import parse_size
     from ..explain import predict as P
     nprocs = _int_list(args.nprocs, "--nprocs")
@@ -58,8 +59,9 @@ def main(args, argv) -> int:
     rate = parse_rate(args.link_rate, "--link-rate") if args.link_rate else None
     measured_rate = parse_rate(args.measured_link_rate, "--measured-link-rate") \
         if args.measured_link_rate else None
-    records = [r for path in args.from_paths for r in read_records(path)]
-    against = [r for path in args.against for r in read_records(path)] if args.against else []
+    fitted = load(args.from_paths, ("bench",), "predict", "--from")
+    checked = load(args.against, ("bench",), "predict", "--against") if args.against else None
+    records, against = fitted.records, checked.records if checked else []
     if not nprocs and not hosts and not against:
         raise UsageError("say what to predict: --nprocs N (and --ranks-per-host K), --hosts H, "
                          "or --against RUNS")
@@ -71,6 +73,9 @@ def main(args, argv) -> int:
     fits = P.fit_all(records, args.algo, measured_rate)
     print(f"# wirespeed predict: {len(fits)} series fitted on {sum(f.model.n_records for f in fits)} "
           f"records from {', '.join(args.from_paths)}")
+    for note in (fitted.note(), checked.note() if checked else ""):
+        if note:
+            print(note)
     preds = []
     if layouts:
         preds = P.predicted_records(fits, layouts, sizes, rate)

@@ -30,8 +30,10 @@ def register(sub) -> None:
                    help="values to try for a knob instead of the table's (repeatable)")
     add(p, "--list", action="store_true", help="print the knob table and exit")
     flags.placement(p, rph="ranks per host (default 1, round robin)")
-    add(p, "--json", default=None, help="write every record (JSON lines) here")
-    add(p, "--save-dir", default="runs", help="records, verdict and logs go to SAVE_DIR/tune-<time>/")
+    flags.output(p, "--json", unused_with=("list",), default=None,
+                 help="write every record (JSON lines) here")
+    flags.output(p, "--save-dir", what="dir", unused_with=("no_save", "list"), default="runs",
+                 help="records, verdict and logs go to SAVE_DIR/tune-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
     p.set_defaults(func=main)
 
