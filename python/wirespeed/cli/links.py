@@ -75,6 +75,11 @@ def _launch(cfg, args, start) -> int:
         nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, nproc)
     if nproc < 2:
         raise UsageError("links needs 2 ranks or more (-N)")
+    if args.by == "host" and not args.cluster:
+        # Our own spawn puts every rank on this host: one host has no pair to time (the matrices
+        # would be empty). Under an outer launcher run_links refuses the same once hosts are known.
+        raise UsageError("--by host times pairs of hosts, and every rank started here runs on this "
+                         "one host: use --by rank, or --cluster (or a launcher across machines)")
     from ..backends import create
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     return start(nproc)

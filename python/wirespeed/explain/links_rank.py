@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from statistics import median
 
+from ..errors import UsageError
 from . import pairs as PR
 
 LAT_BYTES = 8
@@ -102,6 +103,9 @@ def run_links(cfg: LinksConfig, info, backend, device: str, watchdog, say) -> di
     import torch.distributed as dist
     hosts = exchange_hosts(backend)
     units = units_of(hosts, cfg.by)
+    if len(units) < 2:  # every rank sees the same hosts, so every rank refuses alike
+        raise UsageError(f"--by host times pairs of hosts, and all {len(hosts)} ranks run on one "
+                         f"host ({hosts[0]}): use --by rank, or ranks on two hosts or more")
     host_index: dict[str, int] = {}
     host_of_unit = [host_index.setdefault(hosts[r], len(host_index)) for r in units]
     rounds = PR.schedule(host_of_unit)
