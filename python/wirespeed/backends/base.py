@@ -27,8 +27,9 @@ class Backend:
         return "cpu"
 
     def unsupported(self, collective: str, dtype: str, op: str | None, inplace: bool,
-                    device: str) -> str | None:
-        """None when the case can run, else a short reason shown in place of the figures."""
+                    device: str, world: int | None = None) -> str | None:
+        """None when the case can run, else a short reason shown in place of the figures. `world`:
+        the job's rank count, for a check before the ranks start (else the started job's)."""
         return None
 
     def version(self) -> str:

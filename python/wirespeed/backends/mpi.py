@@ -127,7 +127,7 @@ class MpiBackend(Backend):
     def device_for(self, info, device):
         return "cpu"
 
-    def unsupported(self, collective, dtype, op, inplace, device):
+    def unsupported(self, collective, dtype, op, inplace, device, world=None):
         if device != "cpu":
             return "mpi: cpu only"
         if collective in ("all_to_all", "send_recv", "barrier") and inplace:

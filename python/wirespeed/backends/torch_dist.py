@@ -43,13 +43,13 @@ class TorchDistBackend(Backend):
             return "nccl " + ".".join(map(str, v)) if isinstance(v, tuple) else f"nccl {v}"
         return f"torch {torch.__version__}"
 
-    def unsupported(self, collective, dtype, op, inplace, device):
+    def unsupported(self, collective, dtype, op, inplace, device, world=None):
         if inplace and collective in _OUT_OF_PLACE_ONLY:
             return "n/a"
         if not inplace and collective in _INPLACE_ONLY:
             return "n/a"
-        if collective == "send_recv" and dist.get_world_size() == 1:
-            return "n/a (1 rank)"  # torch.distributed cannot send to itself
+        if collective == "send_recv" and (world or dist.get_world_size()) == 1:
+            return "n/a (needs 2 ranks)"  # torch.distributed cannot send to itself
         if self.name == "gloo" and op == "avg" and not dtype.startswith(("float", "bfloat")):
             return "gloo: no integer avg"
         return None

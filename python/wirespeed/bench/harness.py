@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..backends.base import Backend, RankInfo
+from ..errors import UsageError
 from .collectives import COLLECTIVES, Case, Collective
 from .config import BenchConfig
 from .dtypes import DTYPES, DType
@@ -51,6 +52,24 @@ def series_of(cfg: BenchConfig) -> list[Series]:
             for op in (cfg.ops if coll.reduces else [None]):
                 out.append(Series(coll, dt, op, cfg.root if coll.rooted else -1))
     return out
+
+
+def check_something_runs(cfg: BenchConfig, backend: Backend, world: int, device: str) -> None:
+    """A UsageError when the backend can run no case of the run at all (gloo has no integer avg,
+    send_recv needs two ranks): the run would print no table and exit 0, which reads as success.
+    A run where only some cases cannot run shows their reason in the table instead."""
+    reasons = []
+    for s in series_of(cfg):
+        why = [backend.unsupported(s.collective.name, s.dtype.name, s.op, inplace, device, world)
+               for inplace in s.collective.variants]
+        if not all(why):
+            return
+        case = " ".join(x for x in (s.collective.name, s.dtype.name, s.op) if x)
+        reasons.append(f"{case}: {next(w for w in why if w not in ('n/a', None))}"
+                       if any(w != "n/a" for w in why) else f"{case}: n/a")
+    shown = "; ".join(dict.fromkeys(reasons[:3])) + ("; ..." if len(reasons) > 3 else "")
+    raise UsageError(f"nothing to run: {cfg.backend} can run no case asked for ({shown}): "
+                     "choose other -c/-d/-o or more ranks")
 
 
 def sizes_for(coll: Collective, cfg: BenchConfig) -> list[int]:
@@ -192,6 +211,7 @@ def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
              sent_bytes: Callable[[], int] | None = None) -> int:
     """Run every case on this rank; on_result gets each measurement (same on every rank).
     Returns the total of wrong elements over all cases and ranks. `sent_bytes`: see measure."""
+    check_something_runs(cfg, backend, info.world_size, device)  # under an outer launcher too
     watchdog = Watchdog(cfg.timeout_s, info.rank)
     total_wrong = 0
     try:

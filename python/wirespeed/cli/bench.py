@@ -116,7 +116,9 @@ def launch_local(cfg: BenchConfig, args, start) -> int:
     if args.cluster:  # ranks in the emulated cluster's namespaces (wirespeed.launch.cluster)
         from ..launch.cluster import cluster_nproc
         cfg.nproc = cluster_nproc(args.cluster, args.ranks_per_host, args.nproc, cfg.nproc)
-    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    from ..bench.harness import check_something_runs
+    adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    check_something_runs(cfg, adapter, cfg.nproc, cfg.device)
     _validate_for_world(cfg, cfg.nproc)
     check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, args.cluster, args.ranks_per_host))
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
