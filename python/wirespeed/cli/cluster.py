@@ -47,7 +47,7 @@ def register(sub) -> None:
 
     f = cmds.add_parser("hostfile", help="print a hosts file of the cluster for `wirespeed launch`")
     _name(f)
-    add(f, "--slots", default=None, type=positive_int("--slots"), help="slots=N on every line")
+    add(f, "--slots", default=None, type=positive_int("--slots", 1), help="slots=N on every line")
     f.set_defaults(func=cmd_hostfile)
 
     k = cmds.add_parser("link", help="take a host's link down or up (a pulled cable)")
