@@ -5,6 +5,7 @@ later versions add fields); keeping every read here means such a change touches 
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 # Element sizes by dtype name (the records' names), so the model needs no torch.
@@ -66,10 +67,15 @@ class Layout:
     @property
     def per_host(self) -> int:
         """The most ranks any one host has."""
-        return max(self.host_of.count(h) for h in set(self.host_of))
+        return max(self.ranks_of_host().values())
+
+    def ranks_of_host(self) -> Counter:
+        """host -> its number of ranks (one pass: a count per host would be ranks x hosts, hours
+        for a what-if of 80,000 ranks on as many hosts)."""
+        return Counter(self.host_of)
 
     def describe(self) -> str:
-        counts = sorted({self.host_of.count(h) for h in set(self.host_of)})
+        counts = sorted(set(self.ranks_of_host().values()))
         k = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         return f"{self.hosts}x{k}"
 
