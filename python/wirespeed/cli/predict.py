@@ -70,10 +70,12 @@ def main(args, argv) -> int:
     layouts = P.layouts_from_flags(nprocs, hosts, k[0] if k else None) if nprocs or hosts else []
     if any(l.world < 2 for l in layouts):
         raise UsageError("predict jobs of 2 ranks or more (one rank does not communicate)")
-    fits = P.fit_all(records, args.algo, measured_rate)
+    fits, unfit = P.usable_fits(P.fit_all(records, args.algo, measured_rate))
+    if layouts:
+        P.check_work(fits, layouts, sizes)
     print(f"# wirespeed predict: {len(fits)} series fitted on {sum(f.model.n_records for f in fits)} "
           f"records from {', '.join(args.from_paths)}")
-    for note in (fitted.note(), checked.note() if checked else ""):
+    for note in (fitted.note(), checked.note() if checked else "", *unfit):
         if note:
             print(note)
     preds = []

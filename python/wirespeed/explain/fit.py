@@ -26,6 +26,13 @@ from .costs import Terms
 
 PARAMS = ("a_shm", "b_shm", "a_net", "b_net")
 
+# Above this rms relative error a fit is refused: its typical prediction of the very records it
+# was fitted on is off by more than half the measured time, so the records do not follow
+# latency + bytes / bandwidth (algorithm switches, a loaded machine, sizes too small for the bytes
+# to show) and a prediction elsewhere would be a guess dressed as a number. Good fits here are
+# within 5-25% (docs/predict.md, "How right it is").
+MAX_FIT_RMS = 0.5
+
 
 @dataclass
 class Model:
@@ -39,6 +46,18 @@ class Model:
     worst: dict = field(default_factory=dict)
     residuals: list[tuple[int, int, float]] = field(default_factory=list)  # (world, bytes, rel err)
     n_records: int = 0
+    bytes_fitted: tuple[str, ...] = ()  # the per-byte parameters some record's bytes exercised
+
+    def meaningless(self) -> str:
+        """Why this fit must not be used to predict, or "" when it may be: a per-byte cost fitted
+        to 0 where records moved bytes (infinite bandwidth: bytes explain none of the time), or
+        an rms error above MAX_FIT_RMS."""
+        why = [f"a zero cost per byte {where} (infinite bandwidth)"
+               for key, where in (("b_shm", "inside a host"), ("b_net", "between hosts"))
+               if key in self.bytes_fitted and not self.params[key]]
+        if self.fit_rms > MAX_FIT_RMS:
+            why.append(f"an rms fit error of {self.fit_rms:.0%} (refused above {MAX_FIT_RMS:.0%})")
+        return " and ".join(why)
 
     def time_us(self, t: Terms, rate_bps: float | None = None) -> float:
         """The model's time for these counts; `rate_bps` is the link to price network bytes at."""
@@ -132,7 +151,8 @@ def fit(records: list[dict], terms_of) -> Model:
                  fit_rms=float(np.sqrt(np.mean(rel ** 2))), fit_max=float(np.max(np.abs(rel))),
                  worst={"world_size": meta[worst_i][0], "bytes": meta[worst_i][1],
                         "rel_err": float(rel[worst_i])},
-                 residuals=[(w, b, float(e)) for (w, b), e in zip(meta, rel)], n_records=len(rows))
+                 residuals=[(w, b, float(e)) for (w, b), e in zip(meta, rel)], n_records=len(rows),
+                 bytes_fitted=tuple(name for j, name in enumerate(PARAMS) if name[0] == "b" and used[j]))
 
 
 def _class_used(name: str, used: list[bool]) -> bool:

@@ -59,6 +59,48 @@ def fit_all(records: list[dict], algo: str | None = None,
     return fits
 
 
+def usable_fits(fits: list[SeriesFit]) -> tuple[list[SeriesFit], list[str]]:
+    """(the fits that may predict, a `# not predicted` line for each that may not: fit.py's
+    Model.meaningless). None left is a one-line UsageError: printing predictions from a fit that
+    cannot explain its own records, with exit 0, passes a guess off as a result."""
+    good, notes = [], []
+    for sf in fits:
+        why = sf.model.meaningless()
+        if why:
+            notes.append(f"{sf.title()}: the fit has {why}")
+        else:
+            good.append(sf)
+    if not good:
+        raise UsageError(f"no meaningful fit to predict with: {notes[0]}: the records do not follow "
+                         "latency + bytes / bandwidth; fit on runs whose sizes reach where bytes "
+                         "dominate (e.g. --sizes 1M,4M,16M), on a quiet machine")
+    return good, [f"# not predicted: {n}" for n in notes]
+
+
+# The largest job predicted: a predicted record lists every rank's host (`layout`), and at this
+# size that list is ~2 MiB, half the longest line report.records reads back.
+MAX_RANKS = 1 << 18
+# The model walks every rank of every step (ring: one step of n pairs; doubling and trees: log2 n
+# steps); about 2 million rank-steps a second on a 2-core VM, so this is ~10 s of arithmetic.
+MAX_RANK_STEPS = 2e7
+
+
+def check_work(fits: list[SeriesFit], layouts: list[F.Layout], sizes: list[int] | None) -> None:
+    """A UsageError, before any arithmetic, for what-ifs that would take minutes or more (the
+    model's cost grows as n log n per size and series, and was unbounded: 1,000,000 ranks ran on
+    with no output)."""
+    big = max((l.world for l in layouts), default=0)
+    if big > MAX_RANKS:
+        raise UsageError(f"{big} ranks: predict {MAX_RANKS} ranks or fewer (a predicted record lists "
+                         "every rank's host)")
+    calls = sum(len(sizes or sizes_of(sf)) for sf in fits)
+    work = sum(l.world * max(1, l.world.bit_length()) for l in layouts) * calls
+    if work > MAX_RANK_STEPS:
+        raise UsageError(f"{len(layouts)} layout{'s' if len(layouts) != 1 else ''} up to {big} ranks "
+                         f"x {calls} series-sizes is ~{work:.1e} rank-steps of arithmetic (refused "
+                         f"above {MAX_RANK_STEPS:.0e}, ~10 s): give fewer --sizes or ranks")
+
+
 def layouts_from_flags(nprocs: list[int] | None, hosts: list[int] | None,
                        ranks_per_host: int | None) -> list[F.Layout]:
     """The layouts to predict: --nprocs N (with --ranks-per-host K, default 1), or --hosts H, or
@@ -118,7 +160,7 @@ def _scaled_model(model: Model, rate_bps: float | None) -> Model:
     p["b_net"] = p["b_net"] * model.link_rate_bps / rate_bps
     return Model(params=p, per_rate=False, link_rate_bps=rate_bps, fit_rms=model.fit_rms,
                  fit_max=model.fit_max, worst=model.worst, residuals=model.residuals,
-                 n_records=model.n_records)
+                 n_records=model.n_records, bytes_fitted=model.bytes_fitted)
 
 
 def sizes_of(sf: SeriesFit) -> list[int]:
