@@ -95,4 +95,5 @@ def main(args, argv) -> int:
     from ..tune.session import run_tune
     cfg, notes = config_from_args(args)
     create(cfg.run.backend, cfg.run.device)  # fail here, once, if the backend cannot run
+    cfg.run.check_resources()  # every setting runs the same ranks and buffers
     return run_tune(cfg, notes)

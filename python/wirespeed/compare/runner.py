@@ -45,6 +45,14 @@ class BenchRun:
     host_per_rank: bool = False
     extra: tuple[str, ...] = ()          # further bench flags (tune: --no-per-op)
 
+    def check_resources(self) -> None:
+        """What bench refuses before it starts ranks (their runtimes and buffers in this host's
+        memory; the emulated cluster's ranks run here too), asked of every run before the first
+        starts: a matrix or sweep whose runs would each fail alike is refused once, in one line,
+        instead of running every one to the same error."""
+        from ..bench.memory import check_fits
+        check_fits(self.collectives, self.dtypes, self.sizes, self.nproc, self.nproc, self.device)
+
     def argv(self, json_path: str) -> list[str]:
         """The command line (sizes explicit, so every run gets the same)."""
         argv = ["bench", "--backend", self.backend, "--device", self.device, "-N", str(self.nproc),

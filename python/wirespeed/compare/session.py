@@ -6,12 +6,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import UsageError
 from ..report.outputs import run_dir
 from ..report.records import load, write_jsonl
 from . import render
 from .plan import CompareConfig, gpu_count, make_plan
 from .plot import plot_compare
-from .runner import run_matrix
+from .runner import bench_run, run_matrix
 
 
 def _print(text: str) -> None:
@@ -44,6 +45,11 @@ def run_compare(cfg: CompareConfig) -> int:
     from ..backends.registry import BACKENDS
     plan = make_plan(cfg.backends, [*cfg.dtypes], cfg.devices, cfg.nprocs, BACKENDS, gpu_count(),
                      _placement(cfg))
+    for combo in plan.runs:  # every combination's resources, before the first runs
+        try:
+            bench_run(combo, cfg).check_resources()
+        except UsageError as e:
+            raise UsageError(f"{combo.label()} cannot run here: {e}") from None
     compare_id = time.strftime("%Y%m%d-%H%M%S")
     out_dir = run_dir(cfg.save_dir, "compare", compare_id)
     _print(f"# wirespeed compare: {len(plan.runs)} combination{'s' if len(plan.runs) != 1 else ''}"
