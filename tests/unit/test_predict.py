@@ -223,3 +223,29 @@ def test_host_rate_flags_parse():
                       (["h1=1gbit", "1=2gbit"], "names h1 twice"), (["h1=fast"], "does not parse")):
         with pytest.raises(UsageError, match=text):
             parse_host_rates(bad)
+
+
+def test_all_pairs_in_closed_form_equals_the_per_pair_count():
+    # all_pairs counts per host what direct() counts per pair (n^2 pairs: minutes at 10,000 ranks).
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        lay = F.Layout(tuple(rng.randint(0, 3) for _ in range(n)))
+        nbytes = rng.choice([0.0, 1.0, 7.5])
+        pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
+        assert C.all_pairs(lay, nbytes) == C.direct(lay, pairs, nbytes), (lay, nbytes)
+
+
+def test_fit_meaningless_when_bytes_explain_nothing_or_the_error_is_large():
+    good = synthetic({"a_shm": 20.0, "b_shm": 1e-4, "a_net": 150.0, "b_net": 1.1},
+                     [1 << 16, 1 << 20, 1 << 24], [F.Layout.blocks(1, 2), F.Layout.blocks(2, 1)], 1e9)
+    (sf,) = P.fit_all(good)
+    assert sf.model.meaningless() == ""
+    flat = [record(2, s, t, ["a", "a"]) for s, t in ((1 << 12, 9000.0), (1 << 16, 500.0),
+                                                      (1 << 20, 8000.0), (1 << 24, 700.0))]
+    (bad,) = P.fit_all(flat)
+    why = bad.model.meaningless()
+    assert "rms fit error" in why
+    with pytest.raises(UsageError, match="no meaningful fit"):
+        P.usable_fits([bad])
+    assert P.usable_fits([sf, bad])[0] == [sf]
