@@ -56,11 +56,23 @@ def test_gloo_against_mpi_with_repeats_then_rebuilt_from_records(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_failing_combination_is_listed_and_fails_the_run(tmp_path):
+    # A run that fails once started (the core refuses the algorithm the user exported).
+    proc = run(["--backends", "wirespeed", "--dtypes", "float32", "--devices", "cpu", "--nprocs", "2",
+                "--sizes", "4K", "-n", "1", "-w", "1", "--no-save"], tmp_path, timeout=110,
+               knobs={"WIRESPEED_ALGO": "no-such-algo"})
+    assert proc.returncode == 1
+    assert "# failed:\n#   wirespeed float32 cpu n=2: " in proc.stdout
+    assert proc.stderr.strip().splitlines() == ["wirespeed: error: 1 run failed (listed above)"]
+
+
+def test_a_combination_that_cannot_fit_in_memory_is_refused_before_any_runs(tmp_path):
+    # bench would refuse it before starting ranks: compare asks the same of every combination
+    # first (issue 25: --nprocs 1000 used to run every combination to the same error, exit 0).
     proc = run(["--backends", "gloo", "--dtypes", "float32", "--devices", "cpu", "--nprocs", "2",
                 "--sizes", "1T", "--no-save"], tmp_path, timeout=110)
-    assert proc.returncode == 1
-    assert "# failed:\n#   gloo float32 cpu n=2: " in proc.stdout and "memory" in proc.stdout
-    assert proc.stderr.strip().splitlines() == ["wirespeed: error: 1 run failed (listed above)"]
+    assert proc.returncode == 2 and "[  1/" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gloo float32 cpu n=2 cannot run here" in lines[0] and "memory" in lines[0]
 
 
 @pytest.mark.timeout(120)

@@ -54,6 +54,11 @@ def series_of(cfg: BenchConfig) -> list[Series]:
     return out
 
 
+# How check_something_runs's refusal begins: compare lists such a combination under "no results"
+# (every case n/a), not under "failed".
+NOTHING_RUNS = "nothing to run"
+
+
 def check_something_runs(cfg: BenchConfig, backend: Backend, world: int, device: str) -> None:
     """A UsageError when the backend can run no case of the run at all (gloo has no integer avg,
     send_recv needs two ranks): the run would print no table and exit 0, which reads as success.
@@ -68,7 +73,7 @@ def check_something_runs(cfg: BenchConfig, backend: Backend, world: int, device:
         reasons.append(f"{case}: {next(w for w in why if w not in ('n/a', None))}"
                        if any(w != "n/a" for w in why) else f"{case}: n/a")
     shown = "; ".join(dict.fromkeys(reasons[:3])) + ("; ..." if len(reasons) > 3 else "")
-    raise UsageError(f"nothing to run: {cfg.backend} can run no case asked for ({shown}): "
+    raise UsageError(f"{NOTHING_RUNS}: {cfg.backend} can run no case asked for ({shown}): "
                      "choose other -c/-d/-o or more ranks")
 
 

@@ -113,6 +113,7 @@ def run_one(combo: Combo, cfg: CompareConfig, workdir: Path, log_path: Path | No
 
 def run_matrix(plan: Plan, cfg: CompareConfig, compare_id: str, log_dir: Path | None,
                say: Callable[[str], None] = print) -> Outcome:
+    from ..bench.harness import NOTHING_RUNS  # here: importing the harness imports torch
     out = Outcome()
     total = len(plan.runs) * cfg.repeat
     step = 0
@@ -130,6 +131,11 @@ def run_matrix(plan: Plan, cfg: CompareConfig, compare_id: str, log_dir: Path | 
                     r["compare_id"] = compare_id
                     r["repeat"] = rep
                 out.records.extend(records)
+                if why and why.startswith(NOTHING_RUNS):  # bench refused: every case was n/a
+                    if rep == 0:
+                        out.empty.append((combo.label(), why))
+                    say(f"[{step:>3}/{total}] {tag}: no results: {why}")
+                    continue
                 if why:
                     out.failures.append((tag, why))
                     say(f"[{step:>3}/{total}] {tag}: FAILED after {took:.1f} s: {why}")
