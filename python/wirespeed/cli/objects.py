@@ -67,6 +67,7 @@ def _launch(c, args, start) -> int:
     for n in c["worlds"]:
         check_local_ranks(n)
         check_local_gpus(n, c["backend"])
+    from ..report.records import read_records
     records, code = [], 0
     with tempfile.TemporaryDirectory(prefix="wirespeed-objects-") as tmp:
         for n in c["worlds"]:
@@ -74,8 +75,7 @@ def _launch(c, args, start) -> int:
             code = start(n, ["-N", str(n), "--records-to", path])
             if code != 0:
                 break
-            with open(path) as f:
-                records += [json.loads(line) for line in f]
+            records += read_records(path)  # rank 0's, handed back through --records-to
     if records:
         _report(c, records, args.json)
     return code
