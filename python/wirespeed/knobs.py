@@ -32,6 +32,7 @@ CORE = {
     "WIRESPEED_NET_ALLOW_LOOPBACK": "the NCCL plugin may offer loopback",
     "WIRESPEED_SOCKET_FAMILY": "the NCCL plugin's address family",
     "WIRESPEED_NCCL_PLUGIN": "where the NCCL plugin library is",
+    "WIRESPEED_JOB_SECRET": "the secret every TCP connection of a job proves (wirespeed's launchers make one per job)",
 }
 
 INTERNAL_PREFIX = "_WIRESPEED_"

@@ -11,7 +11,8 @@
 //! - the planner's (`plan::Tuning`): WIRESPEED_ALGO, WIRESPEED_SLOT_BYTES, WIRESPEED_STAGE_MAX,
 //!   WIRESPEED_BLOCK_BYTES, WIRESPEED_PAIR_STAGE_MAX;
 //! - the TCP engine's (`transport::tcp::NetConfig`): WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES,
-//!   WIRESPEED_IO_THREADS, WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT;
+//!   WIRESPEED_IO_THREADS, WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT,
+//!   WIRESPEED_JOB_SECRET;
 //! - the shared-memory waits' WIRESPEED_SPIN_US and the engine's WIRESPEED_WORKER;
 //! - where a rank is: WIRESPEED_HOSTID (its host id), and the variables
 //!   `transport::iface::listen_ip` chooses a listening address from (WIRESPEED_IFNAME,
@@ -21,6 +22,7 @@ use crate::plan::{NetAlgo, ShmAlgo};
 pub use crate::plan::Tuning;
 use crate::transport::iface::IFNAME_VARS;
 pub use crate::transport::tcp::NetConfig;
+use crate::transport::tcp::Secret;
 use std::time::Duration;
 
 /// Where knobs come from: a variable's value, or None where it is unset.
@@ -142,6 +144,7 @@ pub fn net(var: Vars) -> Result<NetConfig> {
         sockbuf: ranged(var, "WIRESPEED_SOCKBUF", d.sockbuf, 0, 1 << 30)?,
         spin: Duration::from_micros(ranged(var, "WIRESPEED_NET_SPIN_US", d.spin.as_micros() as usize, 0, 1_000_000)? as u64),
         notsent_lowat: ranged(var, "WIRESPEED_NOTSENT_LOWAT", d.notsent_lowat, 0, 1 << 30)?,
+        secret: var("WIRESPEED_JOB_SECRET").and_then(|t| Secret::from_text(&t)),
     })
 }
 

@@ -106,6 +106,7 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
     """Each rank's full command line, in rank order. Pure but for `resolve` and `free_port`.
     `fast_net`: the plugin's variables (wirespeed.netplugin.fast_net_env) for every rank."""
     from ..launch.cluster import IFNAME_VARS
+    from ..launch.environment import JOB_SECRET
     environ = os.environ if environ is None else environ
     ns_info = {h.name: resolve(h.name) for h in hosts if h.netns}
     first = hosts[0]
@@ -123,6 +124,8 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
             env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": n,
                    "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
                    "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", "1")}
+            if environ.get(JOB_SECRET):  # main() makes one per job unless the user gave one
+                env[JOB_SECRET] = environ[JOB_SECRET]
             dev = ns_info[h.name][1] if h.netns else ifname
             if dev:
                 env.update({v: dev for v in IFNAME_VARS})
@@ -175,9 +178,13 @@ def main(args, argv) -> int:
     if args.fast_net:
         from ..netplugin import fast_net_env
         fast_net = fast_net_env()
+    # A secret per job for the transport's handshake (docs/transport.md), unless the user gave
+    # one; a dry run prints commands, so it shows only a secret the user set.
+    from ..launch.environment import with_job_secret
+    environ = dict(os.environ) if args.dry_run else with_job_secret(dict(os.environ))
     ranks = plan(hosts, counts, cmd, master_addr=args.master_addr, master_port=args.master_port,
                  ifname=args.ifname, workdir=args.workdir, ssh=args.ssh, exports=args.export or (),
-                 free_port=_free_port, fast_net=fast_net)
+                 environ=environ, free_port=_free_port, fast_net=fast_net)
     if args.dry_run:
         for r in ranks:
             print(f"# rank {r.rank} on {r.host}\n{r.shell()}")

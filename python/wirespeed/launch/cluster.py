@@ -18,6 +18,7 @@ import sys
 from ..errors import UsageError
 from ..netem import cluster as C
 from ..netem.ns import run_in_netns
+from .environment import with_job_secret
 from .local import _die_with_parent, supervise
 
 # Each library's knob for "use this interface", all pointed at the host's emulated link.
@@ -82,7 +83,7 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
 
 
 def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=None) -> list[dict]:
-    common = cluster_env(cluster, base)
+    common = with_job_secret(cluster_env(cluster, base))
     world = len(hosts_of)
     master = cluster.hosts[hosts_of[0]]
     envs = []

@@ -128,3 +128,18 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
         except OSError:
             raise UsageError(f"--master-port {port} is already in use on {host}: choose another "
                              "port or leave --master-port out to pick a free one") from None
+
+
+JOB_SECRET = "WIRESPEED_JOB_SECRET"
+
+
+def with_job_secret(env: dict) -> dict:
+    """`env` with the job's secret: the user's WIRESPEED_JOB_SECRET where set (several launches
+    that must meet share it), else a fresh random one. Every rank of one job gets the same; the
+    transport's handshake makes each connection prove it (docs/transport.md), so reading the
+    store is not enough to join. Call once per job and hand the result to every rank."""
+    import secrets
+    out = dict(env)
+    if not out.get(JOB_SECRET):
+        out[JOB_SECRET] = secrets.token_hex(32)
+    return out

@@ -16,7 +16,7 @@ import time
 
 from ..errors import (EXIT_FAILED, EXIT_MEANING, EXIT_MISMATCH, EXIT_PEER_LOST, EXIT_TIMEOUT,
                       EXIT_USAGE)
-from .environment import check_port_free, free_port
+from .environment import check_port_free, free_port, with_job_secret
 
 # After the first rank fails, how long the others get to report their own error before being
 # killed. Ranks share one --timeout, so a fault that stalls the job makes them all time out within
@@ -50,7 +50,8 @@ def spawn(argv: list[str], nproc: int, master_port: int | None = None) -> int:
         check_port_free(master_port)
         port = master_port
     cmd = [sys.executable, "-m", "wirespeed.cli.main", *argv]
-    procs = [subprocess.Popen(cmd, env=rank_env(r, nproc, port), preexec_fn=_die_with_parent)
+    base = with_job_secret(dict(os.environ))
+    procs = [subprocess.Popen(cmd, env=rank_env(r, nproc, port, base), preexec_fn=_die_with_parent)
              for r in range(nproc)]
     return supervise(procs)
 

@@ -166,12 +166,22 @@ impl Mesh {
             let addr: SocketAddr = addrs[r].parse().map_err(|_| Error::Unsupported(format!("rank {r} published a bad address {:?}", addrs[r])))?;
             dialers.push((r, addr, Dialer::start(&listener.reactor, &listener.cfg, addr, key(&token, rank, r, world, streams[r]), streams[r])?));
         }
+        // A failed dial is tried again after a pause that doubles (10 ms to 1 s): a peer that
+        // refuses (another job secret, a stale duplicate stream) is not hammered, and its log
+        // gets a line per try, not thousands.
+        let mut retry: Vec<(Instant, Duration)> = vec![(Instant::now(), Duration::from_millis(10)); world];
         // Dial and accept at once: every rank makes progress on both, so no order can deadlock.
         let mut missing: usize = (0..rank).filter(|&r| remote[r]).count();
+        // Why each peer's last dial failed, for the timeout's message.
+        let mut last_error: Vec<Option<String>> = vec![None; world];
         while !dialers.is_empty() || missing > 0 {
             let mut i = 0;
             while i < dialers.len() {
                 let (r, addr, d) = &mut dialers[i];
+                if Instant::now() < retry[*r].0 {
+                    i += 1;
+                    continue;
+                }
                 match d.poll() {
                     Ok(Some(c)) => {
                         c.set_peer_rank(*r);
@@ -180,8 +190,17 @@ impl Mesh {
                         continue;
                     }
                     Ok(None) => {}
+                    // Something that is not this job's rank answers at the rank's address (no
+                    // wirespeed listener, or one without this job's secret): dialing again
+                    // cannot change that.
+                    Err(Error::Stranger(why)) => {
+                        return Err(Error::Stranger(format!("rank {r}: {why}: give every rank the same WIRESPEED_JOB_SECRET (or none)")));
+                    }
                     // The peer's listener may not be accepting yet: dial again until the deadline.
-                    Err(_) if Instant::now() < deadline => {
+                    Err(e) if Instant::now() < deadline => {
+                        last_error[*r] = Some(e.to_string());
+                        let pause = retry[*r].1;
+                        retry[*r] = (Instant::now() + pause, (pause * 2).min(Duration::from_secs(1)));
                         *d = Dialer::start(&listener.reactor, &listener.cfg, *addr, key(&token, rank, *r, world, streams[*r]), streams[*r])?;
                     }
                     Err(e) => return Err(e),
@@ -197,7 +216,17 @@ impl Mesh {
             }
             if Instant::now() >= deadline {
                 let who: Vec<usize> = (0..world).filter(|&r| remote[r] && conns[r].is_none()).collect();
-                return Err(Error::Timeout { what: format!("connections with ranks {who:?}"), secs: timeout.as_secs_f64() });
+                let mut what = format!("connections with ranks {who:?}");
+                for r in &who {
+                    if let Some(e) = &last_error[*r] {
+                        what += &format!(" (rank {r}'s last refusal: {e})");
+                    }
+                }
+                let refused = listener.inner.refused();
+                if refused > 0 {
+                    what += &format!(" ({refused} connection(s) to this rank refused meanwhile: a peer with another job secret or job, or a stranger; see the lines above)");
+                }
+                return Err(Error::Timeout { what, secs: timeout.as_secs_f64() });
             }
             if !dialers.is_empty() || missing > 0 {
                 std::thread::sleep(Duration::from_micros(500));

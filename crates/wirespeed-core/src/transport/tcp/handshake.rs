@@ -1,7 +1,8 @@
 //! Handshake: hellos, the listener, the dialer.
 use super::conn::{make_conn, send_vectored, would_block, Conn};
 use super::reactor::{Entry, Reactor};
-use super::{NetConfig, HELLO_LEN, HELLO_MAGIC, HELLO_TIMEOUT, MAX_PENDING};
+use super::auth::{self, Secret, MAC_LEN, NONCE_LEN};
+use super::{NetConfig, AUTH_ACK, HELLO_AUTH_LEN, HELLO_LEN, HELLO_MAGIC, HELLO_MAGIC_AUTH, HELLO_TIMEOUT, MAX_PENDING};
 use crate::error::{Error, Result};
 use mio::Interest;
 use std::collections::{HashMap, VecDeque};
@@ -12,21 +13,43 @@ use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-fn hello_bytes(key: &[u8; 32], stream: u32, nstreams: u32) -> [u8; HELLO_LEN] {
-    let mut b = [0u8; HELLO_LEN];
-    b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-    b[8..40].copy_from_slice(key);
-    b[40..44].copy_from_slice(&stream.to_le_bytes());
-    b[44..48].copy_from_slice(&nstreams.to_le_bytes());
+/// A stream's hello: 48 bytes, and with a job secret the dialer's nonce after them (the magic
+/// says which).
+fn hello_bytes(key: &[u8; 32], stream: u32, nstreams: u32, nonce: Option<&[u8; NONCE_LEN]>) -> Vec<u8> {
+    let magic = if nonce.is_some() { HELLO_MAGIC_AUTH } else { HELLO_MAGIC };
+    let mut b = Vec::with_capacity(HELLO_AUTH_LEN);
+    b.extend_from_slice(&magic.to_le_bytes());
+    b.extend_from_slice(key);
+    b.extend_from_slice(&stream.to_le_bytes());
+    b.extend_from_slice(&nstreams.to_le_bytes());
+    if let Some(n) = nonce {
+        b.extend_from_slice(n);
+    }
     b
 }
 
-fn parse_hello(b: &[u8; HELLO_LEN]) -> Option<([u8; 32], u32, u32)> {
-    if u64::from_le_bytes(b[0..8].try_into().unwrap()) != HELLO_MAGIC {
+fn magic_of(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[0..8].try_into().unwrap())
+}
+
+/// (key, stream, nstreams) of a whole hello of either kind; None for a bad magic.
+fn parse_hello(b: &[u8]) -> Option<([u8; 32], u32, u32)> {
+    if ![HELLO_MAGIC, HELLO_MAGIC_AUTH].contains(&magic_of(b)) {
         return None;
     }
     let w = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
     Some((b[8..40].try_into().unwrap(), w(40), w(44)))
+}
+
+/// Write a few handshake bytes on a non-blocking socket: into an empty send buffer they always
+/// fit at once, and a peer that stops reading gets HELLO_TIMEOUT (the reactor thread waits that
+/// long at most, as it always did for the echo).
+fn write_small(sock: &TcpStream, bytes: &[u8]) -> bool {
+    let _ = sock.set_nonblocking(false);
+    let _ = sock.set_write_timeout(Some(HELLO_TIMEOUT));
+    let ok = (&*sock).write_all(bytes).is_ok();
+    let _ = sock.set_nonblocking(true);
+    ok
 }
 
 /// Decides whether a dialer's key belongs here; the reason is logged when it does not.
@@ -35,11 +58,21 @@ pub type Vet = Box<dyn Fn(&[u8; 32]) -> std::result::Result<(), String> + Send +
 /// one, the line goes to stderr.
 pub type Report = Box<dyn Fn(&str) + Send + Sync>;
 
+/// Where an accepted stream is in its handshake.
+enum Phase {
+    /// Reading the hello (`want` grows to HELLO_AUTH_LEN when its magic says a proof follows).
+    Hello,
+    /// Challenged with `nonce`; reading the dialer's proof into `proof`.
+    Proof { key: [u8; 32], stream: u32, n: u32, nonce: [u8; NONCE_LEN], proof: [u8; MAC_LEN], got: usize },
+}
+
 struct PendingHello {
     sock: TcpStream,
     from: SocketAddr,
-    buf: [u8; HELLO_LEN],
+    buf: [u8; HELLO_AUTH_LEN],
     have: usize,
+    want: usize,
+    phase: Phase,
     since: Instant,
     token: usize,
     thread: usize,
@@ -62,12 +95,19 @@ pub(super) struct ListenerInner {
     sock: TcpListener,
     reactor: Weak<Reactor>,
     vet: Vet,
+    secret: Option<Secret>,
     label: String,
     report: Option<Report>,
     state: Mutex<ListenerState>,
     refused: AtomicUsize,
+    /// Per reason: when it was last logged, and refusals of it not logged since. A peer that
+    /// retries (12 streams a dial, a dial every second) must not fill the log.
+    quiet: Mutex<HashMap<String, (Instant, usize)>>,
     token: OnceLock<(usize, usize)>,
 }
+
+/// A reason already logged is logged again at most this often, with the count in between.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// A listening socket whose connections are vetted in the background by the reactor.
 pub struct Listener {
@@ -80,7 +120,30 @@ pub struct Listener {
 impl ListenerInner {
     fn refuse(&self, from: SocketAddr, why: &str) {
         self.refused.fetch_add(1, SeqCst);
-        let line = format!("{} refused a connection from {from}: {why}", self.label);
+        let mut more = String::new();
+        {
+            let mut quiet = self.quiet.lock().unwrap();
+            let now = Instant::now();
+            match quiet.get_mut(why) {
+                Some((at, n)) if now.duration_since(*at) < REFUSAL_LOG_EVERY => {
+                    *n += 1;
+                    return;
+                }
+                Some((at, n)) => {
+                    if *n > 0 {
+                        more = format!(" ({n} more for this reason since it was last logged)");
+                    }
+                    (*at, *n) = (now, 0);
+                }
+                None => {
+                    if quiet.len() >= 256 {
+                        quiet.clear(); // reasons can carry a stranger's numbers: bounded memory
+                    }
+                    quiet.insert(why.to_string(), (now, 0));
+                }
+            }
+        }
+        let line = format!("{} refused a connection from {from}: {why}{more}", self.label);
         match &self.report {
             Some(report) => report(&line),
             None => eprintln!("wirespeed: {line}"),
@@ -104,7 +167,7 @@ impl ListenerInner {
                     st.next_hello += 1;
                     let thread = reactor.pick();
                     let fd = sock.as_raw_fd();
-                    st.hellos.insert(id, PendingHello { sock, from, buf: [0; HELLO_LEN], have: 0, since: Instant::now(), token: 0, thread });
+                    st.hellos.insert(id, PendingHello { sock, from, buf: [0; HELLO_AUTH_LEN], have: 0, want: HELLO_LEN, phase: Phase::Hello, since: Instant::now(), token: 0, thread });
                     drop(st);
                     match reactor.register(thread, fd, Interest::READABLE, Entry::Hello(Arc::downgrade(self), id)) {
                         Ok(tok) => {
@@ -132,64 +195,114 @@ impl ListenerInner {
         reactor.forget(h.thread, h.token, h.sock.as_raw_fd());
     }
 
+    /// Give up on a pending stream: forget it, shut it, log why.
+    fn give_up(&self, reactor: &Reactor, st: std::sync::MutexGuard<'_, ListenerState>, id: usize, why: &str) {
+        let mut st = st;
+        let Some(h) = st.hellos.remove(&id) else { return };
+        drop(st);
+        self.drop_hello(reactor, &h);
+        let _ = h.sock.shutdown(Shutdown::Both);
+        self.refuse(h.from, why);
+    }
+
+    /// Read what a pending stream has sent, and move its handshake on: a whole hello is vetted
+    /// (and, with a job secret, answered with a challenge), a whole proof checked.
     pub(super) fn read_hello(self: &Arc<Self>, id: usize) {
         let Some(reactor) = self.reactor.upgrade() else { return };
         let mut st = self.state.lock().unwrap();
-        let Some(h) = st.hellos.get_mut(&id) else { return };
         loop {
-            match (&h.sock).read(&mut h.buf[h.have..]) {
-                Ok(0) => {
-                    let h = st.hellos.remove(&id).unwrap();
-                    drop(st);
-                    self.drop_hello(&reactor, &h);
-                    return self.refuse(h.from, "closed before its hello");
+            let state = &mut *st; // disjoint borrows of the pending streams and the bundles
+            let Some(h) = state.hellos.get_mut(&id) else { return };
+            // Read into what this phase still wants, never past it.
+            let (target, have): (&mut [u8], &mut usize) = match &mut h.phase {
+                Phase::Hello => (&mut h.buf[..h.want], &mut h.have),
+                Phase::Proof { proof, got, .. } => (&mut proof[..], got),
+            };
+            if *have < target.len() {
+                match (&h.sock).read(&mut target[*have..]) {
+                    Ok(0) => return self.give_up(&reactor, st, id, "closed before its handshake ended"),
+                    Ok(n) => *have += n,
+                    Err(e) if would_block(&e) => return,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return self.give_up(&reactor, st, id, &format!("failed during its hello ({e})")),
                 }
-                Ok(n) => {
-                    h.have += n;
-                    if h.have == HELLO_LEN {
-                        break;
+                // The magic tells whether a nonce follows the 48 bytes.
+                if matches!(h.phase, Phase::Hello) && h.want == HELLO_LEN && h.have >= 8 && magic_of(&h.buf) == HELLO_MAGIC_AUTH {
+                    h.want = HELLO_AUTH_LEN;
+                }
+                continue;
+            }
+            // This phase's bytes are all here.
+            match h.phase {
+                Phase::Hello => {
+                    let hello = h.buf[..h.want].to_vec();
+                    let verdict = match parse_hello(&hello) {
+                        None => Err("not a wirespeed hello (bad magic)".to_string()),
+                        Some((_, stream, n)) if n == 0 || n > 64 || stream >= n => Err(format!("stream {stream} of {n} makes no sense")),
+                        Some((key, stream, n)) => (self.vet)(&key).map(|_| (key, stream, n)),
+                    };
+                    let (key, stream, n) = match verdict {
+                        Ok(v) => v,
+                        Err(why) => return self.give_up(&reactor, st, id, &why),
+                    };
+                    let proves = magic_of(&hello) == HELLO_MAGIC_AUTH;
+                    let secret = match (self.secret, proves) {
+                        (None, false) => None,
+                        (Some(s), true) => Some(s),
+                        (Some(_), false) => return self.give_up(&reactor, st, id, "it has no job secret, and this job requires one: give every rank the same WIRESPEED_JOB_SECRET"),
+                        (None, true) => return self.give_up(&reactor, st, id, "it proves a job secret and this rank has none: give every rank the same WIRESPEED_JOB_SECRET"),
+                    };
+                    if let Some(b) = state.bundles.get(&key) {
+                        if b.streams.len() != n as usize || b.streams[stream as usize].is_some() {
+                            return self.give_up(&reactor, st, id, &format!("a duplicate or inconsistent stream {stream} of {n}"));
+                        }
                     }
+                    let Some(secret) = secret else {
+                        // No secret: the hello echoed accepts the stream.
+                        let h = st.hellos.remove(&id).unwrap();
+                        self.drop_hello(&reactor, &h);
+                        return self.accept_stream(st, h.sock, h.from, key, stream, n, &hello);
+                    };
+                    let nonce = match auth::nonce() {
+                        Ok(nonce) => nonce,
+                        Err(e) => return self.give_up(&reactor, st, id, &format!("no nonce to challenge it with ({e})")),
+                    };
+                    let mut challenge = nonce.to_vec();
+                    challenge.extend_from_slice(&secret.listener_proof(&hello, &nonce));
+                    if !write_small(&h.sock, &challenge) {
+                        return self.give_up(&reactor, st, id, "went away during the handshake");
+                    }
+                    h.phase = Phase::Proof { key, stream, n, nonce, proof: [0; MAC_LEN], got: 0 };
                 }
-                Err(e) if would_block(&e) => return,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
+                Phase::Proof { key, stream, n, nonce, proof, .. } => {
+                    let hello = h.buf[..h.want].to_vec();
+                    let ok = self.secret.is_some_and(|s| s.check_dialer(&hello, &nonce, &proof));
+                    if !ok {
+                        return self.give_up(&reactor, st, id, "it does not know this job's secret (a rank of another job, or not a rank at all)");
+                    }
                     let h = st.hellos.remove(&id).unwrap();
-                    drop(st);
                     self.drop_hello(&reactor, &h);
-                    return self.refuse(h.from, &format!("failed during its hello ({e})"));
+                    return self.accept_stream(st, h.sock, h.from, key, stream, n, &AUTH_ACK);
                 }
             }
         }
-        let h = st.hellos.remove(&id).unwrap();
-        self.drop_hello(&reactor, &h);
-        let verdict = match parse_hello(&h.buf) {
-            None => Err("not a wirespeed hello (bad magic)".to_string()),
-            Some((key, stream, n)) if n == 0 || n > 64 || stream >= n => Err(format!("stream {stream} of {n} makes no sense")).map(|_: ()| (key, stream, n)),
-            Some((key, stream, n)) => (self.vet)(&key).map(|_| (key, stream, n)),
-        };
-        let (key, stream, n) = match verdict {
-            Ok(v) => v,
-            Err(why) => {
-                drop(st);
-                let _ = h.sock.shutdown(Shutdown::Both);
-                return self.refuse(h.from, &why);
-            }
-        };
-        let b = st.bundles.entry(key).or_insert_with(|| Bundle { streams: (0..n).map(|_| None).collect(), from: h.from, since: Instant::now() });
+    }
+
+    /// A stream whose handshake held: tell the dialer (`reply`) and add it to its connection's
+    /// bundle, which is ready once every stream of the key has come.
+    #[allow(clippy::too_many_arguments)]
+    fn accept_stream(&self, mut st: std::sync::MutexGuard<'_, ListenerState>, sock: TcpStream, from: SocketAddr, key: [u8; 32], stream: u32, n: u32, reply: &[u8]) {
+        let b = st.bundles.entry(key).or_insert_with(|| Bundle { streams: (0..n).map(|_| None).collect(), from, since: Instant::now() });
         if b.streams.len() != n as usize || b.streams[stream as usize].is_some() {
             drop(st);
-            let _ = h.sock.shutdown(Shutdown::Both);
-            return self.refuse(h.from, &format!("a duplicate or inconsistent stream {stream} of {n}"));
+            let _ = sock.shutdown(Shutdown::Both);
+            return self.refuse(from, &format!("a duplicate or inconsistent stream {stream} of {n}"));
         }
-        // Answer with the hello echoed: the dialer learns its key reached a wirespeed listener.
-        let _ = h.sock.set_nonblocking(false);
-        let _ = h.sock.set_write_timeout(Some(HELLO_TIMEOUT));
-        if (&h.sock).write_all(&h.buf).is_err() {
+        if !write_small(&sock, reply) {
             drop(st);
-            return self.refuse(h.from, "went away during the handshake");
+            return self.refuse(from, "went away during the handshake");
         }
-        let _ = h.sock.set_nonblocking(true);
-        b.streams[stream as usize] = Some(h.sock);
+        b.streams[stream as usize] = Some(sock);
         if b.streams.iter().all(|s| s.is_some()) {
             let b = st.bundles.remove(&key).unwrap();
             st.ready.push_back((key, b.streams.into_iter().map(|s| s.unwrap()).collect(), b.from));
@@ -237,10 +350,12 @@ impl Listener {
             sock,
             reactor: Arc::downgrade(reactor),
             vet,
+            secret: cfg.secret,
             label,
             report,
             state: Mutex::new(ListenerState { hellos: HashMap::new(), next_hello: 0, bundles: HashMap::new(), ready: VecDeque::new() }),
             refused: AtomicUsize::new(0),
+            quiet: Mutex::new(HashMap::new()),
             token: OnceLock::new(),
         });
         let thread = reactor.pick();
@@ -285,8 +400,20 @@ impl Drop for Listener {
 
 enum DialStream {
     Connecting(TcpStream),
-    Greeting { sock: TcpStream, sent: usize, got: usize, buf: [u8; HELLO_LEN] },
+    /// Sending `out`, then reading `want` bytes: the echo of the hello (no secret), or the
+    /// listener's nonce and proof (`hello` kept to check it), then the acceptance.
+    Greeting { sock: TcpStream, out: Vec<u8>, sent: usize, buf: Vec<u8>, got: usize, step: Greet },
     Ready(TcpStream),
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Greet {
+    /// Expecting the hello echoed.
+    Echo,
+    /// Expecting the listener's nonce and its proof.
+    Challenge,
+    /// Our proof sent; expecting AUTH_ACK.
+    Ack,
 }
 
 /// A connection being made without blocking: call `poll` until it returns the `Conn`.
@@ -295,6 +422,8 @@ pub struct Dialer {
     cfg: NetConfig,
     addr: SocketAddr,
     key: [u8; 32],
+    /// Each stream's nonce, with a job secret (its hello carries it); empty without.
+    nonces: Vec<[u8; NONCE_LEN]>,
     streams: Vec<Option<DialStream>>,
 }
 
@@ -352,8 +481,12 @@ impl Dialer {
             return Err(Error::Unsupported(format!("{nstreams} streams per connection: give 1 to 64")));
         }
         let cfg = *cfg;
+        let nonces = match cfg.secret {
+            Some(_) => (0..nstreams).map(|_| auth::nonce()).collect::<Result<Vec<_>>>()?,
+            None => vec![],
+        };
         let streams = (0..nstreams).map(|_| connect_nonblocking(addr).map(|s| Some(DialStream::Connecting(s)))).collect::<Result<Vec<_>>>()?;
-        Ok(Dialer { reactor: reactor.clone(), cfg, addr, key, streams })
+        Ok(Dialer { reactor: reactor.clone(), cfg, addr, key, nonces, streams })
     }
 
     /// Advance every stream as far as it goes without blocking; the `Conn` once all are greeted.
@@ -377,34 +510,55 @@ impl Dialer {
                         if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
                             return Err(lost("the connection was refused or reset".into()));
                         }
-                        DialStream::Greeting { sock, sent: 0, got: 0, buf: [0; HELLO_LEN] }
+                        let hello = hello_bytes(&self.key, i as u32, n, self.nonces.get(i));
+                        let (want, step) = if self.cfg.secret.is_some() { (NONCE_LEN + MAC_LEN, Greet::Challenge) } else { (hello.len(), Greet::Echo) };
+                        DialStream::Greeting { sock, out: hello, sent: 0, buf: vec![0; want], got: 0, step }
                     }
                 }
-                DialStream::Greeting { sock, mut sent, mut got, mut buf } => {
-                    let hello = hello_bytes(&self.key, i as u32, n);
-                    while sent < HELLO_LEN {
-                        match send_vectored(sock.as_raw_fd(), &[IoSlice::new(&hello[sent..])]) {
-                            Ok(k) => sent += k,
-                            Err(e) if would_block(&e) => break,
-                            Err(e) => return Err(lost(format!("the handshake failed ({e})"))),
+                DialStream::Greeting { sock, mut out, mut sent, mut buf, mut got, mut step } => {
+                    loop {
+                        while sent < out.len() {
+                            match send_vectored(sock.as_raw_fd(), &[IoSlice::new(&out[sent..])]) {
+                                Ok(k) => sent += k,
+                                Err(e) if would_block(&e) => break,
+                                Err(e) => return Err(lost(format!("the handshake failed ({e})"))),
+                            }
                         }
-                    }
-                    while sent == HELLO_LEN && got < HELLO_LEN {
-                        match (&sock).read(&mut buf[got..]) {
-                            Ok(0) => return Err(lost("the listener refused this connection (wrong job, rank or key)".into())),
-                            Ok(k) => got += k,
-                            Err(e) if would_block(&e) => break,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(lost(format!("the handshake failed ({e})"))),
+                        while sent == out.len() && got < buf.len() {
+                            match (&sock).read(&mut buf[got..]) {
+                                Ok(0) => return Err(lost(if step == Greet::Echo {
+                                    "the listener refused this connection (wrong job, rank or key)".into()
+                                } else {
+                                    "the listener refused this connection (wrong job, rank, key or job secret)".into()
+                                })),
+                                Ok(k) => got += k,
+                                Err(e) if would_block(&e) => break,
+                                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                                Err(e) => return Err(lost(format!("the handshake failed ({e})"))),
+                            }
                         }
-                    }
-                    if got == HELLO_LEN {
-                        if buf != hello {
-                            return Err(Error::Stranger(format!("the process at {addr} answered the handshake with something else")));
+                        if got < buf.len() {
+                            break DialStream::Greeting { sock, out, sent, buf, got, step };
                         }
-                        DialStream::Ready(sock)
-                    } else {
-                        DialStream::Greeting { sock, sent, got, buf }
+                        let hello = hello_bytes(&self.key, i as u32, n, self.nonces.get(i));
+                        match step {
+                            Greet::Echo if buf == hello => break DialStream::Ready(sock),
+                            Greet::Ack if buf == AUTH_ACK => break DialStream::Ready(sock),
+                            Greet::Echo | Greet::Ack => {
+                                return Err(Error::Stranger(format!("the process at {addr} answered the handshake with something else")))
+                            }
+                            Greet::Challenge => {
+                                let secret = self.cfg.secret.expect("a challenge is read only with a secret");
+                                let (nonce, proof) = buf.split_at(NONCE_LEN);
+                                if !secret.check_listener(&hello, nonce, proof) {
+                                    return Err(Error::Stranger(format!(
+                                        "the process at {addr} does not know this job's secret: a rank of another job, or not a rank at all, listens where a rank should"
+                                    )));
+                                }
+                                out = secret.dialer_proof(&hello, nonce).to_vec();
+                                (sent, got, buf, step) = (0, 0, vec![0; AUTH_ACK.len()], Greet::Ack);
+                            }
+                        }
                     }
                 }
                 ready => ready,

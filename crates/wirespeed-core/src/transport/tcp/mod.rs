@@ -43,7 +43,10 @@
 //! plugin a random nonce from its handle), the stream index and the stream count. The listener's
 //! reactor reads hellos in the background, asks the listener's vetting function about the key
 //! (a stranger is refused, logged and counted, and never reaches a `Conn`), answers with the hello
-//! echoed, and groups streams by key until a connection is complete. A silent connection is
+//! echoed, and groups streams by key until a connection is complete. With a job secret
+//! (WIRESPEED_JOB_SECRET, `NetConfig::secret`) both sides also prove they know it, each by a MAC
+//! over the other's fresh nonce (auth.rs), before a stream joins a connection: the key alone,
+//! which the store gives away, no longer gets anyone in. A silent connection is
 //! dropped after `HELLO_TIMEOUT`, and at most `MAX_PENDING` may wait at once.
 //!
 //! Failure. End of file or a reset on any stream, or a malformed frame, fails the whole
@@ -51,6 +54,7 @@
 //! every stream's lock once, so when it returns no engine thread touches a caller's buffer again.
 use std::time::Duration;
 
+mod auth;
 mod conn;
 mod handshake;
 mod reactor;
@@ -58,13 +62,19 @@ mod request;
 #[cfg(test)]
 mod tests;
 
+pub use auth::Secret;
 pub use conn::Conn;
 pub use handshake::{Dialer, Listener, Report, Vet};
 pub use reactor::Reactor;
 pub use request::Request;
 
 const HELLO_MAGIC: u64 = 0x5753_4e45_5448_0002; // "WSNETH" v2
+/// A hello that proves the job secret follows (auth.rs): the hello, then the dialer's nonce.
+const HELLO_MAGIC_AUTH: u64 = 0x5753_4e45_5448_0003;
 const HELLO_LEN: usize = 48;
+const HELLO_AUTH_LEN: usize = HELLO_LEN + auth::NONCE_LEN;
+/// What a listener sends once a dialer's proof holds: the stream is accepted.
+const AUTH_ACK: [u8; 8] = *b"WSAUTHOK";
 const FRAME_MAGIC: u32 = 0x5753_4652; // "WSFR"
 const FRAME_LEN: usize = 40;
 /// Smallest chunk a message is split into: below this, a header and a system call per chunk cost
@@ -97,6 +107,9 @@ pub struct NetConfig {
     /// TCP_NOTSENT_LOWAT for every stream: unsent bytes the kernel holds beyond what is on the
     /// wire; 0 leaves the kernel's default (WIRESPEED_NOTSENT_LOWAT).
     pub notsent_lowat: usize,
+    /// The job secret both ends of every connection must prove (WIRESPEED_JOB_SECRET); None:
+    /// the key alone admits (auth.rs says what that does not protect).
+    pub secret: Option<Secret>,
 }
 
 impl Default for NetConfig {
@@ -126,6 +139,7 @@ impl Default for NetConfig {
             sockbuf: 0,
             spin: Duration::from_micros(50),
             notsent_lowat: 64 << 10,
+            secret: None,
         }
     }
 }

@@ -262,3 +262,89 @@ fn strangers_are_refused_and_never_accepted() {
     assert!(l.poll_accept().unwrap().is_none());
     drop(good);
 }
+
+fn with_secret(text: Option<&str>) -> NetConfig {
+    NetConfig { secret: text.and_then(Secret::from_text), ..NetConfig::default() }
+}
+
+fn accepted(l: &Listener, within: Duration) -> Option<([u8; 32], Conn)> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(x) = l.poll_accept().unwrap() {
+            return Some(x);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn with_a_job_secret_the_key_alone_is_refused_and_the_secret_admits() {
+    // The listener's job has a secret; a stranger knows the key (the store gives it away) but
+    // not the secret: with none, or a wrong one, it is refused, again and again, before and
+    // after the real rank connected, and nothing it sent is ever accepted.
+    let job = with_secret(Some("job-42"));
+    let r = Reactor::new(&job).unwrap();
+    let key = [9u8; 32];
+    let l = Listener::bind_vetted(&r, &job, "127.0.0.1:0".parse().unwrap(), Box::new(move |k| if *k == key { Ok(()) } else { Err("wrong job".into()) }), "test".into(), None).unwrap();
+    let strangers = [with_secret(None), with_secret(Some("job-41")), with_secret(Some("job-42 "))];
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    for round in 0..10 {
+        for s in &strangers {
+            let e = Dialer::start(&r, s, l.local_addr(), key, 2).unwrap().finish(deadline()).err();
+            assert!(e.is_some(), "round {round}: a dialer without the job's secret got in");
+        }
+        if round == 5 {
+            let _c = Dialer::start(&r, &job, l.local_addr(), key, 2).unwrap().finish(deadline()).unwrap();
+            let (k, _) = accepted(&l, Duration::from_secs(5)).expect("the rank with the secret is accepted");
+            assert_eq!(k, key);
+        }
+    }
+    assert!(accepted(&l, Duration::from_millis(200)).is_none(), "a stranger's streams became a connection");
+    assert!(l.refused() >= 60, "every stranger's stream is refused: {}", l.refused());
+}
+
+#[test]
+fn a_dialer_with_the_secret_refuses_a_listener_without_it() {
+    // A stale rank of another job (or any process) listening where a rank should: it cannot
+    // prove the secret, and the dialer says so rather than send it a byte of data.
+    let plain = with_secret(Some("other job"));
+    let r = Reactor::new(&plain).unwrap();
+    let impostor = Listener::bind(&r, &plain, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let job = with_secret(Some("job-42"));
+    let e = Dialer::start(&r, &job, impostor.local_addr(), [1u8; 32], 1).unwrap().finish(Instant::now() + Duration::from_secs(5)).err().unwrap();
+    assert!(matches!(e, Error::Stranger(_) | Error::PeerLost(_)), "{e}");
+    // An echoing impostor (it answers a hello with the hello, as a listener without a secret
+    // does): the dialer with a secret does not take the echo for a proof.
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = echo.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = echo.accept().unwrap();
+        let mut b = [0u8; HELLO_AUTH_LEN];
+        std::io::Read::read_exact(&mut s, &mut b).unwrap();
+        let _ = s.write_all(&b[..64]);
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let e = Dialer::start(&r, &job, addr, [1u8; 32], 1).unwrap().finish(Instant::now() + Duration::from_secs(5)).err().unwrap();
+    assert!(matches!(e, Error::Stranger(_)), "{e}");
+    assert!(e.to_string().contains("does not know this job's secret"), "{e}");
+    t.join().unwrap();
+}
+
+#[test]
+fn both_ends_with_the_same_secret_move_data() {
+    let job = with_secret(Some("s3cret"));
+    let r = Reactor::new(&job).unwrap();
+    let l = Listener::bind(&r, &job, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let a = Dialer::start(&r, &job, l.local_addr(), [5u8; 32], 3).unwrap().finish(Instant::now() + Duration::from_secs(5)).unwrap();
+    let (_, b) = accepted(&l, Duration::from_secs(5)).unwrap();
+    let src = pattern(1 << 20, 3);
+    let mut dst = vec![0u8; 1 << 20];
+    // SAFETY: both buffers outlive the requests, which are waited before they go out of scope.
+    let (s, rv) = unsafe { (a.isend(src.as_ptr(), src.len(), 1).unwrap(), b.irecv(dst.as_mut_ptr(), dst.len(), 1).unwrap()) };
+    s.wait(Duration::from_secs(10)).unwrap();
+    assert_eq!(rv.wait(Duration::from_secs(10)).unwrap(), src.len());
+    assert_eq!(dst, src);
+}

@@ -1,0 +1,69 @@
+"""The job secret at the handshake (issue 27), end to end with real processes on two host ids
+(so they connect over TCP): ranks that share WIRESPEED_JOB_SECRET join; a rank whose secret
+differs, or that has none, is refused on both sides with a line that names the variable, within
+the timeout. The handshake's own tests (crates/wirespeed-core, transport/tcp/tests.rs) dial with
+the right key but no secret, many times, before and after the real rank joined.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+RANK = r"""
+import sys, datetime
+from torch.distributed import TCPStore
+from wirespeed.native.rendezvous import rendezvous
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+try:
+    rendezvous(store, rank, 2, datetime.timedelta(seconds=8))
+    print("joined")
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def _run(port: int, secrets: list[str | None]) -> list[str]:
+    procs = []
+    for rank, secret in enumerate(secrets):
+        env = {k: v for k, v in os.environ.items() if k != "WIRESPEED_JOB_SECRET"}
+        env.update(WIRESPEED_HOSTID=f"host-{rank}", WIRESPEED_IFNAME="lo")
+        if secret is not None:
+            env["WIRESPEED_JOB_SECRET"] = secret
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return [p.communicate(timeout=60)[0].strip() for p in procs]
+
+
+def _store():
+    from torch.distributed import TCPStore
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=60))
+
+
+@pytest.mark.timeout(120)
+def test_ranks_sharing_the_secret_join():
+    store = _store()
+    assert _run(store.port, ["s3cret", "s3cret"]) == ["joined", "joined"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("other", ["another", None])
+def test_a_rank_without_the_jobs_secret_is_refused_on_both_sides(other):
+    store = _store()
+    outs = _run(store.port, ["s3cret", other])
+    last = [o.splitlines()[-1] for o in outs]
+    assert not any(line == "joined" for line in last), outs
+    for o, line in zip(outs, last):
+        assert "Traceback" not in o and line.split()[0] in ("StrangerError", "CollectiveTimeout"), outs
+        # Refusals are logged one line each, and a refused dialer backs off: a handful, not
+        # hundreds, in the 8 s.
+        assert len(o.splitlines()) < 40, len(o.splitlines())
+    # The dialer (rank 0 dials rank 1) names the secret as the likely cause.
+    assert "secret" in last[0], last
+    if other is None:  # the listener without one says so in its log
+        assert "this rank has none: give every rank the same WIRESPEED_JOB_SECRET" in outs[1], outs[1]
