@@ -23,3 +23,17 @@ def wirespeed(*args, timeout=120, env=None, check=False) -> subprocess.Completed
     if check and p.returncode != 0:
         raise AssertionError(f"wirespeed {' '.join(map(str, args))} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
     return p
+
+
+def run_here(capture, *args) -> tuple[int, str, str]:
+    """`wirespeed ARGS` in this process (what the console script calls), for speed: a fresh
+    interpreter pays seconds of torch import per call on this 2-core machine. `capture` is
+    pytest's capsys, or capfd where ranks (child processes) print too."""
+    from wirespeed.cli.main import main
+    capture.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    out, err = capture.readouterr()
+    return code, out, err

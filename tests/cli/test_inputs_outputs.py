@@ -18,20 +18,16 @@ import time
 
 import pytest
 
-from wirespeed.cli.main import build_parser, check_outputs_here, main
+from wsutil import run_here
+from wirespeed.cli.main import build_parser, check_outputs_here
 from wirespeed.report.records import KINDS, MAX_LINE, record
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
-    """`wirespeed ARGS` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
+    """`wirespeed ARGS` in this process: (exit status, stdout, stderr), never a traceback."""
+    code, out, err = run_here(capsys, *args)
     assert "Traceback" not in err, err
     return code, out, err
 

@@ -59,3 +59,33 @@ def run_ranks(script: str, world: int, timeout: float, extra_env: dict | None = 
 def report(obj) -> None:
     """Called by a worker: hand its result to run_ranks."""
     print("RESULT " + json.dumps(obj), flush=True)
+
+
+# One rank of wirespeed's own rendezvous (native/rendezvous.py) through a TCPStore at a port:
+# prints "joined", or the error's class and message (for the admission tests).
+RENDEZVOUS_RANK = r"""
+import sys, datetime
+from torch.distributed import TCPStore
+from wirespeed.native.rendezvous import rendezvous
+rank, port, timeout = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+try:
+    rendezvous(store, rank, 2, datetime.timedelta(seconds=timeout))
+    print("joined")
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def master_store():
+    """A TCPStore served by this (the test's) process, for ranks to meet at."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=60))
+
+
+def start_rendezvous_rank(rank: int, port: int, timeout_s: float, env: dict | None = None):
+    return subprocess.Popen([sys.executable, "-c", RENDEZVOUS_RANK, str(rank), str(port), str(timeout_s)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

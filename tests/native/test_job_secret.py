@@ -7,25 +7,10 @@ the right key but no secret, many times, before and after the real rank joined.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from datetime import timedelta
 
 import pytest
 
-RANK = r"""
-import sys, datetime
-from torch.distributed import TCPStore
-from wirespeed.native.rendezvous import rendezvous
-rank, port = int(sys.argv[1]), int(sys.argv[2])
-store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
-try:
-    rendezvous(store, rank, 2, datetime.timedelta(seconds=8))
-    print("joined")
-except Exception as e:
-    print(type(e).__name__, e)
-"""
-
+from .ranks import master_store, start_rendezvous_rank
 
 def _run(port: int, secrets: list[str | None]) -> list[str]:
     procs = []
@@ -34,27 +19,20 @@ def _run(port: int, secrets: list[str | None]) -> list[str]:
         env.update(WIRESPEED_HOSTID=f"host-{rank}", WIRESPEED_IFNAME="lo")
         if secret is not None:
             env["WIRESPEED_JOB_SECRET"] = secret
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(start_rendezvous_rank(rank, port, 8, env))
     return [p.communicate(timeout=60)[0].strip() for p in procs]
-
-
-def _store():
-    from torch.distributed import TCPStore
-    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                    timeout=timedelta(seconds=60))
 
 
 @pytest.mark.timeout(120)
 def test_ranks_sharing_the_secret_join():
-    store = _store()
+    store = master_store()
     assert _run(store.port, ["s3cret", "s3cret"]) == ["joined", "joined"]
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("other", ["another", None])
 def test_a_rank_without_the_jobs_secret_is_refused_on_both_sides(other):
-    store = _store()
+    store = master_store()
     outs = _run(store.port, ["s3cret", other])
     last = [o.splitlines()[-1] for o in outs]
     assert not any(line == "joined" for line in last), outs

@@ -48,22 +48,11 @@ def netns_processes(name: str) -> dict[str, list[int]]:
     return {ns: pids for ns in C.leftovers(name) if (pids := netns_pids(ns))}
 
 
+from wsutil import run_here  # noqa: E402,F401 (netem tests import it from here)
+
+
 def cli(*args) -> list[str]:
     return [sys.executable, "-m", "wirespeed.cli.main", *map(str, args)]
-
-
-def run_here(capture, *args) -> tuple[int, str, str]:
-    """`wirespeed ARGS` in this process (what the console script calls), for speed: a fresh
-    interpreter pays seconds of torch import per call on this 2-core machine. `capture` is
-    pytest's capsys, or capfd where ranks (child processes) print too."""
-    from wirespeed.cli.main import main
-    capture.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code
-    out, err = capture.readouterr()
-    return code, out, err
 
 
 def wait_for_text(path, text: str, proc, timeout: float) -> bool:
