@@ -62,6 +62,9 @@ OTHERS = {
              "min_bytes": 4096, "max_bytes": 65536, "gain": 1.3},
     "links": {"backend": "gloo", "world_size": 2, "src": 0, "dst": 1, "bytes": 1 << 24, "gbps": 2.5,
               "latency_us": 50.0},
+    "train": {"backend": "gloo", "world_size": 2, "model": "resnet18", "parallel": "ddp",
+              "samples_per_s": 120.0, "step_us": 130000.0, "compute_us": 90000.0,
+              "exposed_pct": 30.8, "bytes_per_step": 46758048, "state_digest": "fbc41a0cfb13"},
 }
 
 
@@ -224,7 +227,7 @@ def test_every_output_flag_of_every_command_is_declared_as_one():
             if a.dest in OUTPUT_DESTS and a.nargs != 0 and a.option_strings:
                 assert (name, a.option_strings[0]) in declared, (name, a.option_strings)
     assert {c for c, _ in declared} >= {"bench", "links", "model", "batching", "objects", "compare",
-                                        "tune", "predict", "plot"}
+                                        "tune", "predict", "plot", "train"}
 
 
 @pytest.mark.parametrize("cmd,flag,what", declared_outputs())

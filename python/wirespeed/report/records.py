@@ -40,6 +40,10 @@ KINDS = {
                                   "min_bytes": "count", "max_bytes": "count", "gain": "num"}),
     "wirespeed.links/1": ("links", {"backend": "str", "world_size": "count", "src": "count",
                                     "dst": "count", "bytes": "count", "gbps": "num"}),
+    "wirespeed.train/1": ("train", {"backend": "str", "world_size": "count", "model": "str",
+                                    "parallel": "str", "samples_per_s": "num", "step_us": "num",
+                                    "compute_us": "num", "exposed_pct": "num",
+                                    "bytes_per_step": "num", "state_digest": "str"}),
 }
 
 # Each kind's schema, by the kind's name: what `record` stamps.
@@ -47,7 +51,7 @@ SCHEMAS = {kind: schema for schema, (kind, _) in KINDS.items()}
 
 
 def record(kind: str, fields: dict) -> dict:
-    """A new record of `kind` (bench, model, batching, objects, tune, links): its schema, then
+    """A new record of `kind` (bench, model, batching, objects, tune, links, train): its schema, then
     `fields` in their order. The one place a schema string is written into a record."""
     return {"schema": SCHEMAS[kind], **fields}
 
@@ -76,7 +80,7 @@ def write_csv(path, records) -> None:
 
 
 def kind(r: dict) -> str:
-    """bench, model, batching, objects, tune or links; "" for a schema this version does not know."""
+    """bench, model, batching, objects, tune, links or train; "" for a schema this version does not know."""
     schema = r.get("schema", SCHEMA)
     return KINDS[schema][0] if isinstance(schema, str) and schema in KINDS else ""
 
