@@ -6,11 +6,11 @@ import sys
 
 from ..errors import WirespeedError
 from . import (batching, bench, cluster, compare, env, flags, launch, links, model, objects, plot,
-               plugin, predict, tune)
+               plugin, predict, train, tune)
 from .common import Parser, fail
 
 SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, plugin,
-               predict, tune)
+               predict, train, tune)
 
 
 def build_parser() -> Parser:

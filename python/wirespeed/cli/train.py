@@ -1,0 +1,192 @@
+"""`wirespeed train`: real training steps of a real network on random data under DDP or FSDP2, on
+each backend given, in fresh processes; what the network costs the step (docs/train.md).
+
+Run by hand with several backends, the shell runs one single-backend `wirespeed train` after the
+other (cli/train_runs.py), each starting its own ranks as every rank-running command does
+(`run_job`), then compares them. Under torchrun, srun or mpirun it is one rank of one backend.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+
+from ..errors import UsageError
+from . import flags
+from .common import add
+from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+                      parse_num, resolve_backend, run_job)
+from ..report.records import record
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="time real training steps (DDP or FSDP2) on each backend",
+                       description="Train a real network on random data under DDP or FSDP2 on each "
+                       "backend: samples/s, step time, the step without communication, the exposed "
+                       "communication's share, bytes per step, and model state checked across ranks "
+                       "and backends.")
+    add(p, "--model", default=None, help="gpt, or a torchvision network: resnet18, resnet50, "
+        "resnet152, vgg16, alexnet, inception_v3")
+    add(p, "--parallel", default="ddp", help="ddp (DistributedDataParallel) or fsdp (FSDP2, fully_shard)")
+    add(p, "--batch-size", default="8", help="samples per rank per step")
+    add(p, "--image-size", default="64", help="vision models: image side in pixels (224 is ImageNet's)")
+    add(p, "--layers", default="2", help="gpt: transformer blocks")
+    add(p, "--hidden", default="128", help="gpt: hidden width")
+    add(p, "--heads", default="4", help="gpt: attention heads")
+    add(p, "--seq-len", default="128", help="gpt: tokens per sample")
+    add(p, "--vocab", default="1024", help="gpt: vocabulary size")
+    add(p, "--bucket-mb", default="25", help="ddp: bucket size in MiB (DDP's bucket_cap_mb)")
+    add(p, "--optimizer", default="sgd", help="sgd or adamw")
+    flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, mpi, nccl",
+                default_backend="nccl with GPUs, else gloo")
+    flags.iterations(p, warmup="2", iters="10", unit="training steps")
+    flags.output(p, "--json", default=None, help="write one JSON-lines record per backend here")
+    flags.output(p, "--save-dir", what="dir", unused_with=("no_save",), default="runs",
+                 help="records and summary go to SAVE_DIR/train-<time>/")
+    add(p, "--no-save", action="store_true", help="do not save under --save-dir")
+    flags.placement(p, host_per_rank=False)
+    # A single-backend run started by a several-backend one: rank 0 writes the full parameters here.
+    p.add_argument("--state-out", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=main)
+
+
+def _int(args, name: str, least: int = 1) -> int:
+    v = parse_num(getattr(args, name.lstrip("-").replace("-", "_")), name)
+    if v < least:
+        raise UsageError(f"{name} must be at least {least}")
+    return v
+
+
+def split_backends(text) -> list[str]:
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise UsageError("--backend: give at least one backend, e.g. --backend gloo,wirespeed")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--backend {text}: a backend is named twice")
+    return names
+
+
+def config_from_args(args) -> tuple[list[str], "object"]:
+    """(backends, the TrainConfig of the first), every flag checked: one line, exit 2, on the first
+    that is wrong, before any rank starts."""
+    from ..workloads.train import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
+    from ..workloads.trainnets import NetSpec, check_spec
+    if not args.model:
+        raise UsageError("which network? give --model gpt or a torchvision name such as resnet18")
+    if args.parallel not in PARALLEL:
+        raise UsageError(f"--parallel {args.parallel}: choose ddp or fsdp")
+    if args.optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer {args.optimizer}: choose sgd or adamw")
+    spec = NetSpec(model=str(args.model), batch_size=_int(args, "--batch-size"),
+                   image_size=_int(args, "--image-size"), layers=_int(args, "--layers"),
+                   hidden=_int(args, "--hidden"), heads=_int(args, "--heads"),
+                   seq_len=_int(args, "--seq-len"), vocab=_int(args, "--vocab"))
+    check_spec(spec)
+    bucket_mb = parse_num(args.bucket_mb, "--bucket-mb", float)
+    if bucket_mb <= 0:
+        raise UsageError("--bucket-mb must be positive (DDP's bucket_cap_mb)")
+    if args.parallel == "fsdp" and fsdp_missing():
+        raise UsageError(f"--parallel fsdp: {fsdp_missing()}")
+    backends = split_backends(args.backend) if args.backend is not None else [None]
+    resolved = [resolve_backend(b, args.device) for b in backends]
+    devices = {d for _, d in resolved}
+    if len(devices) > 1:
+        raise UsageError(f"--backend {args.backend}: the backends run on different devices "
+                         f"({', '.join(sorted(devices))}); give --device or backends of one device")
+    iters, timeout = parse_iters_timeout(args)
+    backend, device = resolved[0]
+    if args.parallel == "fsdp" and backend == "mpi":
+        raise UsageError("--parallel fsdp needs reduce_scatter, which torch's mpi backend lacks: "
+                         "use gloo or wirespeed")
+    cfg = TrainConfig(spec=spec, parallel=args.parallel, bucket_mb=bucket_mb, optimizer=args.optimizer,
+                      backend=backend, device=device, nproc=default_nproc(args.nproc, device),
+                      warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
+                      timeout_s=timeout)
+    return [b for b, _ in resolved], cfg
+
+
+def main(args, argv) -> int:
+    from ..launch.environment import rank_info
+    backends, cfg = config_from_args(args)
+    if args.state_out is None and rank_info(need_master=False) is None:
+        # The user's shell: each backend in processes of its own, then the comparison.
+        from .rankjob import check_rank_flags
+        from .train_runs import run_backends
+        check_rank_flags(args)
+        return run_backends(backends, cfg, args)
+    if len(backends) > 1:
+        raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
+    return run_job(_job, args, argv)
+
+
+def _job(args) -> Job:
+    _, cfg = config_from_args(args)
+    return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch_local, cfg),
+               work=partial(run_as_rank, cfg, args.json, args.state_out))
+
+
+def _launch_local(cfg, start) -> int:
+    from ..backends import create
+    from ..launch.memory import check_local_ranks
+    check_local_ranks(cfg.nproc)
+    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
+    check_local_gpus(cfg.nproc, cfg.backend)
+    return start(cfg.nproc)
+
+
+def run_as_rank(cfg, json_path, state_out, info, backend, device) -> int:
+    from ..envinfo import record_env
+    from ..workloads.train import run_rank
+    lead = info.rank == 0
+    if lead:
+        _print_header(cfg, info)
+    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
+        out = run_rank(cfg, info, backend, device, watchdog)
+    if lead:
+        from .train_runs import table
+        rec = train_record(cfg, info.world_size, out, record_env())
+        print(table([rec]))
+        if json_path:
+            from ..report.records import write_jsonl
+            write_jsonl(json_path, [rec])
+        if state_out:
+            import torch
+            torch.save(out["params"], state_out)
+        sys.stdout.flush()
+    return 0
+
+
+def _print_header(cfg, info) -> None:
+    print(f"# wirespeed train: {cfg.spec.describe()}, {cfg.parallel}"
+          f"{f' (buckets of {cfg.bucket_mb:g} MiB)' if cfg.parallel == 'ddp' else ''}, "
+          f"{cfg.optimizer}; backend {cfg.backend}, device {cfg.device}, {info.world_size} ranks; "
+          f"{cfg.iters} timed steps after {cfg.warmup_iters} warm-up")
+    sys.stdout.flush()
+
+
+def train_record(cfg, world: int, out: dict, env: dict) -> dict:
+    """The wirespeed.train/1 record of one backend's run (docs/records.md)."""
+    step, compute = out["step"], out["compute"]
+    step_us, compute_us = step["time_us"], compute["time_us"]
+    per_rank = cfg.spec.batch_size / (step_us * 1e-6) if step_us > 0 else 0.0
+    spec = cfg.spec
+    shape = {"layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads,
+             "seq_len": spec.seq_len, "vocab": spec.vocab} if spec.model == "gpt" \
+        else {"image_size": spec.image_size}
+    return record("train", {
+        "run_id": time.strftime("%Y%m%d-%H%M%S"), "backend": cfg.backend, "device": cfg.device,
+        "world_size": world, "model": spec.model, "parallel": cfg.parallel,
+        "batch_size": spec.batch_size, **shape, "unit": spec.unit, "optimizer": cfg.optimizer,
+        "bucket_mb": cfg.bucket_mb if cfg.parallel == "ddp" else None,
+        "parameters": out["parameters"],
+        "samples_per_s": per_rank * world, "samples_per_s_per_rank": per_rank,
+        "step_us": step_us, "step_min_us": step["time_min_us"], "step_max_us": step["time_max_us"],
+        "step_p99_us": step["time_p99_us"],
+        "compute_us": compute_us, "compute_min_us": compute["time_min_us"],
+        "compute_max_us": compute["time_max_us"],
+        # Exposed: what the step takes beyond its own compute; 0 when noise puts it below.
+        "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
+        "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
+        "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
+        "env": env})

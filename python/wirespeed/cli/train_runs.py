@@ -1,0 +1,194 @@
+"""The shell's side of `wirespeed train`: each backend as one single-backend `wirespeed train` in
+processes of its own (as compare runs each combination: no backend inherits another's threads,
+caches or sockets), then the comparison: speed-ups over the first backend, the line to quote, and
+the parameters of every backend against the first's."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import EXIT_MISMATCH
+from ..knobs import for_children
+from ..report.outputs import run_dir
+from ..report.records import read_records, write_jsonl
+
+# Parameters after the same steps from the same start may differ between backends only by the
+# order their reductions add in (float reassociation, ~1e-7 relative per step); this bound on
+# ||p - p_first|| / ||p_first|| leaves room for a few hundred steps of it and none for a wrong
+# gradient, which moves the parameters by the learning rate times the gradient (~1e-3 and more).
+PARAM_TOLERANCE = 1e-4
+
+
+def child_argv(cfg, backend: str, json_path: Path, state_path: Path, args) -> list[str]:
+    """One backend's run, every setting explicit (the children get no flag twins)."""
+    s = cfg.spec
+    argv = ["train", "--model", s.model, "--parallel", cfg.parallel, "--batch-size", str(s.batch_size),
+            "--image-size", str(s.image_size), "--layers", str(s.layers), "--hidden", str(s.hidden),
+            "--heads", str(s.heads), "--seq-len", str(s.seq_len), "--vocab", str(s.vocab),
+            "--bucket-mb", f"{cfg.bucket_mb:g}", "--optimizer", cfg.optimizer, "--backend", backend,
+            "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
+            "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", str(json_path),
+            "--state-out", str(state_path), "--no-save"]
+    if args.master_port:
+        argv += ["--master-port", str(args.master_port)]
+    if args.cluster:
+        argv += ["--cluster", args.cluster]
+        if args.ranks_per_host:
+            argv += ["--ranks-per-host", str(args.ranks_per_host)]
+    return argv
+
+
+def _why(stderr: str, code: int) -> str:
+    errors = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("wirespeed: error:")]
+    if errors:
+        return errors[0][len("wirespeed: error:"):].strip()
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return (lines[-1] if lines else f"exited with code {code}")[:300]
+
+
+def _run(cmd: list[str], env: dict) -> tuple[int, str]:
+    """Run a child with its stdout passed through and its stderr passed through as it comes and
+    kept (the error line names the failing rank): (exit status, stderr)."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    kept = []
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        kept.append(line)
+    return proc.wait(), "".join(kept)
+
+
+def _say(text: str = "") -> None:
+    print(text)
+    sys.stdout.flush()
+
+
+def param_difference(a, b) -> float:
+    """||b - a|| / ||a|| over the flat parameters (inf when the shapes differ)."""
+    if a.shape != b.shape:
+        return float("inf")
+    norm = float(a.norm())
+    return float((b - a).norm()) / (norm if norm > 0 else 1.0)
+
+
+def table(records: list[dict], first: dict | None = None) -> str:
+    """One row per backend; with `first`, the speed-up of each over it."""
+    head = (f"{'backend':<10} {'ranks':>5} {'samples/s':>10} {'/rank':>8} {'step p50 ms':>11} "
+            f"{'min-max ms':>15} {'compute ms':>10} {'exposed':>8} {'MB/step/rank':>12}"
+            + (f" {'speed-up':>8}" if first else ""))
+    lines = [head]
+    for r in records:
+        spread = f"{r['step_min_us'] / 1e3:.1f}-{r['step_max_us'] / 1e3:.1f}"
+        row = (f"{r['backend']:<10} {r['world_size']:>5} {r['samples_per_s']:>10.2f} "
+               f"{r['samples_per_s_per_rank']:>8.2f} {r['step_us'] / 1e3:>11.1f} {spread:>15} "
+               f"{r['compute_us'] / 1e3:>10.1f} {r['exposed_pct']:>7.0f}% "
+               f"{r['bytes_per_step'] / 1e6:>12.2f}")
+        if first:
+            row += f" {r['samples_per_s'] / first['samples_per_s']:>7.2f}x"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def quote(first: dict, r: dict) -> str:
+    unit = "img/s" if r.get("unit") == "img" else "samples/s"
+    return (f"{r['backend']} vs {first['backend']}: "
+            f"{r['samples_per_s'] / first['samples_per_s']:.2f}x {unit} (exposed comm "
+            f"{first['exposed_pct']:.0f}% -> {r['exposed_pct']:.0f}% of the step)")
+
+
+def run_backends(backends: list[str], cfg, args) -> int:
+    records, failures, codes = [], [], []
+    states = {}
+    env = for_children(os.environ)
+    with tempfile.TemporaryDirectory(prefix="wirespeed-train-") as tmp:
+        for i, backend in enumerate(backends):
+            json_path, state_path = Path(tmp) / f"{backend}.jsonl", Path(tmp) / f"{backend}.pt"
+            _say(f"[{i + 1}/{len(backends)}] {backend}, {cfg.nproc} ranks")
+            t0 = time.monotonic()
+            cmd = [sys.executable, "-m", "wirespeed.cli.main",
+                   *child_argv(cfg, backend, json_path, state_path, args)]
+            # The ranks' own output (header, table) goes straight through; errors are kept to be
+            # named in the summary.
+            code, stderr = _run(cmd, env)
+            took = time.monotonic() - t0
+            if code != 0 or not json_path.exists():
+                why = _why(stderr, code)
+                failures.append((backend, why))
+                codes.append(code or 1)
+                _say(f"[{i + 1}/{len(backends)}] {backend}: FAILED after {took:.1f} s: {why}")
+                continue
+            records.extend(read_records(json_path))
+            if state_path.exists():
+                import torch
+                states[backend] = torch.load(state_path)
+            _say(f"[{i + 1}/{len(backends)}] {backend}: done in {took:.1f} s")
+    mismatched = _compare_states(records, states)
+    _report(records, failures, mismatched)
+    _save(records, cfg, args)
+    if failures:
+        sys.stderr.write(f"wirespeed: error: {'; '.join(f'{b}: {w}' for b, w in failures)}\n")
+        return codes[0]
+    if mismatched:
+        sys.stderr.write(f"wirespeed: error: the parameters of {', '.join(mismatched)} differ from "
+                         f"{records[0]['backend']}'s by more than {PARAM_TOLERANCE:g} (relative L2 "
+                         "norm) after the same steps\n")
+        return EXIT_MISMATCH
+    return 0
+
+
+def _compare_states(records: list[dict], states: dict) -> list[str]:
+    """Each backend's parameters against the first's: the difference goes into its record; the
+    backends beyond the tolerance are returned."""
+    if not records:
+        return []
+    base = states.get(records[0]["backend"])
+    bad = []
+    for r in records:
+        mine = states.get(r["backend"])
+        if base is None or mine is None:
+            continue
+        r["params_rel_diff"] = param_difference(base, mine)
+        r["params_tolerance"] = PARAM_TOLERANCE
+        if r["params_rel_diff"] > PARAM_TOLERANCE:
+            bad.append(r["backend"])
+    return bad
+
+
+def _report(records, failures, mismatched) -> None:
+    _say()
+    if records:
+        first = records[0]
+        for r in records:
+            r["speedup_vs_first"] = r["samples_per_s"] / first["samples_per_s"] \
+                if first["samples_per_s"] > 0 else 0.0
+        _say(f"# {first['model']}, {first['parallel']}, {first['world_size']} ranks; step = per "
+             "step the slowest rank's, median over steps; compute = the same step with no "
+             "communication; exposed = (step - compute) / step; MB/step/rank = bytes handed to "
+             "the collectives per step and rank")
+        _say(table(records, first))
+        for r in records[1:]:
+            _say(quote(first, r))
+        diffs = [f"{r['backend']} {r['params_rel_diff']:.1e}" for r in records[1:] if "params_rel_diff" in r]
+        if diffs:
+            _say(f"# parameters against {first['backend']}'s (relative L2, tolerance "
+                 f"{PARAM_TOLERANCE:g}): {', '.join(diffs)}"
+                 + (f"; BEYOND IT: {', '.join(mismatched)}" if mismatched else ""))
+        _say(f"# every rank's model state agreed within each backend (digest {first['state_digest'][:12]} "
+             f"on {first['backend']})")
+    for backend, why in failures:
+        _say(f"# {backend} failed: {why}")
+
+
+def _save(records, cfg, args) -> None:
+    if not records:
+        return
+    if args.json:
+        write_jsonl(args.json, records)
+    out = run_dir(None if args.no_save else args.save_dir, "train", time.strftime("%Y%m%d-%H%M%S"))
+    if out:
+        write_jsonl(out / "records.jsonl", records)
+        _say(f"# saved records in {out}/")

@@ -1,0 +1,230 @@
+"""One rank's run of `wirespeed train`: real training steps of a real network on random data under
+DDP or FSDP2, timed; the same steps with the communication taken out (compute); bytes handed to
+the collectives; and a digest of the model state every rank must share (docs/train.md).
+
+Order on every rank: warm-up steps, timed steps, the state's digest (and rank 0's copy of the full
+parameters for the comparison across backends), then the compute steps, which may change the
+model freely since nothing reads it afterwards:
+- DDP: the same step under `no_sync()` (DDP's hooks run, its all_reduces do not);
+- FSDP: the same step on an unsharded copy of the network, no process group involved: the step
+  at world size 1, run by every rank at once so that the ranks compete for the cores as they do
+  in the real step.
+A step's time is the slowest rank's (bench/harness.summarize), the figure its median.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from ..bench.harness import summarize
+from ..errors import RanksDisagree, UsageError
+from .trainnets import NetSpec, batch, blocks_of, build, loss_of
+
+PARALLEL = ("ddp", "fsdp")
+OPTIMIZERS = ("sgd", "adamw")
+LR = {"sgd": 0.01, "adamw": 1e-4}   # small: a few steps must not blow a random network up
+
+
+@dataclass
+class TrainConfig:
+    spec: NetSpec
+    parallel: str = "ddp"
+    bucket_mb: float = 25.0
+    optimizer: str = "sgd"
+    backend: str = "gloo"
+    device: str = "cpu"
+    nproc: int = 2
+    warmup_iters: int = 2
+    iters: int = 10
+    timeout_s: float = 300.0
+
+
+def fsdp_missing() -> str | None:
+    """None when FSDP2 (`fully_shard`) exists in this torch, else why not."""
+    import torch.distributed.fsdp as fsdp
+    if not hasattr(fsdp, "fully_shard"):
+        return f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard; torch >= 2.6)"
+    return None
+
+
+# torch.distributed calls that FSDP2 (and anything else in Python) makes, counted by wrapping.
+# The figure is each call's full buffer, its largest tensor: an all_gather's output, a
+# reduce_scatter's input, an all_reduce's tensor (the size nccl-tests and `bench` label a call
+# with). DDP's reducer calls the process group from C++, past these wrappers: its bytes are its
+# buckets', every gradient once per step.
+_COUNTED = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+            "reduce_scatter_tensor", "all_reduce", "broadcast")
+
+
+class CallCounter:
+    def __init__(self):
+        self.bytes = 0
+        self.calls = 0
+
+    @contextmanager
+    def installed(self):
+        import torch.distributed as dist
+        saved = {n: getattr(dist, n) for n in _COUNTED if hasattr(dist, n)}
+        for name, fn in saved.items():
+            setattr(dist, name, self._wrap(fn))
+        try:
+            yield self
+        finally:
+            for name, fn in saved.items():
+                setattr(dist, name, fn)
+
+    def _wrap(self, fn):
+        def counted(*args, **kw):
+            sizes = [t.numel() * t.element_size() for t in (*args, *kw.values())
+                     if isinstance(t, torch.Tensor)]
+            if sizes:
+                self.bytes += max(sizes)
+                self.calls += 1
+            return fn(*args, **kw)
+        return counted
+
+
+def _optimizer(cfg: TrainConfig, params):
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=LR["adamw"])
+    return torch.optim.SGD(params, lr=LR["sgd"])
+
+
+def wrap(cfg: TrainConfig, net, device: str):
+    """The network under its parallel wrapper; (model, the bytes and calls of DDP's all_reduces per
+    step: every gradient once, in buckets planned as DDP plans them, workloads/bucketing.py)."""
+    grads = [p for p in net.parameters() if p.requires_grad]
+    grad_bytes = sum(p.numel() * p.element_size() for p in grads)
+    if cfg.parallel == "ddp":
+        from .bucketing import plan_buckets
+        plan = plan_buckets([p.numel() for p in grads], grads[0].element_size() if grads else 4,
+                            "ddp", int(cfg.bucket_mb * (1 << 20)))
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        # No buffer sync in the forward pass (BatchNorm's running statistics stay each rank's):
+        # no_sync then leaves no communication at all in the compute step, and the digest
+        # covers the parameters, which DDP keeps equal. Newer torch names the switch
+        # forward_sync_buffers and deprecates broadcast_buffers.
+        import inspect
+        no_buffer_sync = {"forward_sync_buffers": False} \
+            if "forward_sync_buffers" in inspect.signature(DDP).parameters else {"broadcast_buffers": False}
+        ids = [torch.device(device)] if device.startswith("cuda") else None
+        return (DDP(net, device_ids=ids, bucket_cap_mb=cfg.bucket_mb, **no_buffer_sync),
+                grad_bytes, len(plan.buckets))
+    why = fsdp_missing()
+    if why:
+        raise UsageError(f"--parallel fsdp: {why}")
+    from torch.distributed.fsdp import fully_shard
+    for blk in blocks_of(net, cfg.spec):
+        fully_shard(blk)
+    fully_shard(net)
+    return net, 0, 0
+
+
+def full_params(model) -> list[torch.Tensor]:
+    """Every parameter whole, in order, on the CPU (FSDP's shards gathered: a collective, so every
+    rank calls it)."""
+    out = []
+    for p in model.parameters():
+        t = p.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        out.append(t.float().cpu().reshape(-1))
+    return out
+
+
+def state_digest(params: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in params:
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_digests(digests: list[float], steps: int) -> None:
+    """Every rank's state digest (48 bits of it) must be rank 0's: else a RanksDisagree (exit 5)
+    naming the ranks that differ, raised on every rank alike."""
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise RanksDisagree(f"the model state after {steps} timed steps differs from rank 0's on "
+                            f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}")
+
+
+def _times(run_step, steps: int, label: str, watchdog, sync) -> list[float]:
+    out = []
+    for i in range(steps):
+        watchdog.step(f"{label} (step {i + 1} of {steps})")
+        t0 = time.perf_counter()
+        run_step()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
+    """Train on this rank; returns the job's figures (the same on every rank) and, on rank 0, the
+    full parameters (`params`) for the comparison across backends."""
+    spec = cfg.spec
+    rank = info.rank
+    watchdog.step("building the network")
+    net = build(spec, device)
+    inputs, targets = batch(spec, rank, device)
+    counter = CallCounter()
+    with counter.installed():
+        watchdog.step(f"wrapping the network in {cfg.parallel}")
+        model, ddp_bytes, ddp_calls = wrap(cfg, net, device)
+        opt = _optimizer(cfg, model.parameters())
+
+        def step(ctx=nullcontext):
+            opt.zero_grad(set_to_none=True)
+            with ctx():
+                loss_of(model, spec, inputs, targets).backward()
+            opt.step()
+
+        for i in range(cfg.warmup_iters):
+            watchdog.step(f"warm-up step {i + 1} of {cfg.warmup_iters}")
+            step()
+        backend.synchronize()
+        backend.barrier()
+        counter.bytes = counter.calls = 0
+        times = _times(step, cfg.iters, "timed step", watchdog, backend.synchronize)
+        bytes_per_step = ddp_bytes + counter.bytes / cfg.iters
+        calls_per_step = ddp_calls + counter.calls / cfg.iters
+        watchdog.step("gathering the model state")
+        params = full_params(model)
+    digest = state_digest(params)
+
+    # Compute: the same step with nothing communicated, every rank at once.
+    backend.barrier()
+    if cfg.parallel == "ddp":
+        def compute_step():
+            step(model.no_sync)
+    else:
+        plain = build(spec, device)
+        plain_opt = _optimizer(cfg, plain.parameters())
+
+        def compute_step():
+            plain_opt.zero_grad(set_to_none=True)
+            loss_of(plain, spec, inputs, targets).backward()
+            plain_opt.step()
+    if cfg.warmup_iters:
+        watchdog.step("warming up the compute step")
+        compute_step()
+    compute = _times(compute_step, cfg.iters, "compute step", watchdog, backend.synchronize)
+
+    watchdog.step("gathering the figures")
+    h = float(int(digest[:12], 16))   # 48 bits: exact in a float64
+    rows = backend.allgather_floats([h, bytes_per_step, *times, *compute])
+    check_digests([row[0] for row in rows], cfg.iters)
+    n = cfg.iters
+    step_s = summarize([row[2:2 + n] for row in rows])
+    compute_s = summarize([row[2 + n:] for row in rows])
+    out = {"step": step_s, "compute": compute_s, "state_digest": digest,
+           "bytes_per_step": max(row[1] for row in rows), "calls_per_step": calls_per_step,
+           "parameters": sum(t.numel() for t in params)}
+    if rank == 0:
+        out["params"] = torch.cat(params) if params else torch.empty(0)
+    backend.barrier()
+    return out

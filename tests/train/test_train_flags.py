@@ -1,0 +1,96 @@
+"""`wirespeed train`'s refusals (one line, exit 2, no traceback, before any rank starts) and the
+checks behind its verdicts: ranks' digests, parameters across backends, the quotable line."""
+import pytest
+import torch
+
+from wirespeed.cli.main import main
+from wirespeed.cli.train_runs import PARAM_TOLERANCE, _compare_states, param_difference, quote
+from wirespeed.errors import RanksDisagree
+from wirespeed.report.records import load, write_jsonl
+from wirespeed.workloads.train import check_digests
+
+pytestmark = pytest.mark.timeout(60)
+
+GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "which network"),
+    (["--model", "resnet51"], "unknown --model 'resnet51'"),
+    (["--model", "gpt2"], "unknown --model 'gpt2'"),            # transformers' gpt2 is `model`'s, not ours
+    ([*GPT, "--parallel", "zero3"], "--parallel zero3: choose ddp or fsdp"),
+    ([*GPT, "--optimizer", "adam"], "--optimizer adam: choose sgd or adamw"),
+    ([*GPT, "--batch-size", "0"], "--batch-size must be at least 1"),
+    ([*GPT, "--batch-size", "lots"], "--batch-size must be a number"),
+    ([*GPT, "--layers", "-1"], "--layers must not be negative"),
+    (["--model", "gpt", "--hidden", "30"], "multiple of --heads"),
+    (["--model", "resnet18", "--image-size", "8"], "--image-size 8 is too small for resnet18"),
+    ([*GPT, "--bucket-mb", "0"], "--bucket-mb must be positive"),
+    ([*GPT, "--bucket-mb", "flat"], "--bucket-mb must be a number"),
+    ([*GPT, "--backend", "gloo,gloo"], "named twice"),
+    ([*GPT, "--backend", "gloo,"], None),                          # a trailing comma is harmless
+    ([*GPT, "--backend", ","], "at least one backend"),
+    ([*GPT, "--backend", "carrier-pigeon"], "unknown backend"),
+    ([*GPT, "--backend", "gloo,nccl"], "different devices"),
+    ([*GPT, "--backend", "mpi", "--parallel", "fsdp"], "mpi backend lacks"),
+    ([*GPT, "-n", "0"], "--iters must be at least 1"),
+    ([*GPT, "-T", "0"], "--timeout must be positive"),
+    ([*GPT, "-N", "0"], "--nproc must be at least 1"),
+    ([*GPT, "--ranks-per-host", "2"], "add --cluster"),
+    ([*GPT, "--json", "/proc/x.jsonl"], "cannot write"),
+])
+def test_a_bad_flag_is_one_line_exit_2(capsys, args, needle):
+    if needle is None:   # accepted: checked only up to the point where ranks would start
+        from wirespeed.cli.train import config_from_args
+        from wirespeed.cli.main import build_parser
+        backends, _ = config_from_args(build_parser().parse_args(["train", *args]))
+        assert backends == ["gloo"]
+        return
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", *args])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2, (args, out, err)
+    assert err.count("\n") == 1 and err.startswith("wirespeed: error: "), err
+    assert needle in err and "Traceback" not in err, err
+    assert out == ""
+
+
+def test_ranks_whose_state_differs_are_named():
+    check_digests([7.0, 7.0, 7.0], 10)
+    with pytest.raises(RanksDisagree, match=r"differs from rank 0's on rank 2$"):
+        check_digests([7.0, 7.0, 8.0], 10)
+    with pytest.raises(RanksDisagree, match=r"on ranks 1, 3$"):
+        check_digests([7.0, 6.0, 7.0, 5.0], 10)
+
+
+def test_parameters_across_backends_within_the_tolerance_or_named():
+    a = torch.linspace(-1, 1, 1000)
+    assert param_difference(a, a.clone()) == 0
+    assert param_difference(a, a[:10]) == float("inf")
+    near = a * (1 + PARAM_TOLERANCE / 10)
+    far = a + 1e-2
+    recs = [{"backend": "gloo"}, {"backend": "wirespeed"}, {"backend": "mpi"}]
+    bad = _compare_states(recs, {"gloo": a, "wirespeed": near, "mpi": far})
+    assert bad == ["mpi"]
+    assert recs[1]["params_rel_diff"] < PARAM_TOLERANCE < recs[2]["params_rel_diff"]
+
+
+def test_the_quotable_line():
+    gloo = {"backend": "gloo", "samples_per_s": 10.0, "exposed_pct": 41.2, "unit": "img"}
+    ws = {"backend": "wirespeed", "samples_per_s": 16.2, "exposed_pct": 9.4, "unit": "img"}
+    assert quote(gloo, ws) == "wirespeed vs gloo: 1.62x img/s (exposed comm 41% -> 9% of the step)"
+
+
+def test_train_records_are_read_by_the_one_reader(tmp_path):
+    from wirespeed.cli.train import train_record
+    from wirespeed.workloads.train import TrainConfig
+    from wirespeed.workloads.trainnets import NetSpec
+    figures = {"time_us": 2000.0, "time_min_us": 1900.0, "time_max_us": 2500.0, "time_p99_us": 2500.0}
+    out = {"step": figures, "compute": {**figures, "time_us": 1500.0}, "state_digest": "ab" * 32,
+           "bytes_per_step": 4096.0, "calls_per_step": 1.0, "parameters": 1024}
+    r = train_record(TrainConfig(NetSpec("resnet18", 4, image_size=32)), 2, out, {})
+    assert r["schema"] == "wirespeed.train/1"
+    assert r["samples_per_s"] == pytest.approx(2 * 4 / 2e-3) and r["exposed_pct"] == pytest.approx(25)
+    write_jsonl(tmp_path / "t.jsonl", [r])
+    assert load([tmp_path / "t.jsonl"], ("train",), "test").records == [r]
