@@ -41,6 +41,8 @@ def register(sub) -> None:
     flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, mpi, nccl",
                 default_backend="nccl with GPUs, else gloo")
     flags.iterations(p, warmup="2", iters="10", unit="training steps")
+    add(p, "--repeat", default="1", help="run the list of backends this many times, interleaved "
+        "(A B A B); each backend's figures are its median run's")
     flags.output(p, "--json", default=None, help="write one JSON-lines record per backend here")
     flags.output(p, "--save-dir", what="dir", unused_with=("no_save",), default="runs",
                  help="records and summary go to SAVE_DIR/train-<time>/")
@@ -114,7 +116,7 @@ def main(args, argv) -> int:
         from .rankjob import check_rank_flags
         from .train_runs import run_backends
         check_rank_flags(args)
-        return run_backends(backends, cfg, args)
+        return run_backends(backends, cfg, args, repeat=_int(args, "--repeat"))
     if len(backends) > 1:
         raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
     return run_job(_job, args, argv)
@@ -181,6 +183,7 @@ def train_record(cfg, world: int, out: dict, env: dict) -> dict:
         "bucket_mb": cfg.bucket_mb if cfg.parallel == "ddp" else None,
         "parameters": out["parameters"],
         "samples_per_s": per_rank * world, "samples_per_s_per_rank": per_rank,
+        **({"tokens_per_s": per_rank * world * spec.seq_len} if spec.model == "gpt" else {}),
         "step_us": step_us, "step_min_us": step["time_min_us"], "step_max_us": step["time_max_us"],
         "step_p99_us": step["time_p99_us"],
         "compute_us": compute_us, "compute_min_us": compute["time_min_us"],

@@ -94,41 +94,56 @@ def table(records: list[dict], first: dict | None = None) -> str:
 
 
 def quote(first: dict, r: dict) -> str:
-    unit = "img/s" if r.get("unit") == "img" else "samples/s"
+    # A GPT's samples are sequences of the same length on every backend: the ratio is tokens/s's.
+    unit = {"img": "img/s", "seq": "tokens/s"}.get(r.get("unit"), "samples/s")
     return (f"{r['backend']} vs {first['backend']}: "
             f"{r['samples_per_s'] / first['samples_per_s']:.2f}x {unit} (exposed comm "
             f"{first['exposed_pct']:.0f}% -> {r['exposed_pct']:.0f}% of the step)")
 
 
-def run_backends(backends: list[str], cfg, args) -> int:
-    records, failures, codes = [], [], []
-    states = {}
+def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
+    """Each backend in fresh processes, the list `repeat` times in the same order (A B A B), so
+    slow drift of a busy machine spreads over every backend; a backend's figures are those of its
+    median run (by step time). Returns the exit status."""
+    runs: dict[str, list[dict]] = {b: [] for b in backends}
+    failures, codes = [], []
+    base = None   # the first backend's parameters: every other run is compared with them
     env = for_children(os.environ)
+    total = len(backends) * repeat
     with tempfile.TemporaryDirectory(prefix="wirespeed-train-") as tmp:
-        for i, backend in enumerate(backends):
-            json_path, state_path = Path(tmp) / f"{backend}.jsonl", Path(tmp) / f"{backend}.pt"
-            _say(f"[{i + 1}/{len(backends)}] {backend}, {cfg.nproc} ranks")
+        for n, (rep, backend) in enumerate(((r, b) for r in range(repeat) for b in backends), 1):
+            if any(b == backend for b, _ in failures):
+                continue   # it failed once; its error is reported, not repeated
+            tag = f"[{n}/{total}] {backend}" + (f" (repeat {rep + 1} of {repeat})" if repeat > 1 else "")
+            json_path, state_path = Path(tmp) / f"{backend}-{rep}.jsonl", Path(tmp) / f"{backend}-{rep}.pt"
+            _say(f"{tag}, {cfg.nproc} ranks")
             t0 = time.monotonic()
-            cmd = [sys.executable, "-m", "wirespeed.cli.main",
-                   *child_argv(cfg, backend, json_path, state_path, args)]
             # The ranks' own output (header, table) goes straight through; errors are kept to be
             # named in the summary.
-            code, stderr = _run(cmd, env)
+            code, stderr = _run([sys.executable, "-m", "wirespeed.cli.main",
+                                 *child_argv(cfg, backend, json_path, state_path, args)], env)
             took = time.monotonic() - t0
             if code != 0 or not json_path.exists():
                 why = _why(stderr, code)
                 failures.append((backend, why))
                 codes.append(code or 1)
-                _say(f"[{i + 1}/{len(backends)}] {backend}: FAILED after {took:.1f} s: {why}")
+                _say(f"{tag}: FAILED after {took:.1f} s: {why}")
                 continue
-            records.extend(read_records(json_path))
+            rec = read_records(json_path)[0]
+            rec["repeat"] = rep
             if state_path.exists():
                 import torch
-                states[backend] = torch.load(state_path)
-            _say(f"[{i + 1}/{len(backends)}] {backend}: done in {took:.1f} s")
-    mismatched = _compare_states(records, states)
+                state = torch.load(state_path)
+                base = state if base is None else base
+                rec["params_rel_diff"] = param_difference(base, state)
+                rec["params_tolerance"] = PARAM_TOLERANCE
+            runs[backend].append(rec)
+            _say(f"{tag}: done in {took:.1f} s")
+    records = [_median_run(rs) for rs in runs.values() if rs]
+    mismatched = [b for b, rs in runs.items()
+                  if any(r.get("params_rel_diff", 0) > PARAM_TOLERANCE for r in rs)]
     _report(records, failures, mismatched)
-    _save(records, cfg, args)
+    _save(records, args)
     if failures:
         sys.stderr.write(f"wirespeed: error: {'; '.join(f'{b}: {w}' for b, w in failures)}\n")
         return codes[0]
@@ -140,22 +155,17 @@ def run_backends(backends: list[str], cfg, args) -> int:
     return 0
 
 
-def _compare_states(records: list[dict], states: dict) -> list[str]:
-    """Each backend's parameters against the first's: the difference goes into its record; the
-    backends beyond the tolerance are returned."""
-    if not records:
-        return []
-    base = states.get(records[0]["backend"])
-    bad = []
-    for r in records:
-        mine = states.get(r["backend"])
-        if base is None or mine is None:
-            continue
-        r["params_rel_diff"] = param_difference(base, mine)
-        r["params_tolerance"] = PARAM_TOLERANCE
-        if r["params_rel_diff"] > PARAM_TOLERANCE:
-            bad.append(r["backend"])
-    return bad
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median step time, with every run's step time and the largest parameter
+    difference of any (one record per backend and world size)."""
+    ordered = sorted(runs, key=lambda r: r["step_us"])
+    rec = dict(ordered[(len(ordered) - 1) // 2])
+    rec["repeats"] = len(runs)
+    rec["step_us_repeats"] = [r["step_us"] for r in runs]
+    diffs = [r["params_rel_diff"] for r in runs if "params_rel_diff" in r]
+    if diffs:
+        rec["params_rel_diff"] = max(diffs)
+    return rec
 
 
 def _report(records, failures, mismatched) -> None:
@@ -183,7 +193,7 @@ def _report(records, failures, mismatched) -> None:
         _say(f"# {backend} failed: {why}")
 
 
-def _save(records, cfg, args) -> None:
+def _save(records, args) -> None:
     if not records:
         return
     if args.json:

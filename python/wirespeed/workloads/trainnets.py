@@ -44,6 +44,11 @@ class NetSpec:
         return f"{self.model} at {self.image_size} px, batch {self.batch_size} per rank"
 
 
+# The least image side each network's pooling takes in training (inception_v3's auxiliary
+# classifier pools a 5x5 window from a map that only 299 px make large enough); others: 32 px.
+MIN_IMAGE = {"alexnet": 63, "inception_v3": 299}
+
+
 def vision_names() -> list[str]:
     from .models import CATALOGUE
     return [n for n, (lib, _) in CATALOGUE.items() if lib == "torchvision"]
@@ -64,11 +69,16 @@ def check_spec(spec: NetSpec) -> None:
         if spec.hidden % spec.heads:
             raise UsageError(f"--hidden {spec.hidden} must be a multiple of --heads {spec.heads}")
     else:
-        # inception_v3 needs 75 px; the others shrink to 1 px by their 32x downsampling.
-        least = 75 if spec.model == "inception_v3" else 32
+        least = MIN_IMAGE.get(spec.model, 32)
         if spec.image_size < least:
             raise UsageError(f"--image-size {spec.image_size} is too small for {spec.model}: at "
                              f"least {least} px")
+        # BatchNorm in training needs two values per channel; a ResNet's last maps are 1/32 of
+        # the image, so one 32-63 px image per rank gives it one.
+        if spec.model.startswith("resnet") and spec.batch_size * (spec.image_size // 32) ** 2 < 2:
+            raise UsageError(f"--batch-size 1 at {spec.image_size} px leaves {spec.model}'s last "
+                             "BatchNorm one value per channel, which cannot train: use --batch-size "
+                             "2 or --image-size 64")
 
 
 class _Block(nn.Module):
@@ -141,6 +151,8 @@ def loss_of(net: nn.Module, spec: NetSpec, inputs, targets) -> torch.Tensor:
     out = net(inputs)
     if spec.model == "gpt":
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
-    if isinstance(out, tuple) or hasattr(out, "logits"):   # inception_v3's (logits, aux) in training
-        out = out[0] if isinstance(out, tuple) else out.logits
+    if hasattr(out, "aux_logits"):
+        # inception_v3 in training: its auxiliary head weighted 0.4, as its paper and torchvision's
+        # reference training do; left out, its parameters would get no gradient and DDP would stop.
+        return F.cross_entropy(out.logits, targets) + 0.4 * F.cross_entropy(out.aux_logits, targets)
     return F.cross_entropy(out, targets)
