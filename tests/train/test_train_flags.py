@@ -35,7 +35,7 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--backend", ","], "at least one backend"),
     ([*GPT, "--backend", "carrier-pigeon"], "unknown backend"),
     ([*GPT, "--backend", "gloo,nccl"], "different devices"),
-    ([*GPT, "--backend", "mpi", "--parallel", "fsdp"], "mpi backend lacks"),
+    ([*GPT, "--backend", "gloo,mpi"], "--backend mpi: train needs a torch.distributed MPI"),
     ([*GPT, "-n", "0"], "--iters must be at least 1"),
     ([*GPT, "-T", "0"], "--timeout must be positive"),
     ([*GPT, "-N", "0"], "--nproc must be at least 1"),

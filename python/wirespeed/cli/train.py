@@ -3,7 +3,7 @@ each backend given, in fresh processes; what the network costs the step (docs/tr
 
 Run by hand with several backends, the shell runs one single-backend `wirespeed train` after the
 other (cli/train_runs.py), each starting its own ranks as every rank-running command does
-(`run_job`), then compares them. Under torchrun, srun or mpirun it is one rank of one backend.
+(`run_job`), then compares them. Under torchrun, srun or mpirun (with gloo, wirespeed or nccl) it is one rank of one backend.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def register(sub) -> None:
     add(p, "--vocab", default="1024", help="gpt: vocabulary size")
     add(p, "--bucket-mb", default="25", help="ddp: bucket size in MiB (DDP's bucket_cap_mb)")
     add(p, "--optimizer", default="sgd", help="sgd or adamw")
-    flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, mpi, nccl",
+    flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, nccl",
                 default_backend="nccl with GPUs, else gloo")
     flags.iterations(p, warmup="2", iters="10", unit="training steps")
     add(p, "--repeat", default="1", help="run the list of backends this many times, interleaved "
@@ -98,9 +98,15 @@ def config_from_args(args) -> tuple[list[str], "object"]:
                          f"({', '.join(sorted(devices))}); give --device or backends of one device")
     iters, timeout = parse_iters_timeout(args)
     backend, device = resolved[0]
-    if args.parallel == "fsdp" and backend == "mpi":
-        raise UsageError("--parallel fsdp needs reduce_scatter, which torch's mpi backend lacks: "
-                         "use gloo or wirespeed")
+    if "mpi" in backends:
+        # DDP and FSDP run over a torch.distributed process group; wirespeed's mpi backend is
+        # mpi4py's, which they cannot use, and torch's own is only in torch built from source.
+        import torch.distributed as dist
+        why = ("starting torch's MPI process group under mpirun is not done yet"
+               if dist.is_mpi_available() else "this torch was built without MPI")
+        raise UsageError(f"--backend mpi: train needs a torch.distributed MPI process group for "
+                         f"DDP/FSDP and {why}; wirespeed's mpi backend (mpi4py) serves bench: use "
+                         "gloo or wirespeed")
     cfg = TrainConfig(spec=spec, parallel=args.parallel, bucket_mb=bucket_mb, optimizer=args.optimizer,
                       backend=backend, device=device, nproc=default_nproc(args.nproc, device),
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
