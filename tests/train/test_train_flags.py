@@ -69,15 +69,19 @@ def test_ranks_whose_state_differs_are_named():
 
 
 def test_parameter_difference_and_the_median_of_repeats():
-    a = torch.linspace(-1, 1, 1000)
-    assert param_difference(a, a.clone()) == 0
-    assert param_difference(a, a * 1.001) == pytest.approx(1e-3, rel=1e-3)
-    assert param_difference(a, a[:10]) == float("inf")
-    runs = [{"step_us": 30.0, "params_rel_diff": 0.0}, {"step_us": 10.0, "params_rel_diff": 2e-7},
-            {"step_us": 20.0, "params_rel_diff": 1e-7}]
+    init = torch.linspace(-1, 1, 1000)
+    first = init * 1.01                       # training moved the parameters by 1% of their norm
+    assert param_difference(first, first.clone(), init) == (0, 0)
+    d, rel = param_difference(first, first + (first - init) * 0.1, init)
+    assert d == pytest.approx(0.1, rel=1e-3) and rel == pytest.approx(1e-3, rel=1e-2)
+    assert param_difference(first, first[:10], init)[0] == float("inf")
+    assert param_difference(init, init * 1.5, init)[0] == pytest.approx(0.5)   # nothing moved: of the norm
+    runs = [{"step_us": 30.0, "params_diff": 0.0, "params_diff_steps": [0.0, 1e-6]},
+            {"step_us": 10.0, "params_diff": 2e-3, "params_diff_steps": [1e-7, 0.0]},
+            {"step_us": 20.0, "params_diff": 1e-3, "params_diff_steps": [0.0, 0.0]}]
     r = _median_run(runs)
     assert r["step_us"] == 20.0 and r["repeats"] == 3 and r["step_us_repeats"] == [30.0, 10.0, 20.0]
-    assert r["params_rel_diff"] == 2e-7   # the worst of any run
+    assert r["params_diff"] == 2e-3 and r["params_diff_steps"] == [1e-7, 1e-6]   # the worst of any run
 
 
 def test_the_quotable_line():

@@ -36,7 +36,9 @@ def _check(p, recs, nproc, parallel, params):
         assert r["parallel"] == parallel
         assert r["step_us"] > 0 and r["compute_us"] > 0 and 0 <= r["exposed_pct"] < 100
         assert r["samples_per_s"] == pytest.approx(r["samples_per_s_per_rank"] * nproc)
-        assert r["params_rel_diff"] <= r["params_tolerance"]
+        # Judged after the first two steps, the last reported (docs/train.md).
+        assert len(r["params_diff_steps"]) == 2 and max(r["params_diff_steps"]) <= r["params_tolerance"]
+        assert r["params_diff"] >= 0 and r["params_rel_diff"] >= 0
     # The same steps from the same start: one state on every rank (the run checked) and, where a
     # sum has only 2 terms (no order to differ in), the same bits on both backends.
     if nproc == 2:
@@ -48,7 +50,7 @@ def _check(p, recs, nproc, parallel, params):
         # Parameters gathered for forward and backward, gradients reduce-scattered: about 3x.
         assert 2 * 4 * params < recs[0]["bytes_per_step"] <= 3 * 4 * params * 1.05
     assert "wirespeed vs gloo: " in p.stdout and "of the step)" in p.stdout
-    assert "parameters against gloo's" in p.stdout
+    assert "parameters against gloo's" in p.stdout and "BEYOND" not in p.stdout
 
 
 def _gpt_params(layers=2, h=32, seq=16, vocab=64):
@@ -69,7 +71,10 @@ def test_two_ranks_agree_on_every_rank_and_across_backends(tmp_path, parallel):
 def test_three_ranks_of_a_torchvision_network(tmp_path, parallel):
     import torchvision
     params = sum(t.numel() for t in torchvision.models.resnet18().parameters())
-    net = ["--model", "resnet18", "--image-size", "32", "--batch-size", "2"]
+    # 64 px, batch 4: at 32 px, batch 2 the last BatchNorm sees 2 values per channel and training
+    # diverges (gradient norms of 1e4, parameters 7x their norm in 4 steps), where no two runs can
+    # be compared.
+    net = ["--model", "resnet18", "--image-size", "64", "--batch-size", "4"]
     p, recs = _train(tmp_path, 3, parallel, net=net, timeout=380)
     _check(p, recs, 3, parallel, params)
 

@@ -25,6 +25,9 @@ from ..errors import RanksDisagree, UsageError
 from .trainnets import NetSpec, batch, blocks_of, build, loss_of
 
 PARALLEL = ("ddp", "fsdp")
+# Steps after which rank 0 keeps the parameters for the comparison across backends: the first,
+# and the second, DDP's first with the buckets it rebuilds after the first.
+EARLY_STEPS = 2
 OPTIMIZERS = ("sgd", "adamw")
 LR = {"sgd": 0.01, "adamw": 1e-4}   # small: a few steps must not blow a random network up
 
@@ -64,6 +67,15 @@ class CallCounter:
     def __init__(self):
         self.bytes = 0
         self.calls = 0
+        self.on = True
+
+    @contextmanager
+    def paused(self):
+        self.on = False
+        try:
+            yield
+        finally:
+            self.on = True
 
     @contextmanager
     def installed(self):
@@ -81,7 +93,7 @@ class CallCounter:
         def counted(*args, **kw):
             sizes = [t.numel() * t.element_size() for t in (*args, *kw.values())
                      if isinstance(t, torch.Tensor)]
-            if sizes:
+            if sizes and self.on:
                 self.bytes += max(sizes)
                 self.calls += 1
             return fn(*args, **kw)
@@ -125,14 +137,15 @@ def wrap(cfg: TrainConfig, net, device: str):
 
 
 def full_params(model) -> list[torch.Tensor]:
-    """Every parameter whole, in order, on the CPU (FSDP's shards gathered: a collective, so every
-    rank calls it)."""
+    """A copy of every parameter whole, in order, on the CPU (FSDP's shards gathered: a collective,
+    so every rank calls it)."""
     out = []
     for p in model.parameters():
         t = p.detach()
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()
-        out.append(t.float().cpu().reshape(-1))
+        # A copy: the compute steps that follow change the live parameters in place.
+        out.append(t.float().cpu().reshape(-1).clone())
     return out
 
 
@@ -152,7 +165,7 @@ def check_digests(digests: list[float], steps: int) -> None:
                             f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}")
 
 
-def _times(run_step, steps: int, label: str, watchdog, sync) -> list[float]:
+def _times(run_step, steps: int, label: str, watchdog, sync, after=lambda: None) -> list[float]:
     out = []
     for i in range(steps):
         watchdog.step(f"{label} (step {i + 1} of {steps})")
@@ -160,12 +173,14 @@ def _times(run_step, steps: int, label: str, watchdog, sync) -> list[float]:
         run_step()
         sync()
         out.append(time.perf_counter() - t0)
+        after()   # untimed
     return out
 
 
 def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     """Train on this rank; returns the job's figures (the same on every rank) and, on rank 0, the
-    full parameters (`params`) for the comparison across backends."""
+    full parameters after the first steps and the last (`params`) for the comparison across
+    backends."""
     spec = cfg.spec
     rank = info.rank
     watchdog.step("building the network")
@@ -183,13 +198,28 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
                 loss_of(model, spec, inputs, targets).backward()
             opt.step()
 
+        early: list[torch.Tensor] = []
+        steps_done = [0]
+
+        def snapshot():
+            """Rank 0's copy of the parameters after each of the first EARLY_STEPS steps (FSDP
+            gathers them: every rank takes part, so every rank counts the steps), for the
+            comparison across backends."""
+            steps_done[0] += 1
+            if steps_done[0] <= EARLY_STEPS:
+                with counter.paused():
+                    p = full_params(model)
+                if rank == 0:
+                    early.append(torch.cat(p))
+
         for i in range(cfg.warmup_iters):
             watchdog.step(f"warm-up step {i + 1} of {cfg.warmup_iters}")
             step()
+            snapshot()
         backend.synchronize()
         backend.barrier()
         counter.bytes = counter.calls = 0
-        times = _times(step, cfg.iters, "timed step", watchdog, backend.synchronize)
+        times = _times(step, cfg.iters, "timed step", watchdog, backend.synchronize, snapshot)
         bytes_per_step = ddp_bytes + counter.bytes / cfg.iters
         calls_per_step = ddp_calls + counter.calls / cfg.iters
         watchdog.step("gathering the model state")
@@ -225,6 +255,6 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
            "bytes_per_step": max(row[1] for row in rows), "calls_per_step": calls_per_step,
            "parameters": sum(t.numel() for t in params)}
     if rank == 0:
-        out["params"] = torch.cat(params) if params else torch.empty(0)
+        out["params"] = {"early": early, "final": torch.cat(params) if params else torch.empty(0)}
     backend.barrier()
     return out
