@@ -2,14 +2,11 @@
 DDP or FSDP2, timed; the same steps with the communication taken out (compute); bytes handed to
 the collectives; and a digest of the model state every rank must share (docs/train.md).
 
-Order on every rank: warm-up steps, timed steps, the state's digest (and rank 0's copy of the full
-parameters for the comparison across backends), then the compute steps, which may change the
-model freely since nothing reads it afterwards:
-- DDP: the same step under `no_sync()` (DDP's hooks run, its all_reduces do not);
-- FSDP: the same step on an unsharded copy of the network, no process group involved: the step
-  at world size 1, run by every rank at once so that the ranks compete for the cores as they do
-  in the real step.
-A step's time is the slowest rank's (bench/harness.summarize), the figure its median.
+Order on every rank: warm-up steps, then timed steps, each followed by its compute step (the
+same step on a twin of the network that never communicates, see _compute_twin), then the
+state's digest. Rank 0 keeps copies of the full parameters after the first steps and the last,
+for the comparison across backends. A step's time is the slowest rank's
+(bench/harness.summarize), the figure its median.
 """
 from __future__ import annotations
 
@@ -165,16 +162,33 @@ def check_digests(digests: list[float], steps: int) -> None:
                             f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}")
 
 
-def _times(run_step, steps: int, label: str, watchdog, sync, after=lambda: None) -> list[float]:
-    out = []
-    for i in range(steps):
-        watchdog.step(f"{label} (step {i + 1} of {steps})")
-        t0 = time.perf_counter()
-        run_step()
-        sync()
-        out.append(time.perf_counter() - t0)
-        after()   # untimed
-    return out
+def _timed(run_step, sync) -> float:
+    t0 = time.perf_counter()
+    run_step()
+    sync()
+    return time.perf_counter() - t0
+
+
+def _compute_twin(cfg: TrainConfig, spec: NetSpec, device: str, inputs, targets):
+    """The compute step: the same step on a twin of the network that never communicates, so it
+    can run between the timed steps without touching the model they train.
+    - DDP: a second DDP over a copy, stepped under `no_sync()` (its hooks run, its all_reduces
+      do not; building it broadcasts once, before any timing);
+    - FSDP: an unsharded copy, no process group: the step at world size 1."""
+    twin = build(spec, device)
+    if cfg.parallel == "ddp":
+        twin, _, _ = wrap(cfg, twin, device)
+        ctx = twin.no_sync
+    else:
+        ctx = nullcontext
+    twin_opt = _optimizer(cfg, twin.parameters())
+
+    def compute_step():
+        twin_opt.zero_grad(set_to_none=True)
+        with ctx():
+            loss_of(twin, spec, inputs, targets).backward()
+        twin_opt.step()
+    return compute_step
 
 
 def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
@@ -192,10 +206,9 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         model, ddp_bytes, ddp_calls = wrap(cfg, net, device)
         opt = _optimizer(cfg, model.parameters())
 
-        def step(ctx=nullcontext):
+        def step():
             opt.zero_grad(set_to_none=True)
-            with ctx():
-                loss_of(model, spec, inputs, targets).backward()
+            loss_of(model, spec, inputs, targets).backward()
             opt.step()
 
         early: list[torch.Tensor] = []
@@ -212,37 +225,28 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
                 if rank == 0:
                     early.append(torch.cat(p))
 
+        compute_step = _compute_twin(cfg, spec, device, inputs, targets)
         for i in range(cfg.warmup_iters):
             watchdog.step(f"warm-up step {i + 1} of {cfg.warmup_iters}")
             step()
             snapshot()
+            compute_step()
         backend.synchronize()
         backend.barrier()
         counter.bytes = counter.calls = 0
-        times = _times(step, cfg.iters, "timed step", watchdog, backend.synchronize, snapshot)
+        # A timed step, then its compute step, in turn: drift of a busy machine reaches both alike.
+        times, compute = [], []
+        for i in range(cfg.iters):
+            watchdog.step(f"timed step {i + 1} of {cfg.iters}")
+            times.append(_timed(step, backend.synchronize))
+            snapshot()
+            watchdog.step(f"compute step {i + 1} of {cfg.iters}")
+            compute.append(_timed(compute_step, backend.synchronize))
         bytes_per_step = ddp_bytes + counter.bytes / cfg.iters
         calls_per_step = ddp_calls + counter.calls / cfg.iters
         watchdog.step("gathering the model state")
         params = full_params(model)
     digest = state_digest(params)
-
-    # Compute: the same step with nothing communicated, every rank at once.
-    backend.barrier()
-    if cfg.parallel == "ddp":
-        def compute_step():
-            step(model.no_sync)
-    else:
-        plain = build(spec, device)
-        plain_opt = _optimizer(cfg, plain.parameters())
-
-        def compute_step():
-            plain_opt.zero_grad(set_to_none=True)
-            loss_of(plain, spec, inputs, targets).backward()
-            plain_opt.step()
-    if cfg.warmup_iters:
-        watchdog.step("warming up the compute step")
-        compute_step()
-    compute = _times(compute_step, cfg.iters, "compute step", watchdog, backend.synchronize)
 
     watchdog.step("gathering the figures")
     h = float(int(digest[:12], 16))   # 48 bits: exact in a float64
