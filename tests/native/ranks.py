@@ -67,11 +67,13 @@ RENDEZVOUS_RANK = r"""
 import sys, datetime
 from torch.distributed import TCPStore
 from wirespeed.native.rendezvous import rendezvous
-rank, port, timeout = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+rank, port, timeout, times = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
 try:
-    rendezvous(store, rank, 2, datetime.timedelta(seconds=timeout))
-    print("joined")
+    for _ in range(times):
+        group = rendezvous(store, rank, 2, datetime.timedelta(seconds=timeout))
+        print("joined", flush=True)
+        del group
 except Exception as e:
     print(type(e).__name__, e)
 """
@@ -86,6 +88,8 @@ def master_store():
                     timeout=timedelta(seconds=60))
 
 
-def start_rendezvous_rank(rank: int, port: int, timeout_s: float, env: dict | None = None):
-    return subprocess.Popen([sys.executable, "-c", RENDEZVOUS_RANK, str(rank), str(port), str(timeout_s)],
+def start_rendezvous_rank(rank: int, port: int, timeout_s: float, env: dict | None = None,
+                          times: int = 1):
+    return subprocess.Popen([sys.executable, "-c", RENDEZVOUS_RANK, str(rank), str(port), str(timeout_s),
+                             str(times)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -63,6 +63,7 @@ def test_launch_dry_run_prints_commands_and_bad_input_is_one_line(capsys, tmp_pa
     lines = out.splitlines()
     assert lines[0] == "# rank 0 on node01" and lines[4] == "# rank 2 on node02"
     assert "WORLD_SIZE=3" in lines[5] and "MASTER_ADDR=10.0.0.1" in lines[5]
+    assert "WIRESPEED_JOB_SECRET" not in out and "carry no WIRESPEED_JOB_SECRET" in err  # never a value
     for args, needle in (((), "--hosts FILE is required"), (("--hosts", hosts), "no command"),
                          (("--hosts", tmp_path / "none", "--", "x"), "cannot read hosts file")):
         code, _, err = run_here(capsys, "launch", *args)

@@ -179,13 +179,17 @@ def main(args, argv) -> int:
         from ..netplugin import fast_net_env
         fast_net = fast_net_env()
     # A secret per job for the transport's handshake (docs/transport.md), unless the user gave
-    # one; a dry run prints commands, so it shows only a secret the user set.
-    from ..launch.environment import with_job_secret
-    environ = dict(os.environ) if args.dry_run else with_job_secret(dict(os.environ))
+    # one. A dry run prints commands: it names the variable, never a value.
+    from ..launch.environment import JOB_SECRET, with_job_secret
+    environ = with_job_secret(dict(os.environ))
+    if args.dry_run:
+        environ.pop(JOB_SECRET)
     ranks = plan(hosts, counts, cmd, master_addr=args.master_addr, master_port=args.master_port,
                  ifname=args.ifname, workdir=args.workdir, ssh=args.ssh, exports=args.export or (),
                  environ=environ, free_port=_free_port, fast_net=fast_net)
     if args.dry_run:
+        sys.stderr.write(f"# the commands carry no {JOB_SECRET}: export one value of it to every "
+                         "rank (docs/transport.md), or the job token alone admits\n")
         for r in ranks:
             print(f"# rank {r.rank} on {r.host}\n{r.shell()}")
         return 0

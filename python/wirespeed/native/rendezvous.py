@@ -6,10 +6,13 @@ token; every rank publishes its host id (hostname + boot id) and reads everyone'
 which ranks share a host; then every rank publishes (pid, memfd, TCP listening address when the
 group spans hosts, host) and reads everyone's.
 
-Every rank first claims its number (a counter in the store). A number claimed twice is an error on
-every rank that sees it, naming both claimants, before connecting and again once connected (a late
-second claimant is seen then): never a silent first-come, where the job would compute with
-whichever process answered.
+Every rank first claims its number (a counter in the store). A number claimed by two processes (a
+stale rank of another job on the same port, a launcher that started a rank twice) is an error on
+every rank that sees it, naming both claimants, before connecting and again once connected: never
+a silent first-come, where the job would compute with whichever process answered. The same process
+claiming again (destroy_process_group, then init on the same store) is a new round, not a duplicate,
+and torchrun's restarts count as rounds of their own (TORCHELASTIC_RESTART_COUNT), since its store
+outlives the workers. The checks cost each rank O(1) store requests, whatever the world size.
 """
 from __future__ import annotations
 
@@ -21,43 +24,66 @@ from .. import _native
 from ..errors import RankClaimedTwice
 
 
-def _claim(store, rank: int) -> None:
-    n = store.add(f"wirespeed/claims/{rank}", 1)
-    store.set(f"wirespeed/claimant/{rank}/{n}", f"{socket.gethostname()} pid {os.getpid()}")
+def _round() -> str:
+    # torchrun's store outlives its workers and torch reuses the group's prefix after a restart.
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _me() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def _claim(store, rank: int) -> int:
+    """Claim `rank`; returns this claim's number (for _check_claims)."""
+    g = _round()
+    n = store.add(f"wirespeed/{g}/claims/{rank}", 1)
+    store.set(f"wirespeed/{g}/claimant/{rank}/{n}", _me())
     if n > 1:
-        _claimed_twice(store, rank)
+        before = store.get(f"wirespeed/{g}/claimant/{rank}/{n - 1}").decode()
+        if before != _me():  # else this process re-initialises: a new round of its own
+            _claimed_twice(store, rank, before, _me())
+    return n
 
 
-def _claimed_twice(store, rank: int):
-    first = store.get(f"wirespeed/claimant/{rank}/1").decode()
-    second = store.get(f"wirespeed/claimant/{rank}/2").decode()
-    raise RankClaimedTwice(f"rank {rank} was claimed twice, by {first} and by {second}: a rank of "
-                           "another job (or a second copy of one) uses this job's rendezvous; end "
-                           "it, or give this job its own MASTER_PORT")
+def _claimed_twice(store, rank: int, first: str, second: str):
+    msg = (f"rank {rank} was claimed twice, by {first} and by {second}: a rank of another job (or "
+           "a second copy of one) uses this job's rendezvous; end it, or give this job its own "
+           "MASTER_PORT")
+    store.set(f"wirespeed/{_round()}/duplicate", msg)  # every rank's check sees it
+    raise RankClaimedTwice(msg)
 
 
-def _check_claims(store, size: int) -> None:
-    for r in range(size):
-        if store.add(f"wirespeed/claims/{r}", 0) > 1:
-            _claimed_twice(store, r)
+def _check_claims(store, rank: int, n: int) -> None:
+    g = _round()
+    key = f"wirespeed/{g}/duplicate"
+    if store.check([key]):
+        raise RankClaimedTwice(store.get(key).decode())
+    last = store.add(f"wirespeed/{g}/claims/{rank}", 0)
+    if last > n:  # claimed again after this process did
+        other = store.get(f"wirespeed/{g}/claimant/{rank}/{last}").decode()
+        if other != _me():
+            _claimed_twice(store, rank, _me(), other)
 
 
 def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     """A connected native group for `rank` of `size`, met through `store`."""
-    _claim(store, rank)
+    n = _claim(store, rank)
+    # This round's keys: a re-init on the same store must not read the last round's token or
+    # addresses (every rank of a re-initialising job is at the same claim number).
+    at = f"wirespeed/{_round()}/{n}"
     if rank == 0:
-        store.set("wirespeed/token", _native.random_token().hex())
-    token = bytes.fromhex(store.get("wirespeed/token").decode())
-    store.set(f"wirespeed/host/{rank}", _native.host_id())
-    hosts = [store.get(f"wirespeed/host/{r}").decode() for r in range(size)]
+        store.set(f"{at}/token", _native.random_token().hex())
+    token = bytes.fromhex(store.get(f"{at}/token").decode())
+    store.set(f"{at}/host/{rank}", _native.host_id())
+    hosts = [store.get(f"{at}/host/{r}").decode() for r in range(size)]
     group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), hosts)
     pid, fd, host, addr = group.info()
-    store.set(f"wirespeed/rank/{rank}", f"{pid},{fd},{addr},{host}")
+    store.set(f"{at}/rank/{rank}", f"{pid},{fd},{addr},{host}")
     infos = []
     for r in range(size):
-        p, f, a, h = store.get(f"wirespeed/rank/{r}").decode().split(",", 3)
+        p, f, a, h = store.get(f"{at}/rank/{r}").decode().split(",", 3)
         infos.append((int(p), int(f), h, a))
-    _check_claims(store, size)
+    _check_claims(store, rank, n)
     group.connect(infos)
-    _check_claims(store, size)
+    _check_claims(store, rank, n)
     return group

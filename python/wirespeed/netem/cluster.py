@@ -315,9 +315,11 @@ def _build(c: Cluster) -> None:
         run(["ip", "-n", h.netns, "link", "set", h.ifname, "up"])
         rate = c.rate_of(h.index)
         flow = min(c.flow_rate_bps, rate) if c.flow_rate_bps else None
-        gso = str(shaping.segment_limit_bytes(rate, sum(c.rate_of(g.index) for g in c.hosts)))
+        # Every host sends the segments the slowest link can take: the switch forwards a packet
+        # as it came, so a fast host's large segments would burst into a slow host's cap.
+        gso = str(min(shaping.segment_limit_bytes(c.rate_of(g.index), sum(c.rate_of(x.index) for x in c.hosts))
+                      for g in c.hosts))
         run(["ip", "-n", h.netns, "link", "set", "dev", h.ifname, "gso_max_size", gso])
-        run(["ip", "-n", sw, "link", "set", "dev", port, "gso_max_size", gso])
         tc_batch(h.netns, shaping.host_egress_program(h.ifname, rate, flow))
         # The switch port toward the host caps what the host receives (and carries the delay, so a
         # packet is delayed once per one-way trip: it leaves the switch exactly once).

@@ -280,6 +280,11 @@ impl ListenerInner {
                     if !ok {
                         return self.give_up(&reactor, st, id, "it does not know this job's secret (a rank of another job, or not a rank at all)");
                     }
+                    // Vetted again: the listener may have stopped expecting this key (setup
+                    // sealed) while the proof was on its way.
+                    if let Err(why) = (self.vet)(&key) {
+                        return self.give_up(&reactor, st, id, &why);
+                    }
                     let h = st.hellos.remove(&id).unwrap();
                     self.drop_hello(&reactor, &h);
                     return self.accept_stream(st, h.sock, h.from, key, stream, n, &AUTH_ACK);
@@ -318,7 +323,7 @@ impl ListenerInner {
         for i in old {
             let h = st.hellos.remove(&i).unwrap();
             self.drop_hello(&reactor, &h);
-            refused.push((h.from, "said nothing for 5 s"));
+            refused.push((h.from, "did not finish its handshake within 5 s"));
         }
         let stale: Vec<[u8; 32]> = st.bundles.iter().filter(|(_, b)| b.since.elapsed() > HELLO_TIMEOUT).map(|(k, _)| *k).collect();
         for k in stale {
