@@ -353,46 +353,46 @@ impl wirespeed_core::Collectives for Panicky {
     fn rank(&self) -> usize {
         0
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::all_reduce` is; this stub panics before it could touch a buffer
     unsafe fn all_reduce(&mut self, _: usize, _: usize, _: DType, _: ReduceOp) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::reduce_scatter` is; this stub panics before it could touch a buffer
     unsafe fn reduce_scatter(&mut self, _: &[(usize, usize)], _: usize, _: usize, _: DType, _: ReduceOp) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::reduce` is; this stub panics before it could touch a buffer
     unsafe fn reduce(&mut self, _: usize, _: usize, _: DType, _: ReduceOp, _: usize) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::all_gather` is; this stub panics before it could touch a buffer
     unsafe fn all_gather(&mut self, _: (usize, usize), _: &[(usize, usize)]) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::all_to_all` is; this stub panics before it could touch a buffer
     unsafe fn all_to_all(&mut self, _: &[(usize, usize)], _: &[(usize, usize)]) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::broadcast` is; this stub panics before it could touch a buffer
     unsafe fn broadcast(&mut self, _: (usize, usize), _: usize) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::gather` is; this stub panics before it could touch a buffer
     unsafe fn gather(&mut self, _: (usize, usize), _: &[(usize, usize)], _: usize) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::scatter` is; this stub panics before it could touch a buffer
     unsafe fn scatter(&mut self, _: &[(usize, usize)], _: (usize, usize), _: usize) -> wirespeed_core::Result<()> {
         unimplemented!()
     }
     fn barrier(&mut self) -> wirespeed_core::Result<()> {
         panic!("a bug")
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::send_post` is; this stub panics before it could touch a buffer
     unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::api::Ticket> {
         unimplemented!()
     }
-    // SAFETY: unsafe to call under `Collectives`' contract (api.rs); this test group touches no buffer at all
+    // SAFETY: unsafe only because `Collectives::recv` is; this stub panics before it could touch a buffer
     unsafe fn recv(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<()> {
         unimplemented!()
     }

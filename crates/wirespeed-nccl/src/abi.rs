@@ -54,9 +54,11 @@ pub const NCCL_NET: c_ulong = 16;
 pub const NCCL_ENV: c_ulong = 128;
 
 /// ncclDebugLogger_t: `void (*)(level, flags, file, line, fmt, ...)`.
+// SAFETY: `LogFn` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type LogFn = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
 pub type Logger = Option<LogFn>;
 /// ncclProfilerCallback_t (unused: the plugin records no profiler events).
+// SAFETY: `ProfilerCallback` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type ProfilerCallback = Option<unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> NcclResult>;
 
 pub const MAX_DEVS_PER_NIC_V9: usize = 4;
@@ -182,32 +184,49 @@ type P = *mut c_void;
 type PP = *mut *mut c_void;
 
 /// Entries every version shares, in table order after `getProperties`/`listen`/`connect`/`accept`.
+// SAFETY: `RegMr` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type RegMr = Option<unsafe extern "C" fn(P, P, usize, c_int, PP) -> NcclResult>;
+// SAFETY: `RegMrDmaBuf` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type RegMrDmaBuf = Option<unsafe extern "C" fn(P, P, usize, c_int, u64, c_int, PP) -> NcclResult>;
+// SAFETY: `DeregMr` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type DeregMr = Option<unsafe extern "C" fn(P, P) -> NcclResult>;
+// SAFETY: `Iflush` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type Iflush = Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, PP, PP) -> NcclResult>;
+// SAFETY: `Test` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type Test = Option<unsafe extern "C" fn(P, *mut c_int, *mut c_int) -> NcclResult>;
+// SAFETY: `Close` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type Close = Option<unsafe extern "C" fn(P) -> NcclResult>;
+// SAFETY: `GetDeviceMr` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type GetDeviceMr = Option<unsafe extern "C" fn(P, P, PP) -> NcclResult>;
+// SAFETY: `IrecvConsumed` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type IrecvConsumed = Option<unsafe extern "C" fn(P, c_int, P) -> NcclResult>;
+// SAFETY: `Devices` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type Devices = Option<unsafe extern "C" fn(*mut c_int) -> NcclResult>;
+// SAFETY: `Accept` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type Accept = Option<unsafe extern "C" fn(P, PP, PP) -> NcclResult>;
+// SAFETY: `MakeVDevice` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type MakeVDevice = Option<unsafe extern "C" fn(*mut c_int, P) -> NcclResult>;
 
 /// ncclNet_v8_t.
 #[repr(C)]
 pub struct NetV8 {
     pub name: *const c_char,
+    // SAFETY: the type of NetV8's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
     pub devices: Devices,
+    // SAFETY: the type of NetV8's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV8) -> NcclResult>,
+    // SAFETY: the type of NetV8's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV8's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
+    // SAFETY: the type of NetV8's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub isend: Option<unsafe extern "C" fn(P, P, c_int, c_int, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV8's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, *mut c_int, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
     pub test: Test,
@@ -222,16 +241,22 @@ pub struct NetV8 {
 #[repr(C)]
 pub struct NetV9 {
     pub name: *const c_char,
+    // SAFETY: the type of NetV9's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
     pub devices: Devices,
+    // SAFETY: the type of NetV9's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
+    // SAFETY: the type of NetV9's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV9's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
+    // SAFETY: the type of NetV9's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV9's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
     pub test: Test,
@@ -247,16 +272,22 @@ pub struct NetV9 {
 #[repr(C)]
 pub struct NetV10 {
     pub name: *const c_char,
+    // SAFETY: the type of NetV10's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub init: Option<unsafe extern "C" fn(Logger, ProfilerCallback) -> NcclResult>,
     pub devices: Devices,
+    // SAFETY: the type of NetV10's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
+    // SAFETY: the type of NetV10's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV10's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub connect: Option<unsafe extern "C" fn(c_int, *mut CommConfig, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
+    // SAFETY: the type of NetV10's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV10's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
     pub test: Test,
@@ -273,16 +304,22 @@ pub struct NetV10 {
 #[repr(C)]
 pub struct NetV11<Props> {
     pub name: *const c_char,
+    // SAFETY: the type of NetV11's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub init: Option<unsafe extern "C" fn(PP, u64, *mut CommConfig, Logger, ProfilerCallback) -> NcclResult>,
     pub devices: Devices,
+    // SAFETY: the type of NetV11's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub getProperties: Option<unsafe extern "C" fn(c_int, *mut Props) -> NcclResult>,
+    // SAFETY: the type of NetV11's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub listen: Option<unsafe extern "C" fn(P, c_int, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV11's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub connect: Option<unsafe extern "C" fn(P, c_int, P, PP, PP) -> NcclResult>,
     pub accept: Accept,
     pub regMr: RegMr,
     pub regMrDmaBuf: RegMrDmaBuf,
     pub deregMr: DeregMr,
+    // SAFETY: the type of NetV11's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
+    // SAFETY: the type of NetV11's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
     pub iflush: Iflush,
     pub test: Test,
@@ -292,7 +329,9 @@ pub struct NetV11<Props> {
     pub getDeviceMr: GetDeviceMr,
     pub irecvConsumed: IrecvConsumed,
     pub makeVDevice: MakeVDevice,
+    // SAFETY: the type of NetV11's `finalize` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub finalize: Option<unsafe extern "C" fn(P) -> NcclResult>,
+    // SAFETY: the type of NetV11's `setNetAttr` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub setNetAttr: Option<unsafe extern "C" fn(P, P) -> NcclResult>,
 }
 

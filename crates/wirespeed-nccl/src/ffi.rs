@@ -592,6 +592,7 @@ pub static ncclNetPlugin_v10: NetV10 = NetV10 {
 
 /// The v11 table; v12 has the same layout and entry points and differs only in the properties
 /// struct (`P`), so both are built here.
+// SAFETY: `table_v11` stores the entry, never calls it; NCCL calls it under ffi.rs's pointer contract
 const fn table_v11<P>(get_properties: unsafe extern "C" fn(c_int, *mut P) -> NcclResult) -> NetV11<P> {
     NetV11 {
         name: NAME_PTR,

@@ -391,14 +391,14 @@ impl Collectives for HostsComm {
     fn rank(&self) -> usize {
         self.rank
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `all_reduce` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_reduce`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements of `dtype`,
         // ours until this returns; the slice does not outlive the call.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `reduce_scatter` reads and writes `send` and `out` over shared memory within a host and the TCP mesh across hosts; `Collectives::reduce_scatter`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -412,7 +412,7 @@ impl Collectives for HostsComm {
             c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
         })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `reduce` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::reduce`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
@@ -424,7 +424,7 @@ impl Collectives for HostsComm {
             c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
         })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `all_gather` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -436,7 +436,7 @@ impl Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `all_to_all` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_to_all`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -447,14 +447,14 @@ impl Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `broadcast` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::broadcast`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: `Collectives::broadcast`'s contract (api.rs) is broadcast_impl's, which runs
         // inside `guarded` as it asks.
         self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `gather` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -473,7 +473,7 @@ impl Collectives for HostsComm {
             unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
         })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `scatter` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::scatter`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -499,7 +499,7 @@ impl Collectives for HostsComm {
             crate::algo::direct::barrier(c, &members, tag)
         })
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `send_post` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::send_post`'s contract (api.rs) keeps it live and unwritten until the returned ticket completes
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -526,7 +526,7 @@ impl Collectives for HostsComm {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
-    // SAFETY: unsafe to call: `Collectives`' buffer contract (api.rs) is this method's; the engine's callers uphold it
+    // SAFETY: unsafe to call: `recv` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::recv`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {
