@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..compare.runner import failure_line
 from ..errors import EXIT_MISMATCH
 from ..knobs import for_children
 from ..report.outputs import run_dir
@@ -48,14 +49,6 @@ def child_argv(cfg, backend: str, json_path: Path, state_path: Path, args) -> li
         if args.ranks_per_host:
             argv += ["--ranks-per-host", str(args.ranks_per_host)]
     return argv
-
-
-def _why(stderr: str, code: int) -> str:
-    errors = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("wirespeed: error:")]
-    if errors:
-        return errors[0][len("wirespeed: error:"):].strip()
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    return (lines[-1] if lines else f"exited with code {code}")[:300]
 
 
 def _run(cmd: list[str], env: dict) -> tuple[int, str]:
@@ -134,7 +127,7 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                                  *child_argv(cfg, backend, json_path, state_path, args)], env)
             took = time.monotonic() - t0
             if code != 0 or not json_path.exists():
-                why = _why(stderr, code)
+                why = failure_line(stderr, code)
                 failures.append((backend, why))
                 codes.append(code or 1)
                 _say(f"{tag}: FAILED after {took:.1f} s: {why}")

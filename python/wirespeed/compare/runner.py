@@ -81,7 +81,8 @@ def child_env() -> dict:
     return for_children(os.environ)
 
 
-def _why(stderr: str, code: int) -> str:
+def failure_line(stderr: str, code: int) -> str:
+    """Why a child command failed: its first `wirespeed: error:` line, else its last line."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("wirespeed: error:")]
     if errors:
@@ -101,7 +102,7 @@ def run_bench(run: BenchRun, json_path: Path, env: dict, log_path: Path | None,
         log_path.write_text(f"{log_header}$ {' '.join(cmd)}\n# exit code {proc.returncode}\n{proc.stdout}\n"
                             f"# stderr\n{proc.stderr}")
     records = read_records(json_path) if json_path.exists() else []
-    return records, (None if proc.returncode == 0 else _why(proc.stderr, proc.returncode)), proc.returncode
+    return records, (None if proc.returncode == 0 else failure_line(proc.stderr, proc.returncode)), proc.returncode
 
 
 def run_one(combo: Combo, cfg: CompareConfig, workdir: Path, log_path: Path | None) -> tuple[list[dict], str | None]:

@@ -297,6 +297,10 @@ def _build(c: Cluster) -> None:
     # which would otherwise ask an unreachable DNS server and warn.
     hosts_file = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
         f"{h.addr} {h.netns} h{h.index}\n::ffff:{h.addr} {h.netns}\n" for h in c.hosts)
+    # Every host sends the segments the slowest link can take: the switch forwards a packet as it
+    # came, so a fast host's large segments would burst into a slow host's cap.
+    total = sum(c.rate_of(h.index) for h in c.hosts)
+    gso = str(min(shaping.segment_limit_bytes(c.rate_of(h.index), total) for h in c.hosts))
     for h in c.hosts:
         port = f"h{h.index}"
         run(["ip", "netns", "add", h.netns])
@@ -315,10 +319,6 @@ def _build(c: Cluster) -> None:
         run(["ip", "-n", h.netns, "link", "set", h.ifname, "up"])
         rate = c.rate_of(h.index)
         flow = min(c.flow_rate_bps, rate) if c.flow_rate_bps else None
-        # Every host sends the segments the slowest link can take: the switch forwards a packet
-        # as it came, so a fast host's large segments would burst into a slow host's cap.
-        gso = str(min(shaping.segment_limit_bytes(c.rate_of(g.index), sum(c.rate_of(x.index) for x in c.hosts))
-                      for g in c.hosts))
         run(["ip", "-n", h.netns, "link", "set", "dev", h.ifname, "gso_max_size", gso])
         tc_batch(h.netns, shaping.host_egress_program(h.ifname, rate, flow))
         # The switch port toward the host caps what the host receives (and carries the delay, so a
