@@ -81,7 +81,9 @@ def test_rank_killed_mid_collective_the_others_error_quickly(cluster_name, tmp_p
     # A dead peer resets its connections, so rank 0 needs nothing like its 60 s timeout.
     code, took, err = _finish(proc, tmp_path, 40)
     assert code == 4 and took < 30, (code, took)  # 4: a peer lost
-    assert "rank 1 was killed by SIGKILL" in err
+    # The summary line names every rank whichever failure the launcher saw first (rank 0 may
+    # exit on the reset before the launcher's poll sees rank 1 gone: CI saw that once).
+    assert "rank 1: killed by SIGKILL" in err, err[-3000:]
     if backend == "wirespeed":
         # Our transport reads every stream at all times, so the reset is seen: rank 0 finds out
         # by itself (40 of 40 runs while this test was written).

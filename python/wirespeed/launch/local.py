@@ -131,7 +131,9 @@ def supervise(procs: list[subprocess.Popen], explain=None) -> int:
                 break
             if failed_at is None and failures:
                 failed_at = time.monotonic()
-                _, r, c = failures[0]
+                # Of failures seen in one poll, a rank killed by a signal is named first: the
+                # others' "peer lost" is usually its echo.
+                _, r, c = min(failures, key=lambda f: (f[0], f[2] >= 0))
                 sys.stderr.write(f"wirespeed: error: rank {r} {_how(c)}; ending the job\n")
             elif failed_at is not None:
                 # A survivor gets the grace to report its own error; a stopped one cannot report
