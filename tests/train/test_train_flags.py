@@ -96,9 +96,13 @@ def test_train_records_are_read_by_the_one_reader(tmp_path):
     from wirespeed.workloads.trainnets import NetSpec
     figures = {"time_us": 2000.0, "time_min_us": 1900.0, "time_max_us": 2500.0, "time_p99_us": 2500.0}
     out = {"step": figures, "compute": {**figures, "time_us": 1500.0}, "state_digest": "ab" * 32,
-           "bytes_per_step": 4096.0, "calls_per_step": 1.0, "parameters": 1024}
-    r = train_record(TrainConfig(NetSpec("resnet18", 4, image_size=32)), 2, out, {})
+           "bytes_per_step": 4096.0, "calls_per_step": 1.0, "parameters": 1024,
+           "calls": [("all_reduce", 4096)], "hosts": ["a", "b"]}
+    r = train_record(TrainConfig(NetSpec("resnet18", 4, image_size=32)), 2, out, {}, 10**6)
     assert r["schema"] == "wirespeed.train/1"
     assert r["samples_per_s"] == pytest.approx(2 * 4 / 2e-3) and r["exposed_pct"] == pytest.approx(25)
+    # 4096 bytes all-reduced over 2 hosts cross each link once: 32768 bits at 1 Mbit/s.
+    assert r["hosts"] == 2 and r["wire_us"] == pytest.approx(32768.0)
+    assert r["lower_limit_us"] == pytest.approx(32768.0) and r["env"]["hosts"] == ["a", "b"]
     write_jsonl(tmp_path / "t.jsonl", [r])
     assert load([tmp_path / "t.jsonl"], ("train",), "test").records == [r]

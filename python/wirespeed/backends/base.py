@@ -51,3 +51,14 @@ class Backend:
     def allgather_floats(self, values: list[float]) -> list[list[float]]:
         """Every rank's list of floats (same length on every rank), for timing and error totals."""
         raise NotImplementedError
+
+    def allgather_text(self, text: str) -> list[str]:
+        """Every rank's string (its first 63 bytes), in rank order: host names, GPU ids."""
+        name = text.encode()[:63]
+        rows = self.allgather_floats([float(len(name))] + [float(b) for b in name.ljust(63, b"\0")])
+        return [bytes(int(x) for x in row[1:1 + int(row[0])]).decode(errors="replace") for row in rows]
+
+    def host_names(self) -> list[str]:
+        """Every rank's host name, in rank order (an emulated host's is its own: cluster.py)."""
+        import socket
+        return self.allgather_text(socket.gethostname())

@@ -134,22 +134,10 @@ def _ranks_on_one_host(cfg: BenchConfig, cluster, ranks_per_host) -> int:
     return most_ranks_on_one_host(cfg.nproc, hosts, ranks_per_host, cfg.host_per_rank)
 
 
-def _exchange_text(backend, text: str) -> list[str]:
-    """Every rank's string (up to 63 bytes), in rank order."""
-    name = text.encode()[:63]
-    rows = backend.allgather_floats([float(len(name))] + [float(b) for b in name.ljust(63, b"\0")])
-    return [bytes(int(x) for x in row[1:1 + int(row[0])]).decode(errors="replace") for row in rows]
-
-
-def _exchange_hosts(backend, world) -> list[str]:
-    import socket
-    return _exchange_text(backend, socket.gethostname())
-
-
 def _gpu_sharing(backend, device: str, cfg: BenchConfig) -> list[str]:
     """Header lines when ranks share a GPU (launch/gpus.py); every rank must call it."""
     from ..launch.gpus import gpu_id, host_id, mps_running, sharing_lines
-    hosts, gpus = _exchange_text(backend, host_id()), _exchange_text(backend, gpu_id(device))
+    hosts, gpus = backend.allgather_text(host_id()), backend.allgather_text(gpu_id(device))
     return sharing_lines(hosts, gpus, cfg.backend, mps_running())
 
 
@@ -179,7 +167,7 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
     run_id = time.strftime("%Y%m%d-%H%M%S")
     progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
     try:
-        env["hosts"] = _exchange_hosts(backend, info.world_size)
+        env["hosts"] = backend.host_names()
         from ..bench.agreement import check_same_settings
         check_same_settings(backend, cfg, info.rank)  # else a rank would meet the wrong collective
         shared = _gpu_sharing(backend, device, cfg) if cfg.device == "cuda" else []

@@ -43,7 +43,17 @@ def register(sub) -> None:
     flags.iterations(p, warmup="2", iters="10", unit="training steps")
     add(p, "--repeat", default="1", help="run the list of backends this many times, interleaved "
         "(A B A B); each backend's figures are its median run's")
+    add(p, "--measured-link-rate", default=None, help="the rate of the links between the hosts "
+        "(1gbit, 10gbit) for the wire-time bound and the what-if (the emulated cluster's is known)")
+    add(p, "--what-if-hosts", default=None, help="comma list of host counts to predict the step at "
+        "(same ranks per host; benches the step's collectives after the timed steps)")
+    add(p, "--what-if-rate", default=None, help="comma list of link rates to predict the step at "
+        "(1gbit,10gbit; default: the measured link's)")
+    add(p, "--no-scaling", action="store_true", help="skip the one-rank run that scaling "
+        "efficiency is measured against")
     flags.output(p, "--json", default=None, help="write one JSON-lines record per backend here")
+    flags.output(p, "--plot", default=None, help="write a PNG of samples/s and exposed share per "
+                 "backend (and the what-if, dashed) here")
     flags.output(p, "--save-dir", what="dir", unused_with=("no_save",), default="runs",
                  help="records and summary go to SAVE_DIR/train-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
@@ -107,11 +117,42 @@ def config_from_args(args) -> tuple[list[str], "object"]:
         raise UsageError(f"--backend mpi: train needs a torch.distributed MPI process group for "
                          f"DDP/FSDP and {why}; wirespeed's mpi backend (mpi4py) serves bench: use "
                          "gloo or wirespeed")
+    whatif = whatif_from_args(args)
     cfg = TrainConfig(spec=spec, parallel=args.parallel, bucket_mb=bucket_mb, optimizer=args.optimizer,
                       backend=backend, device=device, nproc=default_nproc(args.nproc, device),
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
-                      timeout_s=timeout)
+                      timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0)
     return [b for b, _ in resolved], cfg
+
+
+# Calls per size in the what-if's bench of the step's collectives (plus one warm-up).
+WHATIF_ITERS = 5
+
+
+class WhatIf:
+    """The what-if flags, parsed: host counts, link rates (bit/s), the measured link's rate."""
+
+    def __init__(self, hosts: list[int], rates: list[int], measured_bps: int | None):
+        self.hosts, self.rates, self.measured_bps = hosts, rates, measured_bps
+
+
+def whatif_from_args(args) -> WhatIf:
+    from ..netem.units import parse_rate
+    hosts = []
+    for part in str(args.what_if_hosts or "").split(","):
+        if part.strip():
+            if not part.strip().isdigit() or int(part) < 2:
+                raise UsageError(f"--what-if-hosts takes host counts of 2 or more, comma separated; "
+                                 f"got {args.what_if_hosts!r}")
+            hosts.append(int(part))
+    rates = [parse_rate(r.strip(), "--what-if-rate") for r in str(args.what_if_rate or "").split(",")
+             if r.strip()]
+    measured = parse_rate(args.measured_link_rate, "--measured-link-rate") \
+        if args.measured_link_rate else None
+    if (hosts or rates) and not (args.cluster or measured):
+        raise UsageError("the what-if prices the network between hosts: run on the emulated cluster "
+                         "(--cluster) or say the links' rate with --measured-link-rate")
+    return WhatIf(hosts, rates, measured)
 
 
 def main(args, argv) -> int:
@@ -131,7 +172,7 @@ def main(args, argv) -> int:
 def _job(args) -> Job:
     _, cfg = config_from_args(args)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch_local, cfg),
-               work=partial(run_as_rank, cfg, args.json, args.state_out))
+               work=partial(run_as_rank, cfg, args))
 
 
 def _launch_local(cfg, start) -> int:
@@ -143,8 +184,18 @@ def _launch_local(cfg, start) -> int:
     return start(cfg.nproc)
 
 
-def run_as_rank(cfg, json_path, state_out, info, backend, device) -> int:
+def predictions(rec: dict, out: dict, whatif: WhatIf) -> list[dict]:
+    """The what-if's predicted records (none when it was not asked for)."""
+    if not out.get("comm_records"):
+        return []
+    from ..workloads.train_whatif import StepModel
+    model = StepModel(rec, out["calls"], out["comm_records"], whatif.measured_bps)
+    return model.predicted(whatif.hosts or [model.layout.hosts], whatif.rates or [None])
+
+
+def run_as_rank(cfg, args, info, backend, device) -> int:
     from ..envinfo import record_env
+    json_path, state_out = args.json, args.state_out
     from ..workloads.train import run_rank
     lead = info.rank == 0
     if lead:
@@ -153,11 +204,24 @@ def run_as_rank(cfg, json_path, state_out, info, backend, device) -> int:
         out = run_rank(cfg, info, backend, device, watchdog)
     if lead:
         from .train_runs import table
-        rec = train_record(cfg, info.world_size, out, record_env())
+        whatif = whatif_from_args(args)
+        rec = train_record(cfg, info.world_size, out, record_env(), whatif.measured_bps)
         print(table([rec]))
+        preds = predictions(rec, out, whatif)
+        if cfg.whatif_iters and not preds:
+            print("# no what-if: every rank ran on one host, and the what-if prices the links "
+                  "between hosts")
+        if preds:
+            from ..workloads.train_whatif import whatif_table
+            print(f"# what-if for {cfg.backend}, fitted on this run and its collectives benched "
+                  f"alone ({WHATIF_ITERS} checked calls per size):")
+            print(whatif_table(preds))
         if json_path:
             from ..report.records import write_jsonl
-            write_jsonl(json_path, [rec])
+            write_jsonl(json_path, [rec, *preds])
+        if args.plot and not state_out:   # a job of its own (under a launcher): it plots itself
+            from ..report.plot import plot_records
+            plot_records([rec, *preds], args.plot)
         if state_out:
             import torch
             torch.save(out["params"], state_out)
@@ -168,13 +232,16 @@ def run_as_rank(cfg, json_path, state_out, info, backend, device) -> int:
 def _print_header(cfg, info) -> None:
     print(f"# wirespeed train: {cfg.spec.describe()}, {cfg.parallel}"
           f"{f' (buckets of {cfg.bucket_mb:g} MiB)' if cfg.parallel == 'ddp' else ''}, "
-          f"{cfg.optimizer}; backend {cfg.backend}, device {cfg.device}, {info.world_size} ranks; "
+          f"{cfg.optimizer}; backend {cfg.backend}, device {cfg.device}, {info.world_size} "
+          f"rank{'s' if info.world_size > 1 else ''}; "
           f"{cfg.iters} timed steps after {cfg.warmup_iters} warm-up")
     sys.stdout.flush()
 
 
-def train_record(cfg, world: int, out: dict, env: dict) -> dict:
+def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None = None) -> dict:
     """The wirespeed.train/1 record of one backend's run (docs/records.md)."""
+    from ..launch.cluster import link_fields
+    from ..workloads.train_whatif import bounds
     step, compute = out["step"], out["compute"]
     step_us, compute_us = step["time_us"], compute["time_us"]
     per_rank = cfg.spec.batch_size / (step_us * 1e-6) if step_us > 0 else 0.0
@@ -198,4 +265,7 @@ def train_record(cfg, world: int, out: dict, env: dict) -> dict:
         "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
         "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
         "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
-        "env": env})
+        # The wire time and the lower limit max(compute, wire) (workloads/train_whatif.py).
+        **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),
+                 measured_bps or (link_fields().get("link_rate_gbps", 0) * 1e9) or None),
+        "env": {**env, "hosts": out["hosts"]}})

@@ -42,6 +42,9 @@ def child_argv(cfg, backend: str, json_path: Path, state_path: Path, args) -> li
             "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
             "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", str(json_path),
             "--state-out", str(state_path), "--no-save"]
+    for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
+        if getattr(args, flag, None):
+            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if args.master_port:
         argv += ["--master-port", str(args.master_port)]
     if args.cluster:
@@ -81,15 +84,17 @@ def param_difference(first, mine, init) -> tuple[float, float]:
 def table(records: list[dict], first: dict | None = None) -> str:
     """One row per backend; with `first`, the speed-up of each over it."""
     head = (f"{'backend':<10} {'ranks':>5} {'samples/s':>10} {'/rank':>8} {'step p50 ms':>11} "
-            f"{'min-max ms':>15} {'compute ms':>10} {'exposed':>8} {'MB/step/rank':>12}"
-            + (f" {'speed-up':>8}" if first else ""))
+            f"{'min-max ms':>15} {'compute ms':>10} {'exposed':>8} {'MB/step/rank':>12} "
+            f"{'wire ms':>8} {'x limit':>7}" + (f" {'speed-up':>8}" if first else ""))
     lines = [head]
     for r in records:
         spread = f"{r['step_min_us'] / 1e3:.1f}-{r['step_max_us'] / 1e3:.1f}"
         row = (f"{r['backend']:<10} {r['world_size']:>5} {r['samples_per_s']:>10.2f} "
                f"{r['samples_per_s_per_rank']:>8.2f} {r['step_us'] / 1e3:>11.1f} {spread:>15} "
                f"{r['compute_us'] / 1e3:>10.1f} {r['exposed_pct']:>7.0f}% "
-               f"{r['bytes_per_step'] / 1e6:>12.2f}")
+               f"{r['bytes_per_step'] / 1e6:>12.2f} "
+               + (f"{r['wire_us'] / 1e3:>8.1f} " if r.get("wire_us") is not None else f"{'-':>8} ")
+               + (f"{r['step_vs_limit']:>6.2f}x" if r.get("step_vs_limit") else f"{'-':>7}"))
         if first:
             row += f" {r['samples_per_s'] / first['samples_per_s']:>7.2f}x"
         lines.append(row)
@@ -132,8 +137,10 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                 codes.append(code or 1)
                 _say(f"{tag}: FAILED after {took:.1f} s: {why}")
                 continue
-            rec = read_records(json_path)[0]
+            got = read_records(json_path)
+            rec = next(r for r in got if not r.get("predicted"))
             rec["repeat"] = rep
+            rec["_predicted"] = [r for r in got if r.get("predicted")]
             if state_path.exists():
                 import torch
                 state = torch.load(state_path)
@@ -142,11 +149,22 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                 _compare(rec, base, state, init)
             runs[backend].append(rec)
             _say(f"{tag}: done in {took:.1f} s")
+        one = _one_rank_run(cfg, backends[0], args, env, Path(tmp)) \
+            if cfg.nproc > 1 and not args.no_scaling and not failures else None
     records = [_median_run(rs) for rs in runs.values() if rs]
+    predicted = [p for r in records for p in r.pop("_predicted", [])]
+    if one:
+        for r in records:
+            r["samples_per_s_one_rank"] = one["samples_per_s"]
+            r["scaling_efficiency"] = r["samples_per_s_per_rank"] / one["samples_per_s"]
     mismatched = [b for b, rs in runs.items()
                   if any(max(r.get("params_diff_steps") or [0]) > PARAM_TOLERANCE for r in rs)]
-    _report(records, failures, mismatched)
-    _save(records, args)
+    _report(records, failures, mismatched, one, predicted)
+    _save(records + predicted, args)
+    if args.plot and records:
+        from ..report.plot import plot_records
+        plot_records(records + predicted, args.plot)
+        _say(f"# plot: {args.plot}")
     if failures:
         sys.stderr.write(f"wirespeed: error: {'; '.join(f'{b}: {w}' for b, w in failures)}\n")
         return codes[0]
@@ -156,6 +174,23 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                          f"{PARAM_TOLERANCE:g} of the distance training moved them\n")
         return EXIT_MISMATCH
     return 0
+
+
+def _one_rank_run(cfg, backend: str, args, env: dict, tmp: Path) -> dict | None:
+    """The first backend's step on one rank (same batch per rank): what scaling efficiency is
+    measured against. Its failure is reported and leaves the figure out, not the run."""
+    import argparse
+    from dataclasses import replace
+    one = replace(cfg, nproc=1, whatif_iters=0)
+    quiet = argparse.Namespace(**{**vars(args), "what_if_hosts": None, "what_if_rate": None})
+    json_path, state_path = tmp / "one-rank.jsonl", tmp / "one-rank.pt"
+    _say(f"[scaling] {backend}, 1 rank")
+    code, stderr = _run([sys.executable, "-m", "wirespeed.cli.main",
+                         *child_argv(one, backend, json_path, state_path, quiet)], env)
+    if code != 0 or not json_path.exists():
+        _say(f"[scaling] FAILED: {failure_line(stderr, code)}; no scaling efficiency")
+        return None
+    return read_records(json_path)[0]
 
 
 def _compare(rec: dict, base: dict, state: dict, init) -> None:
@@ -191,7 +226,7 @@ def _median_run(runs: list[dict]) -> dict:
     return rec
 
 
-def _report(records, failures, mismatched) -> None:
+def _report(records, failures, mismatched, one=None, predicted=()) -> None:
     _say()
     if records:
         first = records[0]
@@ -205,6 +240,20 @@ def _report(records, failures, mismatched) -> None:
         _say(table(records, first))
         for r in records[1:]:
             _say(quote(first, r))
+        if first.get("wire_us") is not None:
+            _say(f"# wire = the bytes each host's link must carry per step at its rate "
+                 f"({first['link_rate_gbps']:g} Gbit/s, {first['wire_bytes_per_step'] / 1e6:.1f} MB "
+                 f"over {first['hosts']} hosts); x limit = step / max(compute, wire), 1.00x is "
+                 "perfect overlap")
+        if one:
+            _say(f"# scaling efficiency = samples/s per rank over one rank's ({one['backend']}, "
+                 f"{one['samples_per_s']:.2f} samples/s): "
+                 + ", ".join(f"{r['backend']} {r['scaling_efficiency']:.2f}" for r in records))
+        if predicted:
+            from ..workloads.train_whatif import whatif_table
+            _say("# what-if (predicted; each backend's model fitted on its own run and its "
+                 "collectives benched alone):")
+            _say(whatif_table(list(predicted)))
         diffs = [f"{r['backend']} {', '.join(f'{d:.1e}' for d in r['params_diff_steps'])} "
                  f"(after the last: {r['params_diff']:.1e})"
                  for r in records[1:] if r.get("params_diff_steps")]

@@ -34,14 +34,6 @@ class LinksConfig:
     timeout_s: float
 
 
-def exchange_hosts(backend) -> list[str]:
-    """Every rank's hostname, in rank order (63 bytes at most each)."""
-    import socket
-    name = socket.gethostname().encode()[:63]
-    rows = backend.allgather_floats([float(len(name))] + [float(b) for b in name.ljust(63, b"\0")])
-    return [bytes(int(x) for x in row[1:1 + int(row[0])]).decode(errors="replace") for row in rows]
-
-
 def units_of(hosts: list[str], by: str) -> list[int]:
     """The ranks that take part: all of them, or the first rank of each host."""
     if by == "auto":
@@ -101,7 +93,7 @@ def run_links(cfg: LinksConfig, info, backend, device: str, watchdog, say) -> di
     """Every round on this rank; returns (on every rank) the gathered figures and the layout."""
     import torch
     import torch.distributed as dist
-    hosts = exchange_hosts(backend)
+    hosts = backend.host_names()
     units = units_of(hosts, cfg.by)
     if len(units) < 2:  # every rank sees the same hosts, so every rank refuses alike
         raise UsageError(f"--by host times pairs of hosts, and all {len(hosts)} ranks run on one "

@@ -123,6 +123,53 @@ def _objects_panel(ax, recs: list[dict]) -> None:
 _PANELS = {"model": _model_panel, "batching": _batching_panel, "objects": _objects_panel}
 
 
+def _train_row(axes, recs: list[dict]) -> None:
+    """train: samples/s and the exposed share per backend (measured runs), and the what-if's
+    samples/s against hosts (predicted: dashed, the measured run a point on it)."""
+    measured = [r for r in recs if not r.get("predicted")]
+    predicted = [r for r in recs if r.get("predicted")]
+    labels = [f"{r['backend']}\nn={r['world_size']}" for r in measured]
+    xs = range(len(measured))
+    bars = axes[0].bar(xs, [r["samples_per_s"] for r in measured])
+    for b, r in zip(bars, measured):
+        axes[0].annotate(f"{r['samples_per_s']:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                         ha="center", va="bottom", fontsize=8)
+    axes[0].set_ylabel("samples/s (all ranks)")
+    axes[1].bar(xs, [r["exposed_pct"] for r in measured], color="tab:red")
+    axes[1].set_ylim(0, 100)
+    axes[1].set_ylabel("exposed communication (% of the step)")
+    for ax, what in ((axes[0], "samples/s"), (axes[1], "exposed communication")):
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, fontsize=8)
+        m = measured[0] if measured else {}
+        ax.set_title(f"train {m.get('model', '')} {m.get('parallel', '')}: {what}")
+    if not predicted:
+        axes[2].set_visible(False)
+        return
+    lines: dict[tuple, list[dict]] = {}
+    for r in predicted:
+        lines.setdefault((r["backend"], r["link_rate_gbps"]), []).append(r)
+    colours: dict[str, str] = {}
+    cycle = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray"]
+    for (backend, rate), rs in lines.items():
+        rs = sorted(rs, key=lambda r: r["hosts"])
+        c = colours.setdefault(backend, cycle[len(colours) % len(cycle)])
+        styles = ("--", ":", "-.")
+        style = styles[sorted({k[1] for k in lines}).index(rate) % len(styles)]
+        axes[2].plot([r["hosts"] for r in rs], [r["samples_per_s"] for r in rs], linestyle=style,
+                     marker="x", color=c, label=f"{backend} at {rate:g} Gbit/s (predicted)")
+    for r in measured:
+        if r.get("hosts", 1) > 1 and r["backend"] in colours:
+            axes[2].plot([r["hosts"]], [r["samples_per_s"]], marker="o", color=colours[r["backend"]],
+                         linestyle="none", label=f"{r['backend']} measured")
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_xlabel("hosts")
+    axes[2].set_ylabel("samples/s (all ranks)")
+    axes[2].set_title("what-if: samples/s against hosts")
+    axes[2].grid(True, which="both", alpha=0.3)
+    axes[2].legend(fontsize=7)
+
+
 def plot_records(records, path, title: str | None = None) -> dict[str, int]:
     """Write one PNG of every plottable record; returns how many records of each kind it drew."""
     import matplotlib
@@ -134,10 +181,11 @@ def plot_records(records, path, title: str | None = None) -> dict[str, int]:
         by_kind.setdefault(kind(r), []).append(r)
     sized = [r for r in by_kind.get("bench", []) if r["collective"] != "barrier" and r["bytes"] > 0]
     workloads = [k for k in WORKLOAD_KINDS if by_kind.get(k)]
-    rows = (1 if sized or not workloads else 0) + (1 if workloads else 0)
+    train = by_kind.get("train", [])
+    rows = (1 if sized or not (workloads or train) else 0) + (1 if workloads else 0) + (1 if train else 0)
     fig, axes = plt.subplots(rows, 3, figsize=(18, 5 * rows), squeeze=False)
     row = 0
-    if sized or not workloads:
+    if sized or not (workloads or train):
         _collective_row(axes[0], sized)
         row = 1
     for i, k in enumerate(workloads):
@@ -145,6 +193,9 @@ def plot_records(records, path, title: str | None = None) -> dict[str, int]:
     if workloads:
         for ax in axes[row][len(workloads):]:
             ax.set_visible(False)
+        row += 1
+    if train:
+        _train_row(axes[row], train)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -153,4 +204,6 @@ def plot_records(records, path, title: str | None = None) -> dict[str, int]:
     plt.close(fig)
     drawn = {"bench": len(sized)}
     drawn.update({k: len(by_kind[k]) for k in workloads})
+    if train:
+        drawn["train"] = len(train)
     return drawn

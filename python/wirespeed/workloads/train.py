@@ -19,6 +19,7 @@ import torch
 
 from ..bench.harness import summarize
 from ..errors import RanksDisagree, UsageError
+from .train_whatif import COLLECTIVE_OF
 from .trainnets import NetSpec, batch, blocks_of, build, loss_of
 
 PARALLEL = ("ddp", "fsdp")
@@ -41,6 +42,8 @@ class TrainConfig:
     warmup_iters: int = 2
     iters: int = 10
     timeout_s: float = 300.0
+    # After the timed steps, bench the step's own collectives (for the what-if): calls per size.
+    whatif_iters: int = 0
 
 
 def fsdp_missing() -> str | None:
@@ -65,6 +68,7 @@ class CallCounter:
         self.bytes = 0
         self.calls = 0
         self.on = True
+        self.log: list[tuple[str, int]] | None = None   # (collective, bytes) of each call, when a list
 
     @contextmanager
     def paused(self):
@@ -79,20 +83,22 @@ class CallCounter:
         import torch.distributed as dist
         saved = {n: getattr(dist, n) for n in _COUNTED if hasattr(dist, n)}
         for name, fn in saved.items():
-            setattr(dist, name, self._wrap(fn))
+            setattr(dist, name, self._wrap(name, fn))
         try:
             yield self
         finally:
             for name, fn in saved.items():
                 setattr(dist, name, fn)
 
-    def _wrap(self, fn):
+    def _wrap(self, name: str, fn):
         def counted(*args, **kw):
             sizes = [t.numel() * t.element_size() for t in (*args, *kw.values())
                      if isinstance(t, torch.Tensor)]
             if sizes and self.on:
                 self.bytes += max(sizes)
                 self.calls += 1
+                if self.log is not None:
+                    self.log.append((COLLECTIVE_OF[name], max(sizes)))
             return fn(*args, **kw)
         return counted
 
@@ -104,13 +110,13 @@ def _optimizer(cfg: TrainConfig, params):
 
 
 def wrap(cfg: TrainConfig, net, device: str):
-    """The network under its parallel wrapper; (model, the bytes and calls of DDP's all_reduces per
-    step: every gradient once, in buckets planned as DDP plans them, workloads/bucketing.py)."""
+    """The network under its parallel wrapper; (model, DDP's all_reduces per step as (collective,
+    bytes): every gradient once, in buckets planned as DDP plans them, workloads/bucketing.py)."""
     grads = [p for p in net.parameters() if p.requires_grad]
-    grad_bytes = sum(p.numel() * p.element_size() for p in grads)
     if cfg.parallel == "ddp":
         from .bucketing import plan_buckets
-        plan = plan_buckets([p.numel() for p in grads], grads[0].element_size() if grads else 4,
+        itemsize = grads[0].element_size() if grads else 4
+        plan = plan_buckets([p.numel() for p in grads], itemsize,
                             "ddp", int(cfg.bucket_mb * (1 << 20)))
         from torch.nn.parallel import DistributedDataParallel as DDP
         # No buffer sync in the forward pass (BatchNorm's running statistics stay each rank's):
@@ -122,7 +128,7 @@ def wrap(cfg: TrainConfig, net, device: str):
             if "forward_sync_buffers" in inspect.signature(DDP).parameters else {"broadcast_buffers": False}
         ids = [torch.device(device)] if device.startswith("cuda") else None
         return (DDP(net, device_ids=ids, bucket_cap_mb=cfg.bucket_mb, **no_buffer_sync),
-                grad_bytes, len(plan.buckets))
+                [("all_reduce", b.numel * itemsize) for b in plan.buckets])
     why = fsdp_missing()
     if why:
         raise UsageError(f"--parallel fsdp: {why}")
@@ -130,7 +136,7 @@ def wrap(cfg: TrainConfig, net, device: str):
     for blk in blocks_of(net, cfg.spec):
         fully_shard(blk)
     fully_shard(net)
-    return net, 0, 0
+    return net, []
 
 
 def full_params(model) -> list[torch.Tensor]:
@@ -177,7 +183,7 @@ def _compute_twin(cfg: TrainConfig, spec: NetSpec, device: str, inputs, targets)
     - FSDP: an unsharded copy, no process group: the step at world size 1."""
     twin = build(spec, device)
     if cfg.parallel == "ddp":
-        twin, _, _ = wrap(cfg, twin, device)
+        twin, _ = wrap(cfg, twin, device)
         ctx = twin.no_sync
     else:
         ctx = nullcontext
@@ -203,7 +209,7 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     counter = CallCounter()
     with counter.installed():
         watchdog.step(f"wrapping the network in {cfg.parallel}")
-        model, ddp_bytes, ddp_calls = wrap(cfg, net, device)
+        model, ddp_calls = wrap(cfg, net, device)
         opt = _optimizer(cfg, model.parameters())
 
         def step():
@@ -238,12 +244,15 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         times, compute = [], []
         for i in range(cfg.iters):
             watchdog.step(f"timed step {i + 1} of {cfg.iters}")
+            counter.log = [] if i == 0 else None   # the calls of one step, for the bounds
             times.append(_timed(step, backend.synchronize))
+            if i == 0:
+                calls = ddp_calls + counter.log
             snapshot()
             watchdog.step(f"compute step {i + 1} of {cfg.iters}")
             compute.append(_timed(compute_step, backend.synchronize))
-        bytes_per_step = ddp_bytes + counter.bytes / cfg.iters
-        calls_per_step = ddp_calls + counter.calls / cfg.iters
+        bytes_per_step = sum(n for _, n in ddp_calls) + counter.bytes / cfg.iters
+        calls_per_step = len(ddp_calls) + counter.calls / cfg.iters
         watchdog.step("gathering the model state")
         params = full_params(model)
     digest = state_digest(params)
@@ -257,8 +266,37 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     compute_s = summarize([row[2 + n:] for row in rows])
     out = {"step": step_s, "compute": compute_s, "state_digest": digest,
            "bytes_per_step": max(row[1] for row in rows), "calls_per_step": calls_per_step,
-           "parameters": sum(t.numel() for t in params)}
+           "parameters": sum(t.numel() for t in params), "calls": calls,
+           "hosts": backend.host_names()}
     if rank == 0:
         out["params"] = {"early": early, "final": torch.cat(params) if params else torch.empty(0)}
+    if cfg.whatif_iters and len(set(out["hosts"])) > 1:   # it prices the links between hosts
+        out["comm_records"] = bench_calls(cfg, info, backend, device, calls, out["hosts"], watchdog)
     backend.barrier()
+    return out
+
+
+def bench_calls(cfg: TrainConfig, info, backend, device: str, calls, hosts: list[str],
+                watchdog) -> list[dict]:
+    """The step's own collectives at the step's sizes (and a small anchor, train_whatif), timed
+    and checked by bench's harness in these processes: the records the what-if fits. Every rank
+    returns them."""
+    from ..bench.config import BenchConfig
+    from ..bench.harness import run_rank as bench_rank
+    from ..launch.cluster import link_fields
+    from ..report.records import record
+    from .train_whatif import bench_sizes
+    out, wrong = [], 0
+    link = link_fields()
+    for coll, sizes in bench_sizes(calls).items():
+        watchdog.step(f"benching the step's {coll} calls")
+        bcfg = BenchConfig(collectives=[coll], sizes=sizes, iters=cfg.whatif_iters, warmup_iters=1,
+                           backend=cfg.backend, device=device, per_op=False,
+                           timeout_s=cfg.timeout_s)
+        wrong += bench_rank(bcfg, info, backend, device, lambda m: out.append(record("bench", {
+            "backend": cfg.backend, "device": device, "world_size": info.world_size, **m, **link,
+            "env": {"hosts": hosts}})))
+    if wrong:
+        raise RanksDisagree(f"the step's collectives, benched for the what-if, returned {wrong} "
+                            "wrong elements: the backend returned wrong data")
     return out

@@ -1,0 +1,135 @@
+"""The training step's bounds and what-if (workloads/train_whatif.py), on records whose times come
+from a known latency and link: every figure is checked against the same arithmetic written out
+here by hand, so a wrong factor, a wrong layout or a wrong overlap rule fails."""
+import math
+
+import pytest
+
+from wirespeed.cli.main import main
+from wirespeed.workloads.train_whatif import (NETWORK_BOUND_SHARE, StepModel, bench_sizes, bounds,
+                                               wire_bytes)
+
+pytestmark = pytest.mark.timeout(60)
+
+RATE = 1e9          # bit/s
+LAT_US = 100.0      # per ring step
+MB = 1 << 20
+
+
+def ring_all_reduce_us(nbytes: int, hosts: int, rate: float = RATE) -> float:
+    """gloo's ring over one rank per host: 2(n-1) steps of S/n each (docs/predict.md)."""
+    steps = 2 * (hosts - 1)
+    return steps * LAT_US + steps * (nbytes / hosts) * 8 / rate * 1e6
+
+
+def bench_record(nbytes: int, hosts: int = 2) -> dict:
+    return {"schema": "wirespeed.bench/1", "collective": "all_reduce", "backend": "gloo",
+            "dtype": "float32", "op": "sum", "device": "cpu", "world_size": hosts, "bytes": nbytes,
+            "count": nbytes // 4, "inplace": True, "time_us": ring_all_reduce_us(nbytes, hosts),
+            "algbw_gbps": 1.0, "busbw_gbps": 1.0, "wrong": 0, "link_rate_gbps": RATE / 1e9,
+            "env": {"hosts": [f"h{i}" for i in range(hosts)]}}
+
+
+CALLS = [("all_reduce", 1 * MB), ("all_reduce", 25 * MB), ("all_reduce", 14 * MB)]
+
+
+def train_record(step_us: float, compute_us: float) -> dict:
+    return {"backend": "gloo", "device": "cpu", "model": "gpt", "parallel": "ddp", "batch_size": 8,
+            "unit": "seq", "optimizer": "sgd", "step_us": step_us, "compute_us": compute_us,
+            "bytes_per_step": sum(n for _, n in CALLS)}
+
+
+def model_for(step_us, compute_us):
+    sizes = bench_sizes(CALLS)["all_reduce"]
+    return StepModel(train_record(step_us, compute_us), CALLS, [bench_record(n) for n in sizes])
+
+
+def test_wire_bytes_are_the_bus_factor_of_each_call():
+    assert wire_bytes(CALLS, 1) == 0
+    total = 40 * MB
+    assert wire_bytes(CALLS, 2) == pytest.approx(total)                 # 2(2-1)/2 = 1
+    assert wire_bytes(CALLS, 4) == pytest.approx(1.5 * total)           # 2(4-1)/4
+    fsdp = [("all_gather", 8 * MB), ("all_gather", 8 * MB), ("reduce_scatter", 8 * MB)]
+    assert wire_bytes(fsdp, 4) == pytest.approx(0.75 * 24 * MB)         # (4-1)/4 each
+
+
+def test_bounds_are_the_wire_time_and_the_larger_of_it_and_compute():
+    b = bounds(900e3, 200e3, CALLS, 2, RATE)
+    wire = 40 * MB * 8 / RATE * 1e6
+    assert b["wire_us"] == pytest.approx(wire)
+    assert b["lower_limit_us"] == pytest.approx(max(200e3, wire))
+    assert b["step_vs_limit"] == pytest.approx(900e3 / max(200e3, wire))
+    # One host, or no known rate: no wire time, the limit is the compute.
+    for hosts, rate in ((1, RATE), (2, None)):
+        b = bounds(900e3, 200e3, CALLS, hosts, rate)
+        assert b["wire_us"] is None and b["lower_limit_us"] == 200e3
+
+
+def test_the_bench_adds_a_small_anchor_below_the_step_sizes():
+    assert bench_sizes(CALLS) == {"all_reduce": [64 << 10, 1 * MB, 14 * MB, 25 * MB]}
+    assert bench_sizes([("all_gather", 4096)]) == {"all_gather": [4096]}
+
+
+def comm_us(hosts: int, rate: float = RATE) -> float:
+    return sum(ring_all_reduce_us(n, hosts, rate) for _, n in CALLS)
+
+
+def test_the_what_if_reproduces_the_measured_step_and_scales_the_unhidden_communication():
+    compute = 300e3
+    t2 = comm_us(2)
+    step = compute + 0.6 * t2                 # 40% of the communication hidden under compute
+    m = model_for(step, compute)
+    assert m.comm_us == pytest.approx(t2, rel=1e-9)
+    hidden = 0.4 * t2
+    assert m.hidden_us == pytest.approx(hidden)
+    # At the measured layout the model gives back the measured step.
+    (p2,) = m.predicted([2], [None])
+    assert p2["step_us"] == pytest.approx(step, rel=1e-6)
+    assert p2["predicted"] is True and p2["schema"] == "wirespeed.train/1"
+    # At 4 hosts, and at 4 hosts on a 10x faster link: the hidden part stays, the rest is the ring's.
+    p4, p4fast = m.predicted([4], [None, 10 * RATE])
+    assert p4["step_us"] == pytest.approx(compute + comm_us(4) - hidden, rel=1e-4)
+    expect_fast = compute + max(0.0, comm_us(4, 10 * RATE) - hidden)
+    assert p4fast["step_us"] == pytest.approx(expect_fast, rel=1e-4)
+    assert p4["world_size"] == 4 and p4["samples_per_s"] == pytest.approx(4 * 8 / (p4["step_us"] * 1e-6))
+    assert p4["wire_us"] == pytest.approx(1.5 * 40 * MB * 8 / RATE * 1e6)
+
+
+def test_communication_that_slowed_compute_is_a_cost_that_grows_with_the_traffic():
+    compute = 300e3
+    t2 = comm_us(2)
+    step = compute + t2 + 50e3               # longer than doing the two one after the other
+    m = model_for(step, compute)
+    assert m.hidden_us == pytest.approx(-50e3)
+    (p4,) = m.predicted([4], [None])
+    assert p4["step_us"] == pytest.approx(compute + comm_us(4) * (1 + 50e3 / t2), rel=1e-4)
+
+
+def test_the_network_bound_rate_puts_exposed_communication_at_the_threshold():
+    compute = 300e3
+    m = model_for(compute + 0.5 * comm_us(2), compute)
+    (p,) = m.predicted([4], [None])
+    gbps = p["network_bound_below_gbps"]
+    assert gbps and gbps > 0
+    step, _ = m.step_at(m.layout.blocks(4, 1), gbps * 1e9)
+    assert (step - compute) / step == pytest.approx(NETWORK_BOUND_SHARE, abs=1e-3)
+    # Latency alone past the threshold: no rate is enough (a null in the record).
+    tiny = model_for(1e3 + comm_us(2), 1e3)
+    (q,) = tiny.predicted([8], [None])
+    assert q["network_bound_below_gbps"] is None
+    assert math.isfinite(q["step_us"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--what-if-hosts", "4"], "run on the emulated cluster (--cluster) or say the links' rate"),
+    (["--what-if-hosts", "1", "--measured-link-rate", "1gbit"], "host counts of 2 or more"),
+    (["--what-if-hosts", "four", "--cluster"], "host counts of 2 or more"),
+    (["--what-if-rate", "fast", "--cluster"], "--what-if-rate 'fast' does not parse"),
+    (["--measured-link-rate", "1gb"], "--measured-link-rate '1gb' does not parse"),
+])
+def test_what_if_flags_are_checked_up_front(capsys, args, needle):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--model", "gpt", *args])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and err.count("\n") == 1 and needle in err, err
+    assert out == ""
