@@ -45,10 +45,26 @@ def register(sub) -> None:
         help="remove every wirespeed cluster on this machine")
     d.set_defaults(func=cmd_down)
 
-    f = cmds.add_parser("hostfile", help="print a hosts file of the cluster for `wirespeed launch`")
+    f = cmds.add_parser("hostfile", help="print a hosts file of the cluster for `wirespeed launch` "
+                        "(or, with --names, for mpirun inside the cluster)")
     _name(f)
     add(f, "--slots", default=None, type=positive_int("--slots", 1), help="slots=N on every line")
+    add(f, "--names", action="store_true", help="the hosts' names (`wsnet-ws-h0 slots=N`), as "
+        "mpirun's --hostfile takes them: they resolve on every host of the cluster, not outside it")
     f.set_defaults(func=cmd_hostfile)
+
+    x = cmds.add_parser("exec", help="run a command on one host: its network, host name, hosts "
+                        "file and /dev/shm, with this machine's /sys and file systems",
+                        description="Run COMMAND as a process of one emulated host, as ssh to a "
+                        "real host would: in the host's network namespace, with the host's name "
+                        "as hostname, its hosts file (every host resolves every other by name) and "
+                        "its own /dev/shm. The machine's /sys (cgroups included) and file systems "
+                        "stay visible, so daemons such as slurmd run there. The exit status is "
+                        "COMMAND's.")
+    _name(x)
+    x.add_argument("host", help="h1, 1, the host's name (wsnet-ws-h1) or its address")
+    x.add_argument("command", nargs="*", help="after --: the command and its arguments")
+    x.set_defaults(func=cmd_exec)
 
     k = cmds.add_parser("link", help="take a host's link down or up (a pulled cable)")
     _name(k)
@@ -61,7 +77,7 @@ def register(sub) -> None:
 
 def _name(p) -> None:
     from ..netem.cluster import DEFAULT_NAME
-    add(p, "--cluster-name", "--name", dest="cluster_name", default=DEFAULT_NAME,
+    add(p, "--cluster-name", "--name", "--cluster", dest="cluster_name", default=DEFAULT_NAME,
         help="which cluster (several can exist side by side)")
 
 
@@ -122,18 +138,44 @@ def cmd_hostfile(args, argv) -> int:
     from ..netem import cluster as C
     c = C.require(C.check_name(args.cluster_name))
     slots = f" slots={args.slots}" if args.slots else ""
-    print("\n".join(f"netns:{h.netns}{slots}" for h in c.hosts))
+    prefix = "" if args.names else "netns:"
+    print("\n".join(f"{prefix}{h.netns}{slots}" for h in c.hosts))
     return 0
+
+
+def cmd_exec(args, argv) -> int:
+    import os
+    import shutil
+    import sys
+
+    from ..launch.cluster import link_env
+    from ..netem import cluster as C
+    from ..netem.ns import require_admin
+    cmd = argv[argv.index("--") + 1:] if "--" in argv else list(args.command)
+    if not cmd:
+        raise UsageError("no command to run: put it after --, e.g. "
+                         "`wirespeed cluster exec h1 -- hostname`")
+    require_admin("wirespeed cluster exec")
+    for tool in ("nsenter", "unshare"):
+        if shutil.which(tool) is None:
+            raise UsageError(f"wirespeed cluster exec needs `{tool}`: install util-linux")
+    c = C.require(C.check_name(args.cluster_name))
+    host = C.find_host(c, args.host)
+    env = dict(os.environ)
+    env.update(link_env(c))  # so bench's records name the link rates, as on the cluster launcher
+    argv_ = [*C.exec_prefix(host.netns), *cmd]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Replace this process, so that signals reach COMMAND and its exit status is ours.
+    os.execvpe(argv_[0], argv_, env)
 
 
 def cmd_link(args, argv) -> int:
     from ..netem import cluster as C
     c = C.require(args.cluster_name)
-    text = args.host[1:] if args.host.startswith("h") else args.host
-    if not text.isdigit() or int(text) >= len(c.hosts):
-        raise UsageError(f"host {args.host!r} is not in cluster {c.name!r} (h0..h{len(c.hosts) - 1})")
-    C.set_link(c.name, int(text), args.state == "up")
-    print(f"link of h{text} is {args.state}")
+    h = C.find_host(c, args.host)
+    C.set_link(c.name, h.index, args.state == "up")
+    print(f"link of h{h.index} is {args.state}")
     return 0
 
 

@@ -70,15 +70,22 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
     """What every rank on the cluster gets, whoever starts it: the links' interface for every
     library, and the link rates for the records."""
     env = dict(os.environ if base is None else base)
-    env.update(_WIRESPEED_LOCAL_SPAWN="1", _WIRESPEED_CLUSTER=cluster.name,
-               _WIRESPEED_LINK_RATE_BPS=str(cluster.rate_bps),
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    env.update(_WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+               **link_env(cluster))
+    for var in IFNAME_VARS:
+        env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
+    return env
+
+
+def link_env(cluster: C.Cluster) -> dict:
+    """What tells a process that it runs on the emulated cluster, and at which link rates, so
+    that bench's records carry them (link_fields) whoever started it: this launcher, or torchrun
+    and mpirun started with `wirespeed cluster exec`."""
+    env = {"_WIRESPEED_CLUSTER": cluster.name, "_WIRESPEED_LINK_RATE_BPS": str(cluster.rate_bps)}
     if cluster.flow_rate_bps:
         env["_WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
     if cluster.host_rates:  # hosts with a link of their own rate (cluster up --host-rate)
         env["_WIRESPEED_HOST_RATES_BPS"] = ",".join(f"{i}={r}" for i, r in cluster.host_rates.items())
-    for var in IFNAME_VARS:
-        env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
     return env
 
 

@@ -12,11 +12,14 @@ address, and clusters of different names can use the same subnet without meeting
 Each namespace also gets /etc/netns/NS/hosts (which `ip netns exec` mounts over /etc/hosts) naming
 every host, so peers resolve each other's addresses as on a real cluster.
 
-A rank on an emulated host should look as if it were on its own machine, not only on its own
-network: `exec_prefix` starts it inside the host's network namespace (`ip netns exec`), in its own
-UTS namespace with the host's name as hostname (libraries that decide "same machine, use shared
-memory" by hostname then keep to the links), and with /dev/shm bound to a per-host directory of the
-cluster's own tmpfs, so hosts do not share memory files and `down` removes whatever ranks left.
+A process on an emulated host should look as if it were on its own machine, not only on its own
+network: `exec_prefix` (and `wirespeed cluster exec`) starts it inside the host's network
+namespace, in its own UTS namespace with the host's name as hostname (libraries that decide "same
+machine, use shared memory" by hostname then keep to the links, and torchrun's MASTER_ADDR, the
+first node's hostname, resolves to that node), with the host's hosts file over /etc/hosts, and
+with /dev/shm bound to a per-host directory of the cluster's own tmpfs, so hosts do not share
+memory files and `down` removes whatever ranks left. The machine's /sys and file systems stay
+visible, so daemons such as slurmd find their cgroups.
 
 State lives in /run/wirespeed/cluster-NAME.json; a state file whose namespaces are gone (a reboot
 where /run is not a tmpfs) counts as no cluster. Every
@@ -100,11 +103,45 @@ def _unmount_shm(name: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+# Run as `sh -c SCRIPT sh HOSTNAME HOSTS_FILE SHM_DIR SYSFS_SCRATCH CMD...` in a fresh UTS and mount
+# namespace, already inside the host's network namespace. The machine's /sys stays (slurmd and
+# other daemons need its cgroup file systems, which `ip netns exec` hides by remounting /sys);
+# only the two directories that list network interfaces are taken from a sysfs mounted here,
+# which shows this host's interfaces (ws0) as `ip netns exec` would. The scratch mount is gone
+# before CMD starts.
+_ENTER = """set -e
+hostname "$1"
+mount -t sysfs sysfs "$4"
+mount --bind "$4/class/net" /sys/class/net
+mount --bind "$4/devices/virtual/net" /sys/devices/virtual/net
+umount "$4"
+mount --bind "$2" /etc/hosts
+mount --bind "$3" /dev/shm
+shift 4
+command -v "$1" >/dev/null || { echo "wirespeed cluster exec: $1: command not found" >&2; exit 127; }
+exec "$@"
+"""
+
+
+def sysfs_scratch(name: str) -> str:
+    """An empty directory on which each process entering a host mounts that host's sysfs for a
+    moment, in its own mount namespace (so nobody else ever sees it there)."""
+    return os.path.join(shm_root(name), ".sysfs")
+
+
 def exec_prefix(netns: str) -> list[str]:
-    """argv prefix that runs a command as a process of the emulated host `netns` (see above)."""
-    script = 'hostname "$1" && mount --bind "$2" /dev/shm && shift 2 && exec "$@"'
-    return ["ip", "netns", "exec", netns, "unshare", "--uts", "--", "sh", "-c", script, "sh",
-            netns, shm_dir(netns)]
+    """argv prefix that runs a command as a process of the emulated host `netns` (see above).
+
+    nsenter, not `ip netns exec`: the latter also remounts /sys for the namespace, which hides the
+    machine's cgroup hierarchy. Each process gets namespaces of its own (a UTS namespace carrying
+    the host's name, a mount namespace with the host's /etc/hosts and /dev/shm) rather than
+    joining ones held open per host: nothing has to be kept alive, found or removed afterwards,
+    and the hostname is the same string in all of them. The working directory is kept (nsenter
+    changes it only when it enters a mount namespace, which it does not here)."""
+    name = netns[len(PREFIX):].rsplit("-", 1)[0]
+    return ["nsenter", f"--net={os.path.join(NETNS_DIR, netns)}", "unshare", "--uts", "--mount",
+            "--propagation", "slave", "--", "sh", "-c", _ENTER, "sh", netns,
+            os.path.join(ETC_NETNS, netns, "hosts"), shm_dir(netns), sysfs_scratch(name)]
 
 
 @dataclass
@@ -289,6 +326,7 @@ def _save(c: Cluster) -> None:
 def _build(c: Cluster) -> None:
     sw = c.switch_ns
     _mount_shm(c.name)
+    os.makedirs(sysfs_scratch(c.name), exist_ok=True)
     run(["ip", "netns", "add", sw])
     run(["ip", "-n", sw, "link", "set", "lo", "up"])
     run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
@@ -345,6 +383,16 @@ def remeasure(name: str = DEFAULT_NAME) -> Cluster:
     c.measured = measure_cluster(c)
     _save(c)
     return c
+
+
+def find_host(c: Cluster, text: str) -> Host:
+    """A host of `c` by any name a person or a launcher uses for it: h1, 1, its host name
+    (wsnet-NAME-h1) or its address."""
+    for h in c.hosts:
+        if text in (f"h{h.index}", str(h.index), h.netns, h.addr):
+            return h
+    raise UsageError(f"host {text!r} is not in cluster {c.name!r}: use h0..h{len(c.hosts) - 1}, "
+                     f"a host name such as {c.hosts[0].netns}, or an address")
 
 
 def set_link(name: str, host: int, up_: bool) -> None:
