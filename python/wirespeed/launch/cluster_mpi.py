@@ -9,7 +9,6 @@ ranks on one host use shared memory in that host's own /dev/shm, as on a real ma
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 
@@ -25,19 +24,8 @@ FORWARD = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "WIRESPEED_IFNAME", "_WIR
 
 
 def write_agent(cluster: C.Cluster) -> str:
-    """The rsh agent: `agent HOST COMMAND...` runs COMMAND as a process of HOST (a namespace name)."""
-    cases = "\n".join(
-        f"  {shlex.quote(h.netns)}) exec {' '.join(shlex.quote(a) for a in C.exec_prefix(h.netns))}"
-        ' sh -c "$*" ;;' for h in cluster.hosts)
-    text = ("#!/bin/sh\n# wirespeed: Open MPI's rsh agent on the emulated cluster (no ssh: enter the host)\n"
-            'host="$1"; shift\ncase "$host" in\n' + cases + "\n"
-            '  *) echo "wirespeed rsh agent: $host is not a host of this cluster" >&2; exit 1 ;;\nesac\n')
-    path = C.agent_path(cluster.name)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.chmod(path + ".tmp", 0o755)
-    os.replace(path + ".tmp", path)
-    return path
+    """The rsh agent (`cluster up` writes it too, for mpirun started by hand)."""
+    return C.write_rsh_agent(cluster)
 
 
 def mpirun_on_cluster(cluster: C.Cluster, argv: list[str], nproc: int, hosts_of: list[int],

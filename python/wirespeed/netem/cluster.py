@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -197,7 +198,7 @@ def state_path(name: str) -> str:
 
 
 def agent_path(name: str) -> str:
-    """Where launch.cluster_mpi writes Open MPI's rsh agent for this cluster."""
+    """Open MPI's rsh agent for this cluster (write_rsh_agent): `up` writes it, `down` removes it."""
     return os.path.join(STATE_DIR, f"rsh-agent-{name}")
 
 
@@ -307,6 +308,7 @@ def up(hosts: int, rate_bps: int, flow_rate_bps: int | None = None, delay_s: flo
         _build(c)
         os.makedirs(STATE_DIR, exist_ok=True)
         _save(c)
+        write_rsh_agent(c)
         if measure and hosts >= 2:
             c.measured = measure_cluster(c)
             _save(c)
@@ -383,6 +385,27 @@ def remeasure(name: str = DEFAULT_NAME) -> Cluster:
     c.measured = measure_cluster(c)
     _save(c)
     return c
+
+
+def write_rsh_agent(c: Cluster) -> str:
+    """Open MPI's rsh agent for this cluster: `agent HOST COMMAND...` runs COMMAND (a shell
+    command line, as ssh would take it) as a process of HOST, named as find_host takes it. mpirun
+    started on a host (`cluster exec h0 -- mpirun --mca plm_rsh_agent AGENT ...`) reaches the
+    others with it instead of ssh; the agent needs nothing but nsenter, unshare and sh."""
+    cases = "\n".join(
+        f"  {'|'.join(shlex.quote(n) for n in (h.netns, f'h{h.index}', h.addr))}) exec "
+        f"{' '.join(shlex.quote(a) for a in exec_prefix(h.netns))} sh -c \"$*\" ;;" for h in c.hosts)
+    text = ("#!/bin/sh\n# wirespeed: Open MPI's rsh agent on the emulated cluster "
+            f"{c.name!r} (no ssh: enter the host)\n"
+            'host="$1"; shift\ncase "$host" in\n' + cases + "\n"
+            '  *) echo "wirespeed rsh agent: $host is not a host of this cluster" >&2; exit 1 ;;\nesac\n')
+    path = agent_path(c.name)
+    os.makedirs(STATE_DIR, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.chmod(path + ".tmp", 0o755)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def find_host(c: Cluster, text: str) -> Host:

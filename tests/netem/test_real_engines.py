@@ -1,0 +1,301 @@
+"""torchrun and Open MPI's mpirun across the emulated cluster's hosts, started as a user would.
+
+Each launcher runs on the hosts through `wirespeed cluster exec` (the host's network, name, hosts
+file and /dev/shm; the machine's /sys), exactly as docs/cluster.md's "Real engines" section shows:
+
+- torchrun: one agent per host, c10d rendezvous at h0's address; the agents hand their workers
+  the first node's host name as MASTER_ADDR, which only works if hosts resolve each other;
+- mpirun: started on h0 with a hosts file of the hosts' names and the cluster's rsh agent, which
+  enters a host instead of ssh-ing to it.
+
+Through each: `wirespeed bench` with gloo and with wirespeed's own backend, 2 hosts x 2 ranks,
+checked (0 wrong), its records naming 4 ranks on two distinct hosts; and a rank SIGKILLed
+mid-collective ends the whole job within the ranks' timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from netem_util import cluster_name  # noqa: F401 (a fixture)
+from netem_util import cli, needs_netns, netns_processes, run_here
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_netns]
+
+STARTUP = 240    # two launchers and four ranks importing torch on a shared 2-core machine
+RANK_TIMEOUT = 30
+HEADER = "# wirespeed"   # rank 0 prints it once every rank joined
+RATE = 400 * 10**6
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "_WIRESPEED_LOCAL_SPAWN")
+
+
+def _why_not(tool: str) -> str | None:
+    for t in ("nsenter", "unshare"):
+        if shutil.which(t) is None:
+            return f"`{t}` is not installed (util-linux)"
+    if tool == "mpirun" and shutil.which("mpirun") is None:
+        return "mpirun is not installed (Open MPI: apt-get install openmpi-bin)"
+    if tool == "torchrun":
+        try:
+            import torch.distributed.run  # noqa: F401
+        except ImportError:
+            return "torch.distributed.run (torchrun) is not importable"
+    return None
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _exec(name: str, host: str, *cmd) -> list[str]:
+    return cli("cluster", "exec", "--cluster", name, host, "--", *map(str, cmd))
+
+
+def _bench_args(backend: str, *extra) -> list[str]:
+    return ["bench", "--backend", backend, "--no-save", "--no-progress", "-w", "1",
+            "--timeout", RANK_TIMEOUT, *map(str, extra)]
+
+
+def _torchrun(name: str, port: int, host: str, backend: str, *extra) -> list[str]:
+    # The cluster's rank-0 host address as endpoint, the form a user copies from torchrun's docs.
+    return _exec(name, host, sys.executable, "-m", "torch.distributed.run", "--nnodes", 2,
+                 "--nproc-per-node", 2, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                 f"10.77.0.1:{port}", "--rdzv-id", f"ws{port}", "--max-restarts", 0,
+                 "-m", "wirespeed.cli.main", *_bench_args(backend, *extra))
+
+
+def _mpirun(name: str, hostfile, port: int, backend: str, *extra) -> list[str]:
+    from wirespeed.netem import cluster as C
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return _exec(name, "h0", "mpirun", *root, "-np", 4, "--hostfile", hostfile,
+                 "--mca", "plm_rsh_agent", C.agent_path(name),
+                 "--mca", "oob_tcp_if_include", "ws0", "--mca", "btl_tcp_if_include", "ws0",
+                 "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+                 "-x", f"MASTER_ADDR={C.host_ns(name, 0)}", "-x", f"MASTER_PORT={port}",
+                 sys.executable, "-m", "wirespeed.cli.main", *_bench_args(backend, *extra))
+
+
+def _port(name: str) -> int:
+    from wirespeed.launch.cluster import free_port_in
+    from wirespeed.netem import cluster as C
+    return free_port_in(C.host_ns(name, 0), "10.77.0.1")
+
+
+def _hostfile(capsys, name: str, tmp_path):
+    code, out, err = run_here(capsys, "cluster", "hostfile", "--cluster", name, "--names",
+                              "--slots", 2)
+    assert code == 0, err
+    path = tmp_path / "hosts"
+    path.write_text(out)
+    return path
+
+
+class Job:
+    """Launcher processes started together, each writing its own output file."""
+
+    def __init__(self, tmp_path, commands):
+        self.paths = [tmp_path / f"launcher{i}.log" for i in range(len(commands))]
+        self.procs = []
+        for cmd, path in zip(commands, self.paths):
+            with open(path, "w") as f:
+                self.procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                                   env=_env(), stdin=subprocess.DEVNULL))
+
+    def text(self) -> str:
+        return "\n".join(p.read_text() for p in self.paths)
+
+    def wait(self, limit_s: float) -> list[int]:
+        deadline = time.monotonic() + limit_s
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"the job was still running after {limit_s:g} s:\n{self.text()[-3000:]}")
+        return codes
+
+    def wait_for(self, text: str, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if text in self.text():
+                return
+            if all(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.2)
+        self.kill()
+        pytest.fail(f"the job did not start:\n{self.text()[-3000:]}")
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def _check_records(path, backend: str, name: str) -> None:
+    from wirespeed.netem import cluster as C
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert records, "no records"
+    for r in records:
+        assert r["backend"] == backend and r["world_size"] == 4, r
+        assert r["wrong"] == 0, r
+        assert r["link_rate_gbps"] == RATE / 1e9, r
+    hosts = records[0]["env"]["hosts"]   # every rank's host name, in rank order
+    # Two ranks per host, each host's ranks numbered together (torchrun numbers nodes in the
+    # order they joined, so which host holds ranks 0-1 may differ run to run).
+    assert sorted(hosts) == sorted([C.host_ns(name, 0), C.host_ns(name, 1)] * 2), hosts
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+
+
+def _table_names_every_rank(text: str, name: str) -> None:
+    from wirespeed.netem import cluster as C
+    on = [line.split(" on ")[1].strip() for line in text.splitlines() if line.startswith("#  Rank ")]
+    assert len(on) == 4 and set(on) == {C.host_ns(name, 0), C.host_ns(name, 1)}, text[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_cluster_exec_runs_on_a_host_that_looks_like_one(capsys, cluster_name, tmp_path):
+    from wirespeed.netem import cluster as C
+    c, _ = C.up(2, RATE, name=cluster_name, measure=False)
+    h0, h1 = C.host_ns(cluster_name, 0), C.host_ns(cluster_name, 1)
+    script = ("hostname; getent ahostsv4 %s | head -1; ls /sys/class/net | tr '\\n' ' '; echo; "
+              "test -d /sys/fs/cgroup && echo cgroups; pwd; exit 7" % h0)
+    p = subprocess.run(_exec(cluster_name, "h1", "sh", "-c", script), capture_output=True,
+                       text=True, timeout=60, env=_env(), cwd=tmp_path)
+    assert p.returncode == 7, p.stderr       # the command's own exit status
+    lines = p.stdout.splitlines()
+    assert lines[0] == h1                     # its own host name
+    assert lines[1].split()[0] == c.hosts[0].addr and lines[1].split()[-1] == h0   # h0 resolves
+    assert lines[2].split() == ["lo", "ws0"]  # the host's interfaces, not the machine's
+    assert lines[3] == "cgroups"              # the machine's /sys otherwise (slurmd needs it)
+    assert lines[4] == str(tmp_path)          # the working directory is kept
+
+    # The rsh agent `up` wrote: host names, short names and addresses all reach the host.
+    agent = C.agent_path(cluster_name)
+    for name in (h0, "h0", c.hosts[0].addr):
+        out = subprocess.run([agent, name, "hostname;", "echo", "$WS_X"], capture_output=True,
+                             text=True, timeout=30, env={**_env(), "WS_X": "kept"}).stdout.split()
+        assert out == [h0, "kept"], (name, out)
+
+    code, out, _ = run_here(capsys, "cluster", "hostfile", "--cluster", cluster_name, "--names",
+                            "--slots", 2)
+    assert code == 0 and out.splitlines() == [f"{h0} slots=2", f"{h1} slots=2"]
+
+    for args, says in ((["h5", "--", "true"], "is not in cluster"),
+                       (["h1"], "no command to run")):
+        p = subprocess.run(cli("cluster", "exec", "--cluster", cluster_name, *args),
+                           capture_output=True, text=True, timeout=60, env=_env())
+        assert p.returncode == 2 and says in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+    p = subprocess.run(_exec(cluster_name, "h0", "no-such-command-here"), capture_output=True,
+                       text=True, timeout=60, env=_env())
+    assert p.returncode == 127 and "no-such-command-here: command not found" in p.stderr, p.stderr
+    assert netns_processes(cluster_name) == {}
+
+
+@pytest.mark.timeout(STARTUP + 120)
+@pytest.mark.parametrize("backend", ["gloo", "wirespeed"])
+def test_torchrun_across_hosts(cluster_name, tmp_path, backend):
+    if (why := _why_not("torchrun")) is not None:
+        pytest.skip(why)
+    from wirespeed.netem import cluster as C
+    C.up(2, RATE, name=cluster_name, measure=False)
+    port = _port(cluster_name)
+    out = tmp_path / "records.jsonl"
+    job = Job(tmp_path, [_torchrun(cluster_name, port, h, backend, "--sizes", "64K,1M", "-n", 5,
+                                   "--json", out) for h in ("h0", "h1")])
+    codes = job.wait(STARTUP)
+    assert codes == [0, 0], job.text()[-4000:]
+    _check_records(out, backend, cluster_name)
+    _table_names_every_rank(job.text(), cluster_name)
+    assert netns_processes(cluster_name) == {}
+
+
+@pytest.mark.timeout(STARTUP + 120)
+@pytest.mark.parametrize("backend", ["gloo", "wirespeed"])
+def test_mpirun_across_hosts(capsys, cluster_name, tmp_path, backend):
+    if (why := _why_not("mpirun")) is not None:
+        pytest.skip(why)
+    from wirespeed.netem import cluster as C
+    C.up(2, RATE, name=cluster_name, measure=False)
+    out = tmp_path / "records.jsonl"
+    job = Job(tmp_path, [_mpirun(cluster_name, _hostfile(capsys, cluster_name, tmp_path),
+                                 _port(cluster_name), backend, "--sizes", "64K,1M", "-n", 5,
+                                 "--json", out)])
+    codes = job.wait(STARTUP)
+    assert codes == [0], job.text()[-4000:]
+    _check_records(out, backend, cluster_name)
+    # mpirun places ranks by slot in hosts-file order: ranks 0-1 on h0, 2-3 on h1.
+    hosts = json.loads(out.read_text().splitlines()[0])["env"]["hosts"]
+    assert hosts == [C.host_ns(cluster_name, 0)] * 2 + [C.host_ns(cluster_name, 1)] * 2, hosts
+    _table_names_every_rank(job.text(), cluster_name)
+    assert netns_processes(cluster_name) == {}
+
+
+def _ranks_in(ns: str) -> list[int]:
+    """Ranks (not launchers or Open MPI's daemons) running in a host, oldest first."""
+    from wirespeed.netem.ns import netns_pids
+    found = []
+    for pid in netns_pids(ns):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "wirespeed.cli.main" in argv and "torch.distributed.run" not in argv:
+            found.append(pid)
+    return sorted(found)
+
+
+def _gone(name: str, limit_s: float) -> dict:
+    deadline = time.monotonic() + limit_s
+    while (left := netns_processes(name)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+# Each launcher once and each backend once (not all four pairs: every run costs a minute or more
+# on the shared 2-core machine): torchrun with gloo, the library most torchrun jobs use;
+# mpirun with wirespeed's own backend.
+@pytest.mark.timeout(STARTUP + RANK_TIMEOUT + 120)
+@pytest.mark.parametrize("launcher,backend", [("torchrun", "gloo"), ("mpirun", "wirespeed")])
+def test_killed_rank_ends_the_job_within_the_timeout(capsys, cluster_name, tmp_path, launcher,
+                                                     backend):
+    if (why := _why_not(launcher)) is not None:
+        pytest.skip(why)
+    from wirespeed.netem import cluster as C
+    C.up(2, RATE, name=cluster_name, measure=False)
+    port = _port(cluster_name)
+    extra = ("--sizes", "8M", "-n", 2000)   # minutes of work: the kill lands mid-collective
+    if launcher == "torchrun":
+        job = Job(tmp_path, [_torchrun(cluster_name, port, h, backend, *extra) for h in ("h0", "h1")])
+    else:
+        hostfile = _hostfile(capsys, cluster_name, tmp_path)
+        job = Job(tmp_path, [_mpirun(cluster_name, hostfile, port, backend, *extra)])
+    job.wait_for(HEADER, STARTUP)
+    time.sleep(2.0)   # into the timed loop
+    assert all(p.poll() is None for p in job.procs), "the job ended before the kill: make it longer"
+    victims = _ranks_in(C.host_ns(cluster_name, 1))
+    assert len(victims) == 2, victims
+    os.kill(victims[-1], signal.SIGKILL)
+    t0 = time.monotonic()
+    codes = job.wait(RANK_TIMEOUT + 30)
+    took = time.monotonic() - t0
+    text = job.text()
+    assert all(c != 0 for c in codes), (codes, text[-4000:])
+    assert took < RANK_TIMEOUT + 10, (took, text[-4000:])   # within the ranks' own timeout
+    if launcher == "torchrun":
+        assert "Signal 9 (SIGKILL) received by PID" in text, text[-4000:]
+    else:
+        assert f"PID {victims[-1]} on node {C.host_ns(cluster_name, 1)} exited on signal 9" in text, \
+            text[-4000:]
+    assert _gone(cluster_name, 15) == {}, "a rank or daemon outlived the job"
