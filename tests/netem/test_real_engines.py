@@ -66,10 +66,11 @@ def _bench_args(backend: str, *extra) -> list[str]:
 
 
 def _torchrun(name: str, port: int, host: str, backend: str, *extra) -> list[str]:
-    # The cluster's rank-0 host address as endpoint, the form a user copies from torchrun's docs.
+    from wirespeed.netem import cluster as C
+    # h0's host name as the endpoint, as on a real cluster: it resolves on every host.
     return _exec(name, host, sys.executable, "-m", "torch.distributed.run", "--nnodes", 2,
                  "--nproc-per-node", 2, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                 f"10.77.0.1:{port}", "--rdzv-id", f"ws{port}", "--max-restarts", 0,
+                 f"{C.host_ns(name, 0)}:{port}", "--rdzv-id", f"ws{port}", "--max-restarts", 0,
                  "-m", "wirespeed.cli.main", *_bench_args(backend, *extra))
 
 
@@ -256,6 +257,13 @@ def _ranks_in(ns: str) -> list[int]:
     return sorted(found)
 
 
+def _rank_of(pid: int) -> int:
+    """A rank's place in the job, as its launcher told it."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
+    return int(env.get("RANK", env.get("OMPI_COMM_WORLD_RANK", "-1")))
+
+
 def _gone(name: str, limit_s: float) -> dict:
     deadline = time.monotonic() + limit_s
     while (left := netns_processes(name)) and time.monotonic() < deadline:
@@ -286,6 +294,7 @@ def test_killed_rank_ends_the_job_within_the_timeout(capsys, cluster_name, tmp_p
     assert all(p.poll() is None for p in job.procs), "the job ended before the kill: make it longer"
     victims = _ranks_in(C.host_ns(cluster_name, 1))
     assert len(victims) == 2, victims
+    victim_rank = _rank_of(victims[-1])
     os.kill(victims[-1], signal.SIGKILL)
     t0 = time.monotonic()
     codes = job.wait(RANK_TIMEOUT + 30)
@@ -296,6 +305,13 @@ def test_killed_rank_ends_the_job_within_the_timeout(capsys, cluster_name, tmp_p
     if launcher == "torchrun":
         assert "Signal 9 (SIGKILL) received by PID" in text, text[-4000:]
     else:
-        assert f"PID {victims[-1]} on node {C.host_ns(cluster_name, 1)} exited on signal 9" in text, \
-            text[-4000:]
+        # mpirun names whichever failure it saw first: the kill, or a survivor's own error (the
+        # survivor beside it on h1 sees the death through shared memory at once).
+        assert (f"PID {victims[-1]} on node {C.host_ns(cluster_name, 1)} exited on signal 9" in text
+                or f"peer rank {victim_rank} (pid {victims[-1]}) died" in text), text[-4000:]
+    # A survivor that saw the death through shared memory names the dead rank by its rank in
+    # the job (its index among h1's ranks once stood there instead).
+    import re
+    for named in re.findall(rf"peer rank (\d+) \(pid {victims[-1]}\) died", text):
+        assert int(named) == victim_rank, text[-4000:]
     assert _gone(cluster_name, 15) == {}, "a rank or daemon outlived the job"

@@ -271,3 +271,27 @@ fn a_timed_out_send_breaks_the_group_on_one_host_and_across_hosts() {
         assert!(matches!(out[0].1, Err(Error::Broken(_))), "{ids:?}: {:?}", out[0].1);
     }
 }
+
+/// A peer's failure on the same host names that peer's rank in the job, not its index among
+/// the host's ranks: on hosts a, b, b, rank 2's one local peer is rank 1, index 0 on host b
+/// (a killed rank was once reported as "peer rank 1" when rank 3 died, on 2 hosts x 2 ranks).
+#[test]
+fn a_local_peers_failure_names_its_rank_in_the_job() {
+    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let out = with_hosts(&["a", "b", "b"], move |c| match c.rank {
+        1 => {
+            c.abort(&Error::Broken("given up on purpose".into()));
+            both.wait();
+            Ok(())
+        }
+        2 => {
+            both.wait();
+            let mut got = [0u8; 8];
+            // SAFETY: `got` lives, untouched by anyone else, through the call.
+            unsafe { c.recv(1, got.as_mut_ptr() as usize, got.len(), 5) }
+        }
+        _ => Ok(()),
+    });
+    assert!(matches!(&out[2], Err(Error::PeerAborted { rank: 1, reason }) if reason.contains("on purpose")), "{:?}", out[2]);
+    assert!(out[2].as_ref().unwrap_err().to_string().starts_with("peer rank 1 failed"), "{:?}", out[2]);
+}

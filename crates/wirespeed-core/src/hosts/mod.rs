@@ -110,7 +110,8 @@ impl HostsSetup {
         }
         let lay = Layout::new(ids);
         let h = lay.host_of[rank];
-        let local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout, cfg)?;
+        let mut local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout, cfg)?;
+        local.name_members(lay.hosts[h].clone())?;
         let net = cfg.net.clone()?;
         let (ip, _how) = crate::transport::iface::listen_ip(&|v| cfg.listen_var(v))?;
         // Lower ranks on other hosts dial this one (mesh.rs): those are the connections to expect.

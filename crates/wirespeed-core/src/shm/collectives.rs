@@ -295,7 +295,7 @@ impl Comm {
             // itself aborted (its final sync timed out): then write nothing. (What stays open: a
             // root stalled for the whole timeout between this check and the system call.)
             if self.net.segs[peer].aborted().load(std::sync::atomic::Ordering::Acquire) != 0 {
-                return Err(Error::PeerAborted { rank: peer, reason: self.net.segs[peer].reason() });
+                return Err(Error::PeerAborted { rank: self.net.job_rank(peer), reason: self.net.segs[peer].reason() });
             }
             self.net.write_to(peer, theirs.loc + front as u64, (buf.0 + front) as *const u8, buf.1 - front)?;
             // Neither buffer may be touched by its owner until both halves have landed.

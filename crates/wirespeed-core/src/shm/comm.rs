@@ -68,6 +68,10 @@ pub struct Net {
     pidfds: Vec<Option<PidFd>>,
     pub timeout: Duration,
     pub(crate) spin: SpinPolicy,
+    /// The job's rank of each member, for errors: in a group of one host's ranks inside a
+    /// multi-host job (hosts/), member 1 may be rank 3, and "peer rank 1 died" would name the
+    /// wrong process. The identity when the group is the whole job.
+    names: Vec<usize>,
 }
 
 pub struct Comm {
@@ -117,6 +121,7 @@ impl Comm {
                 pidfds: vec![],
                 timeout,
                 spin: SpinPolicy::for_ranks(world, cfg.spin_us),
+                names: (0..world).collect(),
             }),
             own_fd: fd,
             token,
@@ -134,6 +139,21 @@ impl Comm {
 
     pub fn info(&self) -> RankInfo {
         RankInfo { pid: sys::getpid(), fd: self.own_fd, host: self.host.clone(), addr: String::new() }
+    }
+
+    /// Name the members by their ranks in the job (`job_ranks[i]` is member i's), so that this
+    /// group's errors about a peer name the rank the user knows. Before `connect`.
+    pub(crate) fn name_members(&mut self, job_ranks: Vec<usize>) -> Result<()> {
+        if job_ranks.len() != self.world {
+            return Err(Error::Mismatch(format!("{} job ranks for a group of {}", job_ranks.len(), self.world)));
+        }
+        match Arc::get_mut(&mut self.net) {
+            Some(net) => {
+                net.names = job_ranks;
+                Ok(())
+            }
+            None => Err(Error::Unsupported("members are named before the group connects".into())),
+        }
     }
 
     /// Map every peer's segment, check it belongs to this job, then wait for all ranks to do the
@@ -164,7 +184,7 @@ impl Comm {
             }
             let map: Mapping = sys::map_peer_segment(info.pid, info.fd).map_err(|e| match e {
                 Error::Os { errno, .. } if errno == libc::ENOENT || errno == libc::ESRCH => {
-                    Error::PeerDied { rank: r, pid: info.pid }
+                    Error::PeerDied { rank: self.net.job_rank(r), pid: info.pid }
                 }
                 Error::Os { errno, .. } if errno == libc::EACCES || errno == libc::EPERM => Error::Unsupported(format!(
                     "cannot open rank {r}'s shared memory (pid {}): wirespeed needs ranks of one host to run \
@@ -183,7 +203,8 @@ impl Comm {
                     info.pid
                 )));
             }
-            pidfds.push(Some(PidFd::open(info.pid).map_err(|_| Error::PeerDied { rank: r, pid: info.pid })?));
+            let died = Error::PeerDied { rank: self.net.job_rank(r), pid: info.pid };
+            pidfds.push(Some(PidFd::open(info.pid).map_err(|_| died)?));
             segs.push(seg);
         }
         let net = Net {
@@ -194,6 +215,7 @@ impl Comm {
             pidfds,
             timeout: self.net.timeout,
             spin: self.net.spin,
+            names: self.net.names.clone(),
         };
         self.net = Arc::new(net);
         // The planner's CPU input, the same on every rank: the least any rank of the host has.
@@ -206,7 +228,7 @@ impl Comm {
                 // SAFETY: `probe` is a local u64: 8 writable bytes that nothing else touches.
                 if let Err(errno) = unsafe { sys::read_peer(net.pids[r], net.segs[r].owner_addr(), &mut probe as *mut u64 as *mut u8, 8) } {
                     return Err(if errno == libc::ESRCH {
-                        Error::PeerDied { rank: r, pid: net.pids[r] }
+                        Error::PeerDied { rank: net.job_rank(r), pid: net.pids[r] }
                     } else {
                         Error::Unsupported(format!(
                             "process_vm_readv on rank {r} failed ({}): wirespeed needs ranks of one host to run as the \
@@ -311,6 +333,11 @@ impl Comm {
 }
 
 impl Net {
+    /// Member `r`'s rank in the job (see `names`).
+    pub(crate) fn job_rank(&self, r: usize) -> usize {
+        self.names.get(r).copied().unwrap_or(r)
+    }
+
     pub(crate) fn own(&self) -> &Seg {
         &self.segs[self.rank]
     }
@@ -332,11 +359,11 @@ impl Net {
         for (r, s) in self.segs.iter().enumerate() {
             let flag = if r == self.rank { 0 } else { s.aborted().load(Acquire) };
             if flag == ABORTED || (flag != 0 && r == peer) {
-                return Err(Error::PeerAborted { rank: r, reason: s.reason() });
+                return Err(Error::PeerAborted { rank: self.job_rank(r), reason: s.reason() });
             }
         }
         if let Some(r) = sys::first_exited(&self.pidfds) {
-            return Err(Error::PeerDied { rank: r, pid: self.pids[r] });
+            return Err(Error::PeerDied { rank: self.job_rank(r), pid: self.pids[r] });
         }
         Ok(())
     }
@@ -434,14 +461,14 @@ impl Net {
         let seg = &self.segs[r];
         // Acquire: the reason, written before the flag, is complete when read.
         if seg.aborted().load(Acquire) != 0 {
-            return Err(Error::PeerAborted { rank: r, reason: seg.reason() });
+            return Err(Error::PeerAborted { rank: self.job_rank(r), reason: seg.reason() });
         }
         Ok(())
     }
 
     fn peer_copy_error(&self, r: usize, errno: i32, call: &'static str) -> Error {
         if errno == libc::ESRCH {
-            Error::PeerDied { rank: r, pid: self.pids[r] }
+            Error::PeerDied { rank: self.job_rank(r), pid: self.pids[r] }
         } else {
             // A peer whose buffer vanished under us aborted or died; report that if so.
             self.check_peers(r).err().unwrap_or(Error::Os { call, errno })
