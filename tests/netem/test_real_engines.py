@@ -80,7 +80,8 @@ def _mpirun(name: str, hostfile, port: int, backend: str, *extra) -> list[str]:
     return _exec(name, "h0", "mpirun", *root, "-np", 4, "--hostfile", hostfile,
                  "--mca", "plm_rsh_agent", C.agent_path(name),
                  "--mca", "oob_tcp_if_include", "ws0", "--mca", "btl_tcp_if_include", "ws0",
-                 "-x", "PATH", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+                 *[a for v in ("PATH", "PYTHONPATH", "OMP_NUM_THREADS") if v in _env()
+                   for a in ("-x", v)],
                  "-x", f"MASTER_ADDR={C.host_ns(name, 0)}", "-x", f"MASTER_PORT={port}",
                  sys.executable, "-m", "wirespeed.cli.main", *_bench_args(backend, *extra))
 

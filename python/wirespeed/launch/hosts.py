@@ -5,7 +5,8 @@
     node02:8              MPICH's form
     node03                one host per line (MXNet): slots from -N, else 1
     netns:wsnet-ws-h0     a network namespace on this machine (`wirespeed cluster up`): started
-                          with `ip netns exec` instead of ssh, so tests and demos need no sshd
+                          by entering it (as `wirespeed cluster exec`) instead of ssh, so
+                          tests and demos need no sshd
 
 Each host appears once; its ranks are numbered in file order, all of a host's ranks before the next
 host's (the placement mpirun calls --map-by slot and torchrun uses).
