@@ -167,6 +167,8 @@ def _table_names_every_rank(text: str, name: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_cluster_exec_runs_on_a_host_that_looks_like_one(capsys, cluster_name, tmp_path):
+    if (why := _why_not("exec")) is not None:
+        pytest.skip(why)
     from wirespeed.netem import cluster as C
     c, _ = C.up(2, RATE, name=cluster_name, measure=False)
     h0, h1 = C.host_ns(cluster_name, 0), C.host_ns(cluster_name, 1)
@@ -201,6 +203,12 @@ def test_cluster_exec_runs_on_a_host_that_looks_like_one(capsys, cluster_name, t
     p = subprocess.run(_exec(cluster_name, "h0", "no-such-command-here"), capture_output=True,
                        text=True, timeout=60, env=_env())
     assert p.returncode == 127 and "no-such-command-here: command not found" in p.stderr, p.stderr
+    if shutil.which("setpriv"):  # a user without the rights: one line, exit 2
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "--inh-caps=-all", *_exec(cluster_name, "h0", "true")],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "root or CAP_NET_ADMIN" in p.stderr, p.stderr
     assert netns_processes(cluster_name) == {}
 
 
