@@ -49,3 +49,23 @@ def test_no_launcher():
                                             ("gpu-a[010-011],cpu1", "gpu-a010")])
 def test_first_slurm_host(nodelist, first):
     assert first_slurm_host(nodelist) == first
+
+
+def test_open_mpi_across_hosts_asks_mpi_only_in_a_real_rank():
+    # A dict of variables is never a rank of a live job: no MPI is started to ask for rank 0.
+    env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    with pytest.raises(UsageError, match="MASTER_ADDR"):
+        rank_info(env)
+    assert rank_info({**env, "MASTER_ADDR": "node0"}).master_addr == "node0"
+
+
+def test_asking_mpi_without_mpi4py_is_one_clear_error(monkeypatch):
+    import importlib.util
+
+    from wirespeed.launch import mpirun
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else real(name, *a))
+    monkeypatch.setattr(mpirun, "_MASTER_FROM_MPI", None)
+    with pytest.raises(UsageError, match="mpi4py is not installed.*MASTER_ADDR"):
+        mpirun.master_from_mpi(1, 4)

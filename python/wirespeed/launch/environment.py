@@ -7,7 +7,9 @@ One reader for every launcher, so the same command line serves one machine or ma
   master = first host of SLURM_JOB_NODELIST, port derived from the job id;
 - Open MPI mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE;
 - MPICH / Intel MPI (PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
-MASTER_ADDR / MASTER_PORT, when set, win over anything derived.
+MASTER_ADDR / MASTER_PORT, when set, win over anything derived. Open MPI tells a rank nothing
+about where rank 0 runs: across hosts without MASTER_ADDR, the ranks ask MPI itself (mpi4py),
+once, as DeepSpeed does under mpirun (launch/mpirun.py: master_from_mpi).
 """
 from __future__ import annotations
 
@@ -70,7 +72,9 @@ def launcher_name(env=None) -> str | None:
 
 def rank_info(env=None, need_master: bool = True) -> RankInfo | None:
     """This process's place in the job, or None when no launcher set one. need_master=False for
-    backends that rendezvous through their launcher (MPI), which need no MASTER_ADDR."""
+    backends that rendezvous through their launcher (MPI), which need no MASTER_ADDR. Only when
+    reading this process's own environment (env None) may it ask MPI for rank 0's host."""
+    own = env is None
     env = os.environ if env is None else env
     kind = launcher_name(env)
     if kind is None:
@@ -102,6 +106,11 @@ def rank_info(env=None, need_master: bool = True) -> RankInfo | None:
             addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
         elif not need_master:
             addr = ""
+        elif kind == "mpirun" and own:
+            from .mpirun import master_from_mpi
+            addr, found_port = master_from_mpi(rank, world)
+            if _int(env, "MASTER_PORT") is None:
+                port = found_port
         else:
             raise UsageError(f"ranks span several hosts under {kind} but MASTER_ADDR is not set: "
                              "export MASTER_ADDR=<rank 0's host> (and MASTER_PORT) for every rank")

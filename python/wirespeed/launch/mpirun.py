@@ -17,6 +17,52 @@ HOW_TO_GET = ("install Open MPI and mpi4py: `make setup` does it (Debian package
               "libopenmpi-dev, then pip install mpi4py)")
 
 
+_MASTER_FROM_MPI: tuple[str, int] | None = None
+
+
+def master_from_mpi(rank: int, world: int) -> tuple[str, int]:
+    """(rank 0's host name, a port free there), learned from MPI by every rank of an Open MPI job
+    whose ranks span hosts and that has no MASTER_ADDR: Open MPI's variables do not say where
+    rank 0 runs. MPI is initialised for this one broadcast and finalised at once (mpirun counts
+    a rank that initialised and left without finalising as failed), so the job's own backend
+    (gloo, wirespeed) starts as under any other launcher. Once per process: MPI cannot start
+    twice."""
+    global _MASTER_FROM_MPI
+    if _MASTER_FROM_MPI is not None:
+        return _MASTER_FROM_MPI
+    import importlib.util
+    unset = ("ranks span several hosts under mpirun and MASTER_ADDR is not set, so rank 0's host "
+             "is asked of MPI, but ")
+    fix = ": export MASTER_ADDR=<rank 0's host> (mpirun -x MASTER_ADDR=...) for every rank"
+    if importlib.util.find_spec("mpi4py") is None:
+        raise UsageError(unset + "mpi4py is not installed" + fix + ", or " + HOW_TO_GET)
+    import socket
+    import mpi4py
+    mpi4py.rc.finalize = False       # finalised here, explicitly, right after the broadcast
+    mpi4py.rc.thread_level = "single"
+    try:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.Get_size() != world or comm.Get_rank() != rank:
+            raise UsageError(unset + f"MPI sees rank {comm.Get_rank()} of {comm.Get_size()}, not "
+                             f"{rank} of {world} (mpi4py is built for another MPI than this "
+                             "mpirun's)" + fix)
+        mine = None
+        if rank == 0:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("0.0.0.0", 0))   # free now; rank 0's store binds it a moment later
+                mine = (socket.gethostname(), s.getsockname()[1])
+        found = comm.bcast(mine, root=0)
+        MPI.Finalize()
+    except UsageError:
+        raise
+    except Exception as e:  # MPI's own errors: one line, and the way around them
+        raise UsageError(unset + f"MPI failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                         + fix) from None
+    _MASTER_FROM_MPI = (str(found[0]), int(found[1]))
+    return _MASTER_FROM_MPI
+
+
 def mpirun_command(argv: list[str], nproc: int, is_root: bool | None = None,
                    program: list[str] | None = None) -> list[str]:
     """mpirun running `python -m wirespeed.cli.main *argv` (or `program *argv`) as nproc local ranks."""
