@@ -200,6 +200,10 @@ def describe(c) -> str:
                      "TCP headers)")
     elif len(c.hosts) >= 2:
         lines.append("# not measured yet: `wirespeed cluster status --measure`")
+    flag = "" if c.name == "ws" else f" --name {c.name}"
+    from ..netem.cluster import agent_path
+    lines.append(f"# a command on a host: wirespeed cluster exec{flag} h0 -- CMD; Open MPI's rsh "
+                 f"agent (mpirun --mca plm_rsh_agent): {agent_path(c.name)}")
     lines.append("# run on it: wirespeed bench --cluster"
                  + ("" if c.name == "ws" else f" {c.name}") + " -N <ranks> ...; remove: "
                  "wirespeed cluster down" + ("" if c.name == "ws" else f" --name {c.name}"))

@@ -109,9 +109,10 @@ def _unmount_shm(name: str) -> None:
 # other daemons need its cgroup file systems, which `ip netns exec` hides by remounting /sys);
 # only the two directories that list network interfaces are taken from a sysfs mounted here,
 # which shows this host's interfaces (ws0) as `ip netns exec` would. The scratch mount is gone
-# before CMD starts.
+# before CMD starts; its directory is made here too, for a cluster an older `up` built.
 _ENTER = """set -e
 hostname "$1"
+mkdir -p "$4"
 mount -t sysfs sysfs "$4"
 mount --bind "$4/class/net" /sys/class/net
 mount --bind "$4/devices/virtual/net" /sys/devices/virtual/net
