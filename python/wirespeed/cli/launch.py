@@ -3,7 +3,8 @@
 Every rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), so the command it runs behaves as under torchrun. Real hosts are reached with ssh
 (one session per rank, as MXNet's launcher does); `netns:NAME` hosts of the emulated cluster are
-entered as `wirespeed cluster exec` enters them, other namespaces with `ip netns exec`. --dry-run prints the exact per-rank commands instead of running them.
+entered as `wirespeed cluster exec` enters them, other namespaces with `ip netns exec`. --dry-run
+prints the exact per-rank commands instead of running them.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Start the ranks of a wirespeed command on the hosts of the emulated cluster (wirespeed.netem).
 
 Rank r runs as a process of its host (netem.cluster.exec_prefix, what `wirespeed cluster exec`
-runs: the host's network namespace, hostname, hosts file and /dev/shm), with torchrun's variables set and
-MASTER_ADDR = host 0's address, so it cannot tell the emulated cluster from a real one. Every
+runs: the host's network namespace, hostname, hosts file and /dev/shm), with torchrun's variables
+set and MASTER_ADDR = host 0's address, so it cannot tell the emulated cluster from a real one. Every
 library is pointed at the emulated interface, so gloo, NCCL, Open MPI and wirespeed's own transport
 all cross the capped links rather than loopback. Ranks on one host still talk over that host's
 loopback path, as on a real machine.
