@@ -27,7 +27,7 @@ import pytest
 from netem_util import cluster_name  # noqa: F401 (a fixture)
 from netem_util import cli, needs_netns, netns_processes, run_here
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_netns]
+pytestmark = [pytest.mark.netns, needs_netns]
 
 STARTUP = 240    # two launchers and four ranks importing torch on a shared 2-core machine
 RANK_TIMEOUT = 30
@@ -216,6 +216,7 @@ def test_cluster_exec_runs_on_a_host_that_looks_like_one(capsys, cluster_name, t
     assert netns_processes(cluster_name) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(STARTUP + 120)
 @pytest.mark.parametrize("backend", ["gloo", "wirespeed"])
 def test_torchrun_across_hosts(cluster_name, tmp_path, backend):
@@ -234,6 +235,7 @@ def test_torchrun_across_hosts(cluster_name, tmp_path, backend):
     assert netns_processes(cluster_name) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(STARTUP + 120)
 @pytest.mark.parametrize("backend,export_master", [("gloo", True), ("wirespeed", False)])
 def test_mpirun_across_hosts(capsys, cluster_name, tmp_path, backend, export_master):
@@ -290,6 +292,7 @@ def _gone(name: str, limit_s: float) -> dict:
 # Each launcher once and each backend once (not all four pairs: every run costs a minute or more
 # on the shared 2-core machine): torchrun with gloo, the library most torchrun jobs use;
 # mpirun with wirespeed's own backend.
+@pytest.mark.slow
 @pytest.mark.timeout(STARTUP + RANK_TIMEOUT + 120)
 @pytest.mark.parametrize("launcher,backend", [("torchrun", "gloo"), ("mpirun", "wirespeed")])
 def test_killed_rank_ends_the_job_within_the_timeout(capsys, cluster_name, tmp_path, launcher,
