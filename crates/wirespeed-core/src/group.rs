@@ -11,6 +11,7 @@ use crate::api::Collectives;
 use crate::config::Config;
 use crate::shm::comm::{Comm, RankInfo};
 use crate::error::Result;
+use crate::hosts::fds::FdRoom;
 use crate::hosts::{HostsComm, HostsSetup};
 use std::time::Duration;
 
@@ -23,13 +24,15 @@ pub enum Setup {
 }
 
 impl Setup {
-    /// `hosts[r]` is rank r's host id (`Config::host_id`); `cfg` is the core's configuration,
-    /// read once by the caller (`Config::from_env` in the bindings).
-    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, hosts: &[String], cfg: &Config) -> Result<Setup> {
+    /// `hosts[r]` is rank r's host id (`Config::host_id`); `rooms[r]` its open-file room
+    /// (`FdRoom::here`, published with the host id; empty: unchecked), which a group across hosts
+    /// budgets its sockets with (hosts/fds.rs); `cfg` is the core's configuration, read once by
+    /// the caller (`Config::from_env` in the bindings).
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, hosts: &[String], rooms: &[FdRoom], cfg: &Config) -> Result<Setup> {
         if hosts.is_empty() || hosts.iter().all(|h| *h == hosts[0]) {
             return Ok(Setup::OneHost(Comm::new(rank, world, token, timeout, cfg)?));
         }
-        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts, cfg)?))
+        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts, rooms, cfg)?))
     }
 
     pub fn info(&self) -> RankInfo {

@@ -5,8 +5,9 @@
 //! Linux calls only (the copy kernels are in kernels/copy.rs). Who uses it: the shared-memory
 //! group (shm/: segments, waits, peer reads and writes), the TCP engine (transport/tcp/: the CPU
 //! count behind its thread default), the groups and their tests (`random_token`), config.rs
-//! (`host_id`, behind `Config::host_id`), the Python bindings (`random_token`) and the NCCL
-//! plugin (`random_bytes` for its handle's key).
+//! (`host_id`, behind `Config::host_id`), the Python bindings (`random_token`), the NCCL
+//! plugin (`random_bytes` for its handle's key) and the open-file budget of a multi-host group
+//! (hosts/fds.rs: the RLIMIT_NOFILE limits and the count of open descriptors).
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
@@ -339,4 +340,40 @@ pub fn random_token() -> Result<[u8; 16]> {
     let mut t = [0u8; 16];
     random_bytes(&mut t)?;
     Ok(t)
+}
+
+/// This process's open-file limits (RLIMIT_NOFILE): (soft, hard).
+pub fn nofile_limits() -> Result<(u64, u64)> {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `l`, a live local of that type.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Err(Error::os("getrlimit(RLIMIT_NOFILE)"));
+    }
+    // (rlim_t is 32 bits on 32-bit targets)
+    #[allow(clippy::unnecessary_cast)]
+    Ok((l.rlim_cur as u64, l.rlim_max as u64))
+}
+
+/// Set the soft open-file limit to `soft`, keeping the hard one (an unprivileged process may
+/// move its soft limit anywhere up to its hard limit).
+pub fn set_nofile_soft(soft: u64) -> Result<()> {
+    let (_, hard) = nofile_limits()?;
+    let l = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+    // SAFETY: setrlimit only reads the rlimit behind the pointer, a live local.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+        return Err(Error::os("setrlimit(RLIMIT_NOFILE)"));
+    }
+    Ok(())
+}
+
+/// The most files any process may have open (fs.nr_open): a hard limit above it (RLIM_INFINITY)
+/// cannot be reached, since the kernel refuses a soft limit beyond it. None where unreadable.
+pub fn nr_open() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/fs/nr_open").ok()?.trim().parse().ok()
+}
+
+/// Descriptors this process has open now, not counting the one used to list them.
+pub fn open_fds() -> Result<u64> {
+    let dir = std::fs::read_dir("/proc/self/fd").map_err(|_| Error::os("listing /proc/self/fd"))?;
+    Ok((dir.count() as u64).saturating_sub(1))
 }

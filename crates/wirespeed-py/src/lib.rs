@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
 use wirespeed_core::engine::Owner;
+use wirespeed_core::hosts::fds::FdRoom;
 use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
 
 // The exceptions are Python classes of wirespeed/errors.py, so that each is a member of the one
@@ -136,10 +137,12 @@ fn flat_pieces(base: usize, each: usize, world: usize, what: &str) -> PyResult<B
 #[pymethods]
 impl Group {
     /// `hosts[r]` is rank r's host id (`host_id()`); ranks on one host use shared memory, ranks
-    /// on others TCP. Without it every rank is taken to be on this host.
+    /// on others TCP. Without it every rank is taken to be on this host. `rooms[r]` is what rank
+    /// r's `fd_room()` returned, exchanged with the host ids: a group across hosts sizes its
+    /// sockets to every rank's open-file limit with them (without: unchecked).
     #[new]
-    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None))]
-    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>) -> PyResult<Group> {
+    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None, rooms=None))]
+    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>, rooms: Option<Vec<String>>) -> PyResult<Group> {
         let tok: [u8; 16] = token.try_into().map_err(|_| UnsupportedError::new_err("the job token must be 16 bytes"))?;
         if !(timeout_s > 0.0) {
             return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
@@ -148,7 +151,8 @@ impl Group {
         let spans_hosts = hosts.iter().any(|h| h != &hosts[0]);
         // The one read of the core's WIRESPEED_* knobs for this group; the core reads no variable.
         let cfg = Config::from_env().map_err(to_py)?;
-        let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &cfg).map_err(to_py)?;
+        let rooms = rooms.unwrap_or_default().iter().enumerate().map(|(r, t)| FdRoom::parse(t, r)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
+        let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &rooms, &cfg).map_err(to_py)?;
         Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker })
     }
 
@@ -280,6 +284,14 @@ fn host_id() -> String {
     wirespeed_core::config::host_id_from_env()
 }
 
+/// This process's open-file room as text (`FdRoom`: WIRESPEED_NSTREAMS, the hard open-file
+/// limit, descriptors held), for the store: every rank passes all of them to `Group`, which
+/// decides the stream count from them alike on every rank.
+#[pyfunction]
+fn fd_room() -> PyResult<String> {
+    Ok(FdRoom::here(&wirespeed_core::config::net(&wirespeed_core::config::env)).map_err(to_py)?.to_text())
+}
+
 /// 16 random bytes from the kernel, for a job token.
 #[pyfunction]
 fn random_token(py: Python<'_>) -> PyResult<PyObject> {
@@ -293,6 +305,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(core_version, m)?)?;
     m.add_function(wrap_pyfunction!(random_token, m)?)?;
     m.add_function(wrap_pyfunction!(host_id, m)?)?;
+    m.add_function(wrap_pyfunction!(fd_room, m)?)?;
     m.add_class::<Group>()?;
     m.add("WirespeedError", py.get_type_bound::<WirespeedError>())?;
     m.add("PeerDiedError", py.get_type_bound::<PeerDiedError>())?;

@@ -2,8 +2,9 @@
 
 Through whatever store torch hands the backend (TCPStore, FileStore, already prefixed per group),
 so torchrun, SLURM and `wirespeed bench -N` launches work unchanged: rank 0 publishes a random job
-token; every rank publishes its host id (hostname + boot id) and reads everyone's, so all agree on
-which ranks share a host; then every rank publishes (pid, memfd, TCP listening address when the
+token; every rank publishes its host id (hostname + boot id) with its open-file room (the core's
+hosts/fds.rs) and reads everyone's, so all agree on which ranks share a host and on the TCP streams
+per peer that every rank's open-file limit holds; then every rank publishes (pid, memfd, TCP listening address when the
 group spans hosts, host) and reads everyone's.
 
 Every rank first claims its number (a counter in the store). A number claimed by two processes (a
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 
 from .. import _native
 from ..errors import RankClaimedTwice
@@ -65,6 +67,17 @@ def _check_claims(store, rank: int, n: int) -> None:
             _claimed_twice(store, rank, _me(), other)
 
 
+def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
+    """Until the counter `key` (at `seen` when last read) reaches `want`, or `most_s` passed."""
+    end = time.monotonic() + most_s
+    try:
+        while seen < want and time.monotonic() < end:
+            time.sleep(0.01)
+            seen = store.add(key, 0)
+    except Exception:  # noqa: BLE001 (the store went away: nobody is left to wait for)
+        pass
+
+
 def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     """A connected native group for `rank` of `size`, met through `store`."""
     n = _claim(store, rank)
@@ -74,9 +87,23 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     if rank == 0:
         store.set(f"{at}/token", _native.random_token().hex())
     token = bytes.fromhex(store.get(f"{at}/token").decode())
-    store.set(f"{at}/host/{rank}", _native.host_id())
-    hosts = [store.get(f"{at}/host/{r}").decode() for r in range(size)]
-    group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), hosts)
+    # With the host id, what this rank's open files allow (the core's FdRoom, text without a
+    # comma): every rank hands all of them to the core, which picks the same TCP stream count on
+    # every rank from them, or fails every rank alike when some rank's limit is too low.
+    store.set(f"{at}/host/{rank}", f"{_native.fd_room()},{_native.host_id()}")
+    rooms, hosts = zip(*(store.get(f"{at}/host/{r}").decode().split(",", 1) for r in range(size)))
+    read = store.add(f"{at}/rooms-read", 1)
+    try:
+        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms))
+    except Exception:
+        # Every rank fails alike here (a limit too low, ranks that disagree), but rank 0, which
+        # serves the store under wirespeed's launchers and torch's tcp:// init, must not leave
+        # before the others have read what they decide from: they would meet a closed store
+        # instead of the same one-line error. (Only rank 0 waits: a rank polling a store whose
+        # server leaves gets torch's stack trace on stderr.)
+        if rank == 0:
+            _wait_count(store, f"{at}/rooms-read", read, size, min(timeout.total_seconds(), 10.0))
+        raise
     pid, fd, host, addr = group.info()
     store.set(f"{at}/rank/{rank}", f"{pid},{fd},{addr},{host}")
     infos = []

@@ -30,6 +30,7 @@
 //! checked by every receive. Such an error is seen by the receiver only, so any error breaks the
 //! group: the local segment says why (local peers raise at once) and the TCP connections are shut
 //! (remote peers raise at once).
+pub mod fds;
 pub mod hier;
 pub mod mesh;
 
@@ -103,16 +104,27 @@ pub struct HostsSetup {
 
 impl HostsSetup {
     /// `ids[r]` is rank r's host id; `cfg` gives the planner's and the TCP engine's knobs and the
-    /// variables that choose the listening address.
-    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, ids: &[String], cfg: &Config) -> Result<HostsSetup> {
+    /// variables that choose the listening address. `rooms[r]` is rank r's open-file room
+    /// (`fds::FdRoom`, exchanged with the host ids): every rank then agrees on the streams per
+    /// pair that every rank's limit holds, raising its own soft limit where needed, or fails
+    /// alike (fds.rs). Empty: WIRESPEED_NSTREAMS as it is, the limits unchecked (tests).
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, ids: &[String], rooms: &[fds::FdRoom], cfg: &Config) -> Result<HostsSetup> {
         if ids.len() != world || rank >= world {
             return Err(Error::Unsupported(format!("{} host ids for rank {rank} of a world of {world}", ids.len())));
         }
         let lay = Layout::new(ids);
+        // Before anything is opened: the stream count every rank uses, or every rank's error.
+        // A rank whose own TCP knobs are invalid says so first; the others fail on the
+        // disagreement its room shows (it publishes 0 streams).
+        let mut net = cfg.net.clone()?;
+        let planned = if rooms.is_empty() { None } else { Some(fds::plan(&lay, rooms)?) };
+        if let Some(p) = &planned {
+            fds::apply(p, rank, rooms)?;
+            net.nstreams = p.nstreams;
+        }
         let h = lay.host_of[rank];
         let mut local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout, cfg)?;
         local.name_members(lay.hosts[h].clone())?;
-        let net = cfg.net.clone()?;
         let (ip, _how) = crate::transport::iface::listen_ip(&|v| cfg.listen_var(v))?;
         // Lower ranks on other hosts dial this one (mesh.rs): those are the connections to expect.
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
@@ -559,7 +571,7 @@ mod tests {
         let token = crate::sys::random_token().unwrap();
         let ids = vec!["a".to_string(), "b".to_string()];
         let cfg = Config::from_vars(&|v| (v == "WIRESPEED_IFNAME").then(|| "lo".to_string())).unwrap();
-        let setups: Vec<HostsSetup> = (0..2).map(|r| HostsSetup::new(r, 2, token, Duration::from_secs(3), &ids, &cfg).unwrap()).collect();
+        let setups: Vec<HostsSetup> = (0..2).map(|r| HostsSetup::new(r, 2, token, Duration::from_secs(3), &ids, &[], &cfg).unwrap()).collect();
         let infos: Vec<RankInfo> = setups.iter().map(|s| s.info()).collect();
         let both = Arc::new(Barrier::new(2));
         let n = 1 << 20;

@@ -48,7 +48,7 @@ pub fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
     let token = wirespeed_core::sys::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
-    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, &cfg).unwrap()).collect()
+    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, &[], &cfg).unwrap()).collect()
 }
 
 /// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
@@ -69,7 +69,7 @@ pub fn with_groups<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl F
     let token = wirespeed_core::sys::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
-    let s: Vec<Setup> = (0..ids.len()).map(|r| Setup::new(r, ids.len(), token, timeout, &ids, &cfg).unwrap()).collect();
+    let s: Vec<Setup> = (0..ids.len()).map(|r| Setup::new(r, ids.len(), token, timeout, &ids, &[], &cfg).unwrap()).collect();
     let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
     on_threads(s, move |_, x| f(x.connect(&infos).unwrap()))
 }
