@@ -5,7 +5,8 @@ the whole job whichever rank saw the fault first:
 
     0  success
     1  wrong results (a collective returned wrong data), or a failure of no kind below
-    2  usage error: bad input, refused before anything runs
+    2  usage error: bad input, refused before anything runs; or a limit of the machine the job
+       cannot run within (a hard open-file limit too low for the wirespeed backend's connections)
     3  timeout: no progress within --timeout (a peer hangs, is stopped, unreachable, never came)
     4  peer lost: a peer process died or its connection closed
     5  mismatch: ranks called different collectives, sizes, dtypes or settings
@@ -96,7 +97,9 @@ class MismatchError(TransportError, RanksDisagree):
 
 
 class UnsupportedError(TransportError, UsageError):
-    """A request this backend cannot serve (the message names what it supports)."""
+    """A request this backend cannot serve (the message names what it supports), or a job it
+    cannot set up within the ranks' open-file limits (the message names the need, the limit and
+    the fix; raised on every rank alike)."""
 
 
 class StrangerError(TransportError):

@@ -19,7 +19,7 @@
 //! - algorithms: `algo` (ring, doubling, tree, direct: each written once over the trait);
 //! - several hosts: `hosts` (ranks grouped by host: shm inside, TCP across, itself a
 //!   `Transport`; `hosts::mesh`, the group's TCP connections; `hosts::hier`, the hierarchical
-//!   all_reduce);
+//!   all_reduce; `hosts::fds`, the open-file budget that sets the streams per pair);
 //! - on top: `group` (`Setup`: the one-host or the multi-host group, behind `Collectives`) and
 //!   `engine` (ordered background execution), which the bindings call.
 pub mod algo;

@@ -8,7 +8,8 @@
 //! between) and its neighbours in rank order (the flat ring). Every other pair gets one stream:
 //! it carries direct exchanges, which already spread over many pairs. Sockets per rank are then
 //! about (hosts + 2) x nstreams + remote ranks, instead of nstreams x remote ranks (at 64 hosts
-//! x 8 ranks and 12 streams: 1,244 instead of 6,048).
+//! x 8 ranks and 12 streams: 1,244 instead of 6,048). Before any is opened, fds.rs budgets them
+//! against every rank's open-file limit and may give the bandwidth pairs fewer streams.
 //!
 //! The group is itself a `Transport` (shared memory to peers of its host, the mesh's own
 //! `Transport` to the others), so the algorithms of algo/ run over it unchanged. Collectives
