@@ -14,9 +14,35 @@ import time
 
 import pytest
 
-from .ranks import RENDEZVOUS_RANK, master_store
+from .ranks import master_store
+
+# Each test starts real rank processes (torch's import alone takes seconds on a small machine).
+pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 30
+
+# One rank of wirespeed's rendezvous (as ranks.RENDEZVOUS_RANK) that, once connected, prints
+# "joined", its TCP streams (its sockets less the store's and its listener) and its soft limit.
+RANK = r"""
+import sys, os, datetime, resource
+from torch.distributed import TCPStore
+from wirespeed.native.rendezvous import rendezvous
+rank, port, timeout = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+def sockets():
+    n = 0
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{f}").startswith("socket:")
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return n
+try:
+    group = rendezvous(store, rank, 2, datetime.timedelta(seconds=timeout))
+    print("joined", sockets() - 2, resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
 
 
 def _run(limits: tuple[int, int] | None, nstreams=(None, None)) -> tuple[list[str], float]:
@@ -33,9 +59,9 @@ def _run(limits: tuple[int, int] | None, nstreams=(None, None)) -> tuple[list[st
         env.update(WIRESPEED_HOSTID=f"host-{rank}", WIRESPEED_IFNAME="lo")
         if n is not None:
             env["WIRESPEED_NSTREAMS"] = str(n)
-        procs.append(subprocess.Popen([sys.executable, "-c", RENDEZVOUS_RANK, str(rank), str(store.port), str(TIMEOUT_S), "1"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      preexec_fn=preexec))
+        argv = [sys.executable, "-c", RANK, str(rank), str(store.port), str(TIMEOUT_S)]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, preexec_fn=preexec))
     outs = [p.communicate(timeout=TIMEOUT_S + 60)[0].strip() for p in procs]
     return outs, time.monotonic() - t0
 
@@ -43,11 +69,12 @@ def _run(limits: tuple[int, int] | None, nstreams=(None, None)) -> tuple[list[st
 @pytest.mark.timeout(TIMEOUT_S + 90)
 def test_a_low_soft_limit_is_raised():
     outs, _ = _run((20, 20000))
-    assert [o.splitlines()[-1] for o in outs] == ["joined", "joined"], outs
+    # both raised their soft limit to the hard one and connected with all 12 streams
+    assert [o.splitlines()[-1] for o in outs] == ["joined 12 20000", "joined 12 20000"], outs
     assert not any("open-file limit" in o for o in outs), outs
 
 
-# What a rank of RENDEZVOUS_RANK holds when it publishes its room: the same imports and store.
+# What a rank of RANK holds when it publishes its room: the same imports and store.
 HELD = r"""
 import sys, datetime
 from torch.distributed import TCPStore
@@ -67,10 +94,11 @@ def test_a_low_hard_limit_gives_both_ranks_the_same_fewer_streams():
     # counterpart), its listener, 2 during setup and the 64 of the margin: room for 4 streams.
     limit = held + 1 + 2 + 64 + 4
     outs, _ = _run((limit, limit))
-    assert [o.splitlines()[-1] for o in outs] == ["joined", "joined"], outs  # connected: they agreed
     said = re.search(rf"rank \d's hard open-file limit \({limit}\) holds (\d+) TCP streams per peer, not WIRESPEED_NSTREAMS=12", outs[0])
     # (a descriptor more or less held than the probe's moves it by one)
     assert said and 1 <= int(said.group(1)) < 12, outs
+    # both connected with that many streams
+    assert [o.splitlines()[-1] for o in outs] == [f"joined {said.group(1)} {limit}"] * 2, outs
     assert "open-file limit" not in outs[1], outs  # said once, by rank 0
 
 

@@ -20,7 +20,7 @@ import pytest
 from netem_util import cluster_name  # noqa: F401 (a fixture)
 from netem_util import cli, needs_netns, netns_processes
 
-pytestmark = [pytest.mark.netns, needs_netns]
+pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_netns]
 
 STARTUP = 120
 NPROC = 6

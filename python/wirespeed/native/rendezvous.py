@@ -3,9 +3,9 @@
 Through whatever store torch hands the backend (TCPStore, FileStore, already prefixed per group),
 so torchrun, SLURM and `wirespeed bench -N` launches work unchanged: rank 0 publishes a random job
 token; every rank publishes its host id (hostname + boot id) with its open-file room (the core's
-hosts/fds.rs) and reads everyone's, so all agree on which ranks share a host and on the TCP streams
-per peer that every rank's open-file limit holds; then every rank publishes (pid, memfd, TCP listening address when the
-group spans hosts, host) and reads everyone's.
+hosts/fds.rs) and reads everyone's, so all agree on which ranks share a host and on the TCP
+streams per peer that every rank's open-file limit holds; then every rank publishes (pid, memfd,
+TCP listening address when the group spans hosts, host) and reads everyone's.
 
 Every rank first claims its number (a counter in the store). A number claimed by two processes (a
 stale rank of another job on the same port, a launcher that started a rank twice) is an error on
