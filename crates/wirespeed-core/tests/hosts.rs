@@ -3,10 +3,12 @@
 //! with equal ids real shared memory. Multi-process and namespace runs are in tests/native.
 mod common;
 
-use common::{config, input, setups, with_groups, with_hosts};
+use common::{config, input, setups, with_groups, with_hosts, with_hosts_rooms};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wirespeed_core::shm::comm::RankInfo;
+use wirespeed_core::hosts::fds::{self, FdRoom};
+use wirespeed_core::hosts::Layout;
 use wirespeed_core::plan::NetAlgo;
 use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
 
@@ -141,6 +143,39 @@ fn every_other_collective_and_p2p_across_hosts() {
             assert_eq!(sc, want_all[me * 3001..(me + 1) * 3001].to_vec(), "{ids:?} scatter to {me}");
             assert!(inbox.iter().all(|&x| x == ((me + w - 1) % w) as u64 + 7), "{ids:?} p2p on {me}");
         }
+    }
+}
+
+/// One rank's hard open-file limit holds 5 streams per bandwidth pair: every rank connects every
+/// such pair with 5 (the pairs of one stream keep one), and collectives over them are exact.
+#[test]
+fn the_tightest_ranks_open_file_limit_sets_every_pairs_streams() {
+    let six: &[&str] = &["a", "a", "b", "b", "c", "c"];
+    let lay = Layout::new(&six.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    let held = 10;
+    // Rank 3 gets exactly its need at 5 streams; the limits stay far below this process's soft
+    // limit, so no rank raises it (the test process's limit is not ours to change).
+    let mut rooms: Vec<FdRoom> = (0..6).map(|_| FdRoom { nstreams: 12, limit: 20000, held }).collect();
+    rooms[3].limit = held + fds::needs(&lay)[3].at(5);
+    assert_eq!(fds::plan(&lay, &rooms).unwrap().nstreams, 5);
+    let out = with_hosts_rooms(six, &rooms, |c| {
+        let me = c.rank;
+        let streams: Vec<usize> = (0..6).map(|r| c.streams_to(r)).collect();
+        let n = 300_001usize;
+        let mut v: Vec<i64> = input(me, n);
+        // SAFETY: `v` holds n i64s and outlives the call.
+        unsafe { c.all_reduce(v.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum) }.unwrap();
+        (me, streams, v)
+    });
+    let n = 300_001usize;
+    let inputs: Vec<Vec<i64>> = (0..6).map(|r| input(r, n)).collect();
+    let want: Vec<i64> = (0..n).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
+    for (me, streams, got) in out {
+        for (r, &s) in streams.iter().enumerate() {
+            let expect = if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { 5 };
+            assert_eq!(s, expect, "streams between {me} and {r}");
+        }
+        assert!(got == want, "rank {me}'s all_reduce");
     }
 }
 

@@ -2,6 +2,7 @@
 //! one thread each, and their inputs. Each test file is its own crate and uses part of this.
 #![allow(dead_code)]
 use std::time::Duration;
+use wirespeed_core::hosts::fds::FdRoom;
 use wirespeed_core::hosts::{HostsComm, HostsSetup};
 use wirespeed_core::shm::comm::RankInfo;
 use wirespeed_core::{Collectives, Comm, Config, Setup};
@@ -45,10 +46,23 @@ pub fn config() -> Config {
 
 /// One multi-host setup per rank of the layout `ids` (one host id per rank), all of one job.
 pub fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
+    setups_with_rooms(ids, &[], timeout)
+}
+
+/// `setups`, each rank handed every rank's open-file room (hosts/fds.rs) as the bindings hand
+/// them; empty: none, WIRESPEED_NSTREAMS as it is.
+pub fn setups_with_rooms(ids: &[&str], rooms: &[FdRoom], timeout: Duration) -> Vec<HostsSetup> {
     let token = wirespeed_core::sys::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
-    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, &[], &cfg).unwrap()).collect()
+    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, rooms, &cfg).unwrap()).collect()
+}
+
+/// `with_hosts` with every rank's open-file room handed to its setup (`setups_with_rooms`).
+pub fn with_hosts_rooms<T: Send + 'static>(ids: &[&str], rooms: &[FdRoom], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+    let s = setups_with_rooms(ids, rooms, Duration::from_secs(20));
+    let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
+    on_threads(s, move |_, x| f(&mut x.connect(&infos).unwrap()))
 }
 
 /// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
