@@ -18,8 +18,9 @@
 //! every rank holds identically: the layout (from the host ids in the store) and every rank's
 //! `FdRoom` (its WIRESPEED_NSTREAMS, hard limit and descriptors held), which each rank publishes
 //! beside its host id (python/wirespeed/native/rendezvous.py). Every rank runs `plan` on the
-//! same input and reaches the same stream count, or the same error, with no round trip of its
-//! own; ranks whose WIRESPEED_NSTREAMS differ fail alike (`Mismatch`) before anything is dialled.
+//! same input and reaches the same stream count, or the same error, with no exchange of its own
+//! (the rooms travel with the host ids); ranks whose WIRESPEED_NSTREAMS differ fail alike
+//! (`Mismatch`) before anything is dialled.
 //!
 //! What a rank counts for itself (`Need`), beside what it already holds:
 //! - its sockets: nstreams to each counterpart on another host and to each rank-order
@@ -30,7 +31,8 @@
 //!
 //! The reactor's descriptors (3 per I/O thread: an epoll, its duplicate for registering, an
 //! eventfd) are counted by each rank in what it holds (`FdRoom::here`), since its I/O thread count
-//! is its own knob; a group after the first counts them again, at most 12 too many.
+//! is its own knob; a group after the first counts them again (3 to 6 too many at the default
+//! thread count).
 use super::Layout;
 use crate::error::{Error, Result};
 use crate::transport::tcp::NetConfig;
@@ -41,8 +43,8 @@ use crate::transport::tcp::NetConfig;
 /// about 15 more: those count in what it holds). A training process adds a DataLoader (each
 /// worker holds a pipe pair and its queues' fds: ~4), checkpoints and logs, and a connection or
 /// two that a port scan makes to the listener while setup vets it. 64 holds a DataLoader of 8
-/// workers plus those, and keeps the whole budget within 2x of the sockets only for tiny jobs,
-/// where it costs nothing. It does not hold a second full-mesh library (gloo) started after this
+/// workers plus those. In a tiny job it is most of the need, which costs nothing; at scale it is
+/// lost among the sockets. It does not hold a second full-mesh library (gloo) started after this
 /// group; one started before is in what the rank holds.
 pub const MARGIN: u64 = 64;
 
@@ -176,9 +178,10 @@ pub fn plan(lay: &Layout, rooms: &[FdRoom]) -> Result<Plan> {
     let mut tightest = None;
     let mut short = Vec::new();
     for (r, (need, room)) in needs.iter().zip(rooms).enumerate() {
-        let base = room.held + need.at(0);
+        // (saturating: the rooms come from the store, so a wild value must not wrap around)
+        let base = room.held.saturating_add(need.at(0));
         // (a rank with no bandwidth pair needs the same at any count: all of them fit)
-        let fits = if room.limit < base + need.full {
+        let fits = if room.limit < base.saturating_add(need.full) {
             0
         } else {
             (room.limit - base).checked_div(need.full).map_or(n, |k| k.min(n as u64) as usize)
@@ -192,7 +195,7 @@ pub fn plan(lay: &Layout, rooms: &[FdRoom]) -> Result<Plan> {
     }
     if let Some(&r) = short.first() {
         let (need, room) = (needs[r], rooms[r]);
-        let (least, most) = (room.held + need.at(1), room.held + need.at(n));
+        let (least, most) = (room.held.saturating_add(need.at(1)), room.held.saturating_add(need.at(n)));
         let others = match short.len() - 1 {
             0 => String::new(),
             1 => "; 1 other rank is short too".to_string(),
@@ -206,7 +209,7 @@ pub fn plan(lay: &Layout, rooms: &[FdRoom]) -> Result<Plan> {
             room.limit
         )));
     }
-    let totals = needs.iter().zip(rooms).map(|(need, room)| room.held + need.at(streams)).collect();
+    let totals = needs.iter().zip(rooms).map(|(need, room)| room.held.saturating_add(need.at(streams))).collect();
     Ok(Plan { nstreams: streams, tightest, totals })
 }
 
