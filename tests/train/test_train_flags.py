@@ -42,6 +42,8 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--ranks-per-host", "2"], "add --cluster"),
     ([*GPT, "--repeat", "0"], "--repeat must be at least 1"),
     ([*GPT, "--json", "/proc/x.jsonl"], "cannot write"),
+    # vgg16's activations for 1024 images of 224 px are about 60 GiB per rank.
+    (["--model", "vgg16", "--image-size", "224", "--batch-size", "1024", "-N", "2"], "needs at least"),
 ])
 def test_a_bad_flag_is_one_line_exit_2(capsys, args, needle):
     if needle is None:   # accepted: checked only up to the point where ranks would start
@@ -106,3 +108,16 @@ def test_train_records_are_read_by_the_one_reader(tmp_path):
     assert r["lower_limit_us"] == pytest.approx(32768.0) and r["env"]["hosts"] == ["a", "b"]
     write_jsonl(tmp_path / "t.jsonl", [r])
     assert load([tmp_path / "t.jsonl"], ("train",), "test").records == [r]
+
+
+def test_the_memory_floor_grows_with_what_a_rank_keeps():
+    from wirespeed.workloads.train import TrainConfig, rank_bytes
+    from wirespeed.workloads.trainnets import NetSpec, build
+    spec = NetSpec("gpt", 4, layers=2, hidden=64, heads=4, seq_len=32, vocab=256)
+    params = sum(p.numel() * 4 for p in build(spec, "cpu").parameters())
+    sgd = rank_bytes(TrainConfig(spec))
+    # Parameters and gradients of the network and its twin, DDP's buckets twice, rank 0's copies.
+    assert sgd > 9 * params
+    assert rank_bytes(TrainConfig(spec, optimizer="adamw")) == sgd + 4 * params
+    bigger = NetSpec("gpt", 8, layers=2, hidden=64, heads=4, seq_len=32, vocab=256)
+    assert rank_bytes(TrainConfig(bigger)) > sgd      # activations double with the batch

@@ -163,6 +163,7 @@ def main(args, argv) -> int:
         from .rankjob import check_rank_flags
         from .train_runs import run_backends
         check_rank_flags(args)
+        check_memory(cfg, cfg.nproc)
         return run_backends(backends, cfg, args, repeat=_int(args, "--repeat"))
     if len(backends) > 1:
         raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
@@ -172,7 +173,33 @@ def main(args, argv) -> int:
 def _job(args) -> Job:
     _, cfg = config_from_args(args)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch_local, cfg),
-               work=partial(run_as_rank, cfg, args))
+               before_start=partial(_before_start, cfg), work=partial(run_as_rank, cfg, args))
+
+
+def check_memory(cfg, ranks_here: int) -> None:
+    """Refuse, in one line, a run whose ranks on this host cannot fit its memory (train.rank_bytes:
+    a floor; GPUs: one rank's share of its own GPU)."""
+    from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes
+    from ..workloads.train import rank_bytes
+    if cfg.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return   # the backend's own check says so in its words
+    sharers = 1 if cfg.device == "cuda" else ranks_here
+    need = rank_bytes(cfg) * sharers
+    avail = available_bytes(cfg.device)
+    budget = avail * 0.9 - (0 if cfg.device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here)
+    if need > budget:
+        raise UsageError(f"{cfg.spec.describe()} under {cfg.parallel} needs at least "
+                         f"{need / (1 << 30):.1f} GiB for {sharers} rank{'s' if sharers > 1 else ''} "
+                         f"but {max(budget, 0) / (1 << 30):.1f} GiB is available: use fewer ranks "
+                         "(-N), a smaller --batch-size or --image-size, or a smaller network")
+
+
+def _before_start(cfg, info) -> None:
+    import os
+    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":   # under an outer launcher: nobody checked
+        check_memory(cfg, info.local_world_size)
 
 
 def _launch_local(cfg, start) -> int:
@@ -181,6 +208,7 @@ def _launch_local(cfg, start) -> int:
     check_local_ranks(cfg.nproc)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_local_gpus(cfg.nproc, cfg.backend)
+    check_memory(cfg, cfg.nproc)
     return start(cfg.nproc)
 
 

@@ -46,6 +46,38 @@ class TrainConfig:
     whatif_iters: int = 0
 
 
+def rank_bytes(cfg: TrainConfig) -> int:
+    """An estimate of the memory one rank's training takes, from the network built on torch's
+    meta device (nothing allocated): the parameters and gradients of the network and of its
+    compute twin, DDP's buckets (a copy of the gradients, twice), AdamW's two moments (twice),
+    rank 0's copies of the parameters for the comparison (three), and the activations autograd
+    keeps, as the outputs of every leaf module in one forward pass. Buffers inside kernels and
+    the allocator's slack are not counted, so this is a floor: a run it refuses cannot fit."""
+    with torch.device("meta"):
+        net = build(cfg.spec, "meta")
+        params = sum(p.numel() * p.element_size() for p in net.parameters())
+        outputs = [0]
+
+        def count(_m, _i, out):
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    outputs[0] += t.numel() * t.element_size()
+        # An in-place module (ReLU(inplace=True)) writes over its input: nothing new to keep.
+        hooks = [m.register_forward_hook(count) for m in net.modules()
+                 if not list(m.children()) and not getattr(m, "inplace", False)]
+        try:
+            spec = cfg.spec
+            net(torch.zeros(spec.batch_size, spec.seq_len, dtype=torch.long) if spec.model == "gpt"
+                else torch.empty(spec.batch_size, 3, spec.image_size, spec.image_size))
+        except (RuntimeError, NotImplementedError):   # an op without a meta kernel: count none
+            outputs[0] = 0
+        finally:
+            for h in hooks:
+                h.remove()
+    copies = 2 * 2 + (2 if cfg.parallel == "ddp" else 0) + (4 if cfg.optimizer == "adamw" else 0) + 3
+    return params * copies + outputs[0]
+
+
 def fsdp_missing() -> str | None:
     """None when FSDP2 (`fully_shard`) exists in this torch, else why not."""
     import torch.distributed.fsdp as fsdp
