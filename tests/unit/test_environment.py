@@ -2,7 +2,8 @@
 import pytest
 
 from wirespeed.errors import UsageError
-from wirespeed.launch.environment import first_slurm_host, launcher_name, rank_info
+from wirespeed.launch.environment import (expand_slurm_hostlist, first_slurm_host, launcher_name,
+                                          rank_info, slurm_tasks_per_node)
 
 
 def test_torchrun_variables():
@@ -26,6 +27,49 @@ def test_slurm_tasks_per_node_with_repeat_suffix():
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0",
            "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "n1,n2"}
     assert rank_info(env).local_world_size == 4
+
+
+def test_srun_uneven_tasks_per_node_reads_this_nodes_count():
+    # What srun -N 2 -n 4 gave on two 4-CPU nodes of the emulated cluster: 3 tasks, then 1.
+    step = {"SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7",
+            "SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_TASKS_PER_NODE": "3,1",
+            "SLURM_JOB_NODELIST": "wsnet-a-h[0-1]", "SLURM_STEP_NODELIST": "wsnet-a-h[0-1]"}
+    first = rank_info({**step, "SLURM_PROCID": "2", "SLURM_LOCALID": "2", "SLURM_NODEID": "0"})
+    second = rank_info({**step, "SLURM_PROCID": "3", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"})
+    assert (first.local_rank, first.local_world_size) == (2, 3)
+    assert (second.local_rank, second.local_world_size) == (0, 1)
+    assert first.master_addr == second.master_addr == "wsnet-a-h0"
+
+
+def test_srun_step_on_part_of_the_allocation_meets_at_the_steps_first_node():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "1", "SLURM_NODEID": "0",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "node[01-04,07]",
+           "SLURM_STEP_NODELIST": "node[03-04]"}
+    info = rank_info(env)
+    assert (info.master_addr, info.local_world_size) == ("node03", 2)
+
+
+@pytest.mark.parametrize("spec,counts", [("4", [4]), ("2(x3)", [2, 2, 2]), ("3,1", [3, 1]),
+                                         ("2(x2),1", [2, 2, 1])])
+def test_slurm_tasks_per_node(spec, counts):
+    assert slurm_tasks_per_node(spec) == counts
+
+
+@pytest.mark.parametrize("nodelist,hosts", [
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("wsnet-ws-h[0-1]", ["wsnet-ws-h0", "wsnet-ws-h1"]),
+    ("gpu[9-10],cpu1", ["gpu9", "gpu10", "cpu1"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("a.b.c", ["a.b.c"])])
+def test_expand_slurm_hostlist(nodelist, hosts):
+    assert expand_slurm_hostlist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[1-", "node[a-b]", "node[4-2]", "", "node]1["])
+def test_unreadable_slurm_hostlist_says_set_master_addr(bad):
+    with pytest.raises(UsageError, match="MASTER_ADDR") as e:
+        expand_slurm_hostlist(bad)
+    assert "\n" not in str(e.value)
 
 
 def test_open_mpi_single_host_needs_no_master():

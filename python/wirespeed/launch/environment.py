@@ -3,8 +3,8 @@
 One reader for every launcher, so the same command line serves one machine or many:
 - torchrun (and wirespeed's own local spawn): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT;
-- SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE,
-  master = first host of SLURM_JOB_NODELIST, port derived from the job id;
+- SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, this node's entry of SLURM_STEP_TASKS_PER_NODE,
+  master = first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), port derived from the job id;
 - Open MPI mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE;
 - MPICH / Intel MPI (PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
 MASTER_ADDR / MASTER_PORT, when set, win over anything derived. Open MPI tells a rank nothing
@@ -45,15 +45,75 @@ def _int(env, *names, default=None):
     return default
 
 
+def expand_slurm_hostlist(nodelist: str) -> list[str]:
+    """'gpu[03-05,07],cpu1' -> ['gpu03', 'gpu04', 'gpu05', 'gpu07', 'cpu1']: a SLURM node list
+    expanded as `scontrol show hostnames` does (without needing scontrol on the node), including
+    several bracket groups in one name (`rack[1-2]-n[1-2]`) and zero-padded ranges."""
+    text = nodelist.strip()
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):   # split on the commas outside brackets
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            if i > start:
+                names.append(text[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            break
+    if depth != 0 or not names:
+        raise UsageError(f"cannot read the SLURM node list {nodelist!r}: set MASTER_ADDR")
+    hosts = []
+    for name in names:
+        parts = re.split(r"\[([^\]]*)\]", name)   # text, ranges, text, ranges, ..., text
+        expanded = [""]
+        for k, part in enumerate(parts):
+            if k % 2 == 0:
+                expanded = [e + part for e in expanded]
+                continue
+            choices = []
+            for item in part.split(","):
+                lo, _, hi = item.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+                    raise UsageError(f"cannot read {item!r} in the SLURM node list {nodelist!r}: "
+                                     "set MASTER_ADDR")
+                width = len(lo)
+                choices += [str(n).zfill(width) for n in range(int(lo), int(hi or lo) + 1)]
+            expanded = [e + c for e in expanded for c in choices]
+        hosts += expanded
+    return hosts
+
+
 def first_slurm_host(nodelist: str) -> str:
-    """'gpu[03-05,07],cpu1' -> 'gpu03': the first host of a SLURM node list, without scontrol."""
-    m = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not m:
-        raise UsageError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}: set MASTER_ADDR")
-    prefix, ranges = m.group(1), m.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    """'gpu[03-05,07],cpu1' -> 'gpu03': the first host of a SLURM node list."""
+    return expand_slurm_hostlist(nodelist)[0]
+
+
+def slurm_tasks_per_node(spec: str) -> list[int]:
+    """'2(x3),1' -> [2, 2, 2, 1]: SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE, one count per
+    node of the step in node order (srun spreads 4 tasks over 2 nodes of 4 CPUs as '3,1')."""
+    counts = []
+    for item in spec.strip().split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", item)
+        if not m:
+            raise UsageError(f"cannot read the SLURM tasks per node {spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _slurm_local_world(env, world: int) -> int:
+    """This node's task count in the step. SLURM_NTASKS_PER_NODE is what the user asked for
+    (and is missing without --ntasks-per-node); the step's per-node list is what srun did, which
+    differs from node to node when the tasks do not divide evenly."""
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if env.get(name, "").strip():
+            counts = slurm_tasks_per_node(env[name])
+            node = _int(env, "SLURM_NODEID", default=0)
+            if 0 <= node < len(counts):
+                return counts[node]
+            return counts[0]
+    return _int(env, "SLURM_NTASKS_PER_NODE", default=world)
 
 
 def launcher_name(env=None) -> str | None:
@@ -93,7 +153,7 @@ def rank_info(env=None, need_master: bool = True) -> RankInfo | None:
     else:
         rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
         local = _int(env, "SLURM_LOCALID", default=0)
-        local_world = _int(env, "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", default=world)
+        local_world = _slurm_local_world(env, world)
     if world < 1 or not 0 <= rank < world:
         raise UsageError(f"launcher environment ({kind}) gives rank {rank} of world {world}: "
                          "check the launch command")
@@ -102,8 +162,9 @@ def rank_info(env=None, need_master: bool = True) -> RankInfo | None:
     if addr is None:
         if local_world == world:
             addr = "127.0.0.1"  # every rank is on this host
-        elif kind == "srun" and env.get("SLURM_JOB_NODELIST"):
-            addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
+        elif kind == "srun" and (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")):
+            # The step's first node holds task 0 (a step may use only part of the allocation).
+            addr = first_slurm_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
         elif not need_master:
             addr = ""
         elif kind == "mpirun" and own:
