@@ -4,7 +4,10 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMPS := .stamps
-DEB_PACKAGES := openmpi-bin libopenmpi-dev iproute2
+# slurmctld, slurmd, slurm-client and openssh-server are for the tests that run SLURM and ssh across
+# the emulated cluster's hosts (tests/netem); the tests start their own daemons from scratch configs.
+# On a machine with systemd, Debian starts sshd (port 22) and tries the SLURM services on install.
+DEB_PACKAGES := openmpi-bin libopenmpi-dev iproute2 slurmctld slurmd slurm-client openssh-server
 BENCH_ARGS ?=
 
 .PHONY: bench test setup native plugin clean
