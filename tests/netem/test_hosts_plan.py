@@ -65,6 +65,8 @@ def test_launch_dry_run_prints_commands_and_bad_input_is_one_line(capsys, tmp_pa
     assert "WORLD_SIZE=3" in lines[5] and "MASTER_ADDR=10.0.0.1" in lines[5]
     assert "WIRESPEED_JOB_SECRET" not in out and "carry no WIRESPEED_JOB_SECRET" in err  # never a value
     for args, needle in (((), "--hosts FILE is required"), (("--hosts", hosts), "no command"),
-                         (("--hosts", tmp_path / "none", "--", "x"), "cannot read hosts file")):
+                         (("--hosts", tmp_path / "none", "--", "x"), "cannot read hosts file"),
+                         (("--hosts", hosts, "--ssh", "ssh -o 'open", "--", "x"), "cannot be read"),
+                         (("--hosts", hosts, "--ssh", " ", "--", "x"), "--ssh is empty")):
         code, _, err = run_here(capsys, "launch", *args)
         assert code == 2 and err.count("\n") == 1 and needle in err, err

@@ -161,6 +161,18 @@ def _free_port(ns: str, addr: str) -> int:
 
 
 
+def _check_ssh(ssh: str) -> None:
+    """--ssh (or WIRESPEED_SSH) as a command line, said in one line when it is not one."""
+    try:
+        words = shlex.split(ssh)
+    except ValueError as e:
+        raise UsageError(f"--ssh {ssh!r} cannot be read as a command line ({e}): quote it as "
+                         "a shell would, e.g. --ssh 'ssh -i ~/.ssh/key -o Port=2222'") from None
+    if not words:
+        raise UsageError("--ssh is empty: give the command that reaches a host, e.g. "
+                         "--ssh 'ssh -o BatchMode=yes -i ~/.ssh/key'")
+
+
 def main(args, argv) -> int:
     from ..launch.hosts import ranks_per_host, read_hosts
     from ..launch.local import _die_with_parent, supervise
@@ -175,6 +187,8 @@ def main(args, argv) -> int:
     if any(h.netns for h in hosts):
         from ..netem.ns import require_admin
         require_admin("netns: hosts")
+    if any(not h.netns for h in hosts):
+        _check_ssh(args.ssh)
     fast_net = None
     if args.fast_net:
         from ..netplugin import fast_net_env
