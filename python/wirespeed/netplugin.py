@@ -41,7 +41,7 @@ def require() -> Path:
     if p is None:
         if os.environ.get("WIRESPEED_NCCL_PLUGIN"):
             raise UsageError(f"WIRESPEED_NCCL_PLUGIN={os.environ['WIRESPEED_NCCL_PLUGIN']}: no such file")
-        raise UsageError(f"the NCCL plugin is not built ({p} is missing): run `make plugin` "
+        raise UsageError(f"the NCCL plugin is not built ({candidate()} is missing): run `make plugin` "
                          f"(or `make setup`) in {_checkout_root()}")
     return p
 

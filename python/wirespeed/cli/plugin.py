@@ -1,5 +1,8 @@
-"""`wirespeed plugin-path`: the absolute path of the built NCCL network plugin (for NCCL_NET_PLUGIN)."""
+"""`wirespeed plugin-path`: the absolute path of the built NCCL network plugin (for NCCL_NET_PLUGIN);
+`wirespeed plugin-check LOG...`: whether NCCL's own log shows the plugin carried the traffic."""
 from __future__ import annotations
+
+from .common import positive_int
 
 
 def register(sub) -> None:
@@ -9,9 +12,45 @@ def register(sub) -> None:
                        "as NCCL_NET_PLUGIN=$(wirespeed plugin-path) NCCL_NET=wirespeed, or let "
                        "`wirespeed launch --fast-net` / `wirespeed bench --fast-net` set both.")
     p.set_defaults(func=main)
+    c = sub.add_parser("plugin-check", help="check NCCL's log (NCCL_DEBUG=INFO) for proof that the "
+                       "wirespeed plugin carried the traffic between hosts",
+                       description="Read the NCCL_DEBUG=INFO output of a --fast-net run (files, or - "
+                       "for stdin) and exit 0 only if every NCCL process said `Using network "
+                       "wirespeed` and connections went `via NET/wirespeed`; otherwise say what the "
+                       "log shows instead (NCCL falls back to its socket transport silently when a "
+                       "plugin does not load) and exit 1.")
+    c.add_argument("logs", nargs="+", metavar="LOG", help="NCCL log files (NCCL_DEBUG_FILE's, or "
+                   "the ranks' output), - for stdin")
+    c.add_argument("--ranks", type=positive_int("--ranks", 1), default=None,
+                   help="how many NCCL processes the run had (each must have logged its network)")
+    c.set_defaults(func=check)
 
 
 def main(args, argv) -> int:
     from ..netplugin import require
     print(require())
+    return 0
+
+
+def check(args, argv) -> int:
+    import sys
+
+    from ..errors import UsageError
+    from ..nccl_log import fast_net_problem, fast_net_summary
+    texts = []
+    for path in args.logs:
+        if path == "-":
+            texts.append(sys.stdin.read())
+            continue
+        try:
+            with open(path, errors="replace") as f:
+                texts.append(f.read())
+        except OSError as e:
+            raise UsageError(f"cannot read NCCL log {path!r}: {e.strerror}") from None
+    text = "\n".join(texts)
+    problem = fast_net_problem(text, processes=args.ranks)
+    if problem is not None:
+        sys.stderr.write(f"wirespeed plugin-check: FAILED: {problem}\n")
+        return 1
+    print(f"wirespeed plugin-check: ok: {fast_net_summary(text)}")
     return 0

@@ -58,6 +58,8 @@ def register(sub) -> None:
                  help="records and summary go to SAVE_DIR/train-<time>/")
     add(p, "--no-save", action="store_true", help="do not save under --save-dir")
     flags.placement(p, host_per_rank=False)
+    add(p, "--fast-net", action="store_true", help="NCCL's inter-host traffic through the wirespeed "
+        "network plugin (`make plugin` builds it); other backends in the list are unaffected")
     # A single-backend run started by a several-backend one: rank 0 writes the full parameters here.
     p.add_argument("--state-out", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
@@ -158,6 +160,12 @@ def whatif_from_args(args) -> WhatIf:
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
     backends, cfg = config_from_args(args)
+    if args.fast_net:
+        if "nccl" not in backends:
+            raise UsageError(f"--fast-net moves NCCL's traffic through the wirespeed network plugin; "
+                             f"--backend {args.backend} has no nccl: add it")
+        from .bench import _enable_fast_net
+        _enable_fast_net("nccl")   # every rank this process starts inherits it
     if args.state_out is None and rank_info(need_master=False) is None:
         # The user's shell: each backend in processes of its own, then the comparison.
         from .rankjob import check_rank_flags
