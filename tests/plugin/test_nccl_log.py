@@ -90,3 +90,12 @@ def test_plugin_check_bad_input_is_one_line(capsys, tmp_path):
 def test_train_fast_net_needs_nccl_in_the_list(capsys):
     code, _, err = run_here(capsys, "train", "--model", "gpt", "--backend", "gloo", "--fast-net")
     assert code == 2 and "has no nccl" in err and err.count("\n") == 1, err
+
+
+def test_gpu_check_script_parses_and_says_its_usage():
+    import subprocess
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    p = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "usage: benchmarks/gpu_check.sh DIR" in p.stderr
