@@ -51,6 +51,15 @@ def test_ssh_plan_gives_every_rank_torchrun_env():
     assert env["MASTER_PORT"] == "29500" and env["GLOO_SOCKET_IFNAME"] == "eth1"
     assert env["OMPI_MCA_btl_tcp_if_include"] == "eth1" and env["FOO"] == "a b"
     assert remote[-4:] == ["wirespeed", "bench", "-e", "64M"]
+    assert not any(k.startswith("_WIRESPEED") for k in env)
+
+
+def test_ssh_plan_from_an_emulated_host_hands_on_the_link_rates():
+    from wirespeed.cli.launch import plan
+    ranks = plan([HostEntry("wsnet-a-h1", 1)], [1], ["wirespeed", "bench"],
+                 environ={"_WIRESPEED_CLUSTER": "a", "_WIRESPEED_LINK_RATE_BPS": "400000000"})
+    remote = shlex.split(ranks[0].argv[-1])
+    assert "_WIRESPEED_CLUSTER=a" in remote and "_WIRESPEED_LINK_RATE_BPS=400000000" in remote
 
 
 def test_launch_dry_run_prints_commands_and_bad_input_is_one_line(capsys, tmp_path):

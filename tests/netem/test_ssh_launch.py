@@ -138,10 +138,9 @@ def test_launch_over_ssh_across_hosts(sshd, tmp_path, backend):
     hosts = tmp_path / "hosts"
     hosts.write_text("".join(f"{h} slots=2\n" for h in sshd.hosts))
     out = tmp_path / "records.jsonl"
-    # sshd hands a session a fresh environment: -x passes on what the ranks need from here
-    # (PYTHONPATH where the package is not installed, the emulated link's rate for the records).
-    exports = [a for v in ("PYTHONPATH", "_WIRESPEED_CLUSTER", "_WIRESPEED_LINK_RATE_BPS")
-               for a in ("-x", v)]
+    # sshd hands a session a fresh environment: -x passes on PYTHONPATH, where the package is
+    # not installed (the launcher hands on the emulated links' rates itself).
+    exports = ["-x", "PYTHONPATH"] if os.environ.get("PYTHONPATH") else []
     launch = sshd.on("h0", sys.executable, "-m", "wirespeed.cli.main", "launch", "--hosts", hosts,
                      "--ifname", "ws0", "--ssh", sshd.ssh, *exports, "--",
                      sys.executable, "-m", "wirespeed.cli.main", "bench", "--backend", backend,

@@ -19,6 +19,9 @@ from ..errors import UsageError
 from .common import add, positive_int
 
 DEFAULT_PORT = 29500
+# What `wirespeed cluster exec` tells a process about the emulated links (launch/cluster.link_env).
+LINK_VARS = ("_WIRESPEED_CLUSTER", "_WIRESPEED_LINK_RATE_BPS", "_WIRESPEED_FLOW_RATE_BPS",
+             "_WIRESPEED_HOST_RATES_BPS")
 
 
 @dataclass
@@ -140,6 +143,10 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
                 argv = [*ns_info[h.name][2], "env", *pairs, *run]
             else:
                 pairs += [f"{k}={environ[k]}" for k in exports if k in environ]
+                # A launcher on a host of the emulated cluster (`cluster exec`) knows the links'
+                # rates; sshd starts each session with a fresh environment, so hand them on for
+                # the records. Elsewhere these are unset and nothing is added.
+                pairs += [f"{k}={environ[k]}" for k in LINK_VARS if k in environ and k not in exports]
                 raw = []
                 if fast_net:
                     pairs += [f"{k}={fast_net[k]}" for k in ("NCCL_NET_PLUGIN", "NCCL_NET")]
