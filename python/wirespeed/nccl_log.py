@@ -17,7 +17,10 @@ wirespeed, none took another, and at least one connection went via NET/wirespeed
 """
 from __future__ import annotations
 
+import glob
+import os
 import re
+import socket
 from dataclasses import dataclass, field
 
 from .netplugin import NET_NAME
@@ -50,10 +53,13 @@ def read_net_use(text: str) -> NetUse:
     return use
 
 
-def fast_net_problem(text: str, processes: int | None = None, net: str = NET_NAME) -> str | None:
+def fast_net_problem(text: str, processes: int | None = None, net: str = NET_NAME,
+                     need_connection: bool = True) -> str | None:
     """None when the log proves NCCL carried traffic between hosts through the plugin `net`, else
     one line saying what the log shows instead and what to look at. `processes`: how many NCCL
-    processes (ranks) the run had, when known; each must have said which network it took."""
+    processes (ranks) the run had, when known; each must have said which network it took.
+    need_connection=False for one rank's own log: on a host of several GPUs a rank may reach its
+    ring neighbours only over P2P, so a job's connections through `net` are counted over all ranks."""
     use = read_net_use(text)
     if not use.networks:
         return ("NCCL's log has no 'Using network' line: run the ranks with NCCL_DEBUG=INFO (and "
@@ -68,7 +74,7 @@ def fast_net_problem(text: str, processes: int | None = None, net: str = NET_NAM
     if processes is not None and len(use.networks) < processes:
         return (f"only {len(use.networks)} of {processes} NCCL processes logged which network they "
                 "took: give the check every rank's log (NCCL_DEBUG_FILE=dir/nccl.%h.%p.log)")
-    if not use.connections.get(net):
+    if need_connection and not use.connections.get(net):
         elsewhere = ", ".join(f"{n} ({c})" for n, c in sorted(use.connections.items()))
         return (f"NCCL loaded {net} but no connection went through it (no 'via NET/{net}/' line"
                 + (f"; connections via {elsewhere}" if elsewhere else "")
@@ -85,3 +91,48 @@ def fast_net_summary(text: str, net: str = NET_NAME) -> str:
     use = read_net_use(text)
     return (f"NCCL used network {net} in all {len(use.networks)} processes; "
             f"{use.connections.get(net, 0)} connection setups via NET/{net}")
+
+
+# --- bench --fast-net: each rank's NCCL writes its log to a file, which the rank reads afterwards ---
+
+LOG_DIR_VAR = "_WIRESPEED_NCCL_LOG_DIR"   # set: this job's ranks check their NCCL log
+
+
+def debug_env(environ) -> dict:
+    """The variables that make every rank's NCCL log which network it took, to a file of its own
+    (NCCL_DEBUG_FILE expands %h and %p), so the rank can check it after the run. Empty when the
+    user sends NCCL's log somewhere already (NCCL_DEBUG_FILE: check it with `wirespeed
+    plugin-check`), or a launching process set them for this job."""
+    if environ.get(LOG_DIR_VAR) or environ.get("NCCL_DEBUG_FILE"):
+        return {}
+    import tempfile
+    import time
+    d = os.path.join(tempfile.gettempdir(), f"wirespeed-nccl-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    env = {LOG_DIR_VAR: d, "NCCL_DEBUG_FILE": os.path.join(d, "nccl.%h.%p.log")}
+    if environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        env["NCCL_DEBUG"] = "INFO"
+    if not environ.get("NCCL_DEBUG_SUBSYS"):
+        env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    return env
+
+
+def own_log_path(log_dir: str) -> str | None:
+    """This process's NCCL log in `log_dir`: NCCL names it by the host name up to its first dot."""
+    pid = os.getpid()
+    exact = os.path.join(log_dir, f"nccl.{socket.gethostname().split('.')[0]}.{pid}.log")
+    if os.path.exists(exact):
+        return exact
+    found = glob.glob(os.path.join(glob.escape(log_dir), f"nccl.*.{pid}.log"))
+    return found[0] if found else None
+
+
+def own_log_findings(log_dir: str, net: str = NET_NAME) -> tuple[str | None, int]:
+    """(what is wrong with this rank's NCCL log, or None; its connection setups via `net`)."""
+    path = own_log_path(log_dir)
+    if path is None:
+        return (f"NCCL wrote no log for this process in {log_dir} (NCCL_DEBUG_FILE): it never "
+                "started, or the folder is not writable here", 0)
+    with open(path, errors="replace") as f:
+        text = f.read()
+    problem = fast_net_problem(text, processes=1, net=net, need_connection=False)
+    return (f"{problem} (log: {path})" if problem else None), read_net_use(text).connections.get(net, 0)

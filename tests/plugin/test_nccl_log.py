@@ -99,3 +99,84 @@ def test_gpu_check_script_parses_and_says_its_usage():
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     p = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "usage: benchmarks/gpu_check.sh DIR" in p.stderr
+
+
+# --- bench --fast-net: each rank reads its own NCCL log after the run ---
+
+class _TwoRanks:
+    """A backend stand-in: this process is rank 0, the other rank's row is given."""
+
+    def __init__(self, other):
+        self.other = other
+
+    def allgather_floats(self, values):
+        return [list(values), list(self.other)]
+
+
+def _own_log(tmp_path, text):
+    import os
+    import socket
+    (tmp_path / f"nccl.{socket.gethostname().split('.')[0]}.{os.getpid()}.log").write_text(text)
+
+
+@pytest.fixture
+def fast_net(monkeypatch, tmp_path):
+    from wirespeed.nccl_log import LOG_DIR_VAR
+    monkeypatch.setenv(LOG_DIR_VAR, str(tmp_path))
+    monkeypatch.setenv("NCCL_NET", "wirespeed")
+    return tmp_path
+
+
+def _unproven(other):
+    from types import SimpleNamespace
+
+    from wirespeed.cli.bench import _fast_net_unproven
+    return _fast_net_unproven(_TwoRanks(other), SimpleNamespace(rank=0))
+
+
+def test_bench_fast_net_passes_when_every_rank_used_the_plugin(fast_net, capsys):
+    _own_log(fast_net, _rank("n0", 10))
+    assert _unproven([0.0, 4.0]) is False
+    assert "every rank took network wirespeed; 8 connection setups via NET/wirespeed" in capsys.readouterr().out
+
+
+def test_bench_fast_net_fails_on_the_socket_fallback(fast_net, capsys):
+    _own_log(fast_net, _rank("n0", 10, net="Socket", via=("Socket",)))
+    assert _unproven([0.0, 0.0]) is True
+    err = capsys.readouterr().err
+    assert "rank 0: NCCL used network Socket, not wirespeed" in err
+    assert "did not use the wirespeed plugin in rank 0:" in err
+
+
+def test_bench_fast_net_fails_naming_another_rank(fast_net, capsys):
+    _own_log(fast_net, _rank("n0", 10))
+    assert _unproven([1.0, 0.0]) is True
+    assert "in rank 1:" in capsys.readouterr().err
+
+
+def test_bench_fast_net_fails_when_no_rank_crossed_a_host(fast_net, capsys):
+    _own_log(fast_net, _rank("n0", 10, via=("SHM",)))
+    assert _unproven([0.0, 0.0]) is True
+    assert "no connection went through it" in capsys.readouterr().err
+
+
+def test_bench_fast_net_fails_without_a_log(fast_net, capsys):
+    assert _unproven([0.0, 3.0]) is True
+    assert "NCCL wrote no log for this process" in capsys.readouterr().err
+
+
+def test_bench_without_fast_net_checks_nothing(monkeypatch):
+    from wirespeed.nccl_log import LOG_DIR_VAR
+    monkeypatch.delenv(LOG_DIR_VAR, raising=False)
+    assert _unproven([1.0, 0.0]) is False
+
+
+def test_debug_env_leaves_the_users_own_log_settings():
+    from wirespeed.nccl_log import LOG_DIR_VAR, debug_env
+    env = debug_env({})
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert env["NCCL_DEBUG_FILE"] == env[LOG_DIR_VAR] + "/nccl.%h.%p.log"
+    assert "NCCL_DEBUG" not in debug_env({"NCCL_DEBUG": "TRACE"})
+    assert "NCCL_DEBUG_SUBSYS" not in debug_env({"NCCL_DEBUG_SUBSYS": "ALL"})
+    assert debug_env({"NCCL_DEBUG_FILE": "/logs/x.%p"}) == {}      # the user's own file: plugin-check it
+    assert debug_env({LOG_DIR_VAR: "/tmp/x"}) == {}                 # the launching process set them

@@ -103,6 +103,41 @@ def _enable_fast_net(backend: str) -> None:
     if os.environ.get("NCCL_NET_PLUGIN") == env["NCCL_NET_PLUGIN"]:
         env.pop("LD_LIBRARY_PATH")  # set already by the launching process
     os.environ.update(env)
+    # NCCL falls back to its sockets without a word when a plugin does not load: have it log
+    # which network it took, to a file per process, which each rank reads after the run.
+    from ..nccl_log import debug_env
+    os.environ.update(debug_env(os.environ))
+
+
+def _fast_net_unproven(backend, info) -> bool:
+    """With --fast-net, whether NCCL's own logs fail to show that the plugin carried the traffic
+    (docs/plugin.md): every rank's NCCL must have taken network wirespeed, and the job's
+    connections between hosts gone through it. Every rank must call it (one allgather); each
+    rank names its own problem, rank 0 the job's."""
+    from ..nccl_log import LOG_DIR_VAR, NET_NAME, own_log_findings
+    log_dir = os.environ.get(LOG_DIR_VAR)
+    if not log_dir or os.environ.get("NCCL_NET") != NET_NAME:
+        return False
+    problem, conns = own_log_findings(log_dir)
+    rows = backend.allgather_floats([1.0 if problem else 0.0, float(conns)])
+    bad = [r for r, row in enumerate(rows) if row[0]]
+    total = int(sum(row[1] for row in rows))
+    if problem:
+        sys.stderr.write(f"wirespeed: error: --fast-net: rank {info.rank}: {problem}\n")
+    if info.rank == 0:
+        if bad:
+            sys.stderr.write(f"wirespeed: error: --fast-net: NCCL did not use the wirespeed plugin "
+                             f"in rank{'s' if len(bad) > 1 else ''} {','.join(map(str, bad))}: "
+                             "the numbers above are not the plugin's\n")
+        elif total == 0:
+            sys.stderr.write("wirespeed: error: --fast-net: NCCL loaded the wirespeed plugin but no "
+                             f"connection went through it (no 'via NET/{NET_NAME}' in its logs, "
+                             f"{log_dir}): the ranks shared a host, so NCCL used shared memory or "
+                             "P2P; put them on different hosts (--cluster, --host-per-rank)\n")
+        else:
+            print(f"# NCCL's logs ({log_dir}): every rank took network {NET_NAME}; {total} "
+                  f"connection setups via NET/{NET_NAME}")
+    return bool(bad) or total == 0
 
 
 def _validate_for_world(cfg: BenchConfig, world: int) -> None:
@@ -151,6 +186,10 @@ def _before_start(cfg: BenchConfig, info) -> None:
     if cfg.host_per_rank:
         from ..launch.gpus import set_host_per_rank
         set_host_per_rank(info.rank)  # before the backend starts: libraries read it at init
+    from ..nccl_log import LOG_DIR_VAR
+    if cfg.backend == "nccl" and os.environ.get(LOG_DIR_VAR):
+        # Here too: a rank on another machine (ssh, srun) has no folder the launcher made.
+        os.makedirs(os.environ[LOG_DIR_VAR], exist_ok=True)
 
 
 def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
@@ -187,6 +226,8 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
         progress.close()
     if lead:
         _report(cfg, records, run_id)
+    if cfg.backend == "nccl" and _fast_net_unproven(backend, info):
+        return 1
     if total_wrong:
         if lead:
             sys.stderr.write(f"wirespeed: error: {total_wrong} wrong elements: the backend returned "
