@@ -3,8 +3,9 @@
 One reader for every launcher, so the same command line serves one machine or many:
 - torchrun (and wirespeed's own local spawn): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT;
-- SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, this node's entry of SLURM_STEP_TASKS_PER_NODE,
-  master = first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), port derived from the job id;
+- SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, this node's (SLURM_NODEID) entry of
+  SLURM_STEP_TASKS_PER_NODE, master = first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+  port derived from the job id;
 - Open MPI mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE;
 - MPICH / Intel MPI (PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
 MASTER_ADDR / MASTER_PORT, when set, win over anything derived. Open MPI tells a rank nothing
