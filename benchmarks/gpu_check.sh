@@ -21,8 +21,8 @@
 # Every --fast-net run must prove that the plugin carried the traffic: NCCL's own log
 # (NCCL_DEBUG=INFO, one file per process) must say "Using network wirespeed" in every rank and
 # show connections "via NET/wirespeed"; NCCL falls back to its socket transport silently when a
-# plugin does not load, so a fast run alone proves nothing. bench --fast-net checks that itself;
-# both runs are checked here again with `wirespeed plugin-check`.
+# plugin does not load, so a fast run alone proves nothing. bench and train --fast-net check that
+# themselves (exit 1 otherwise); both runs are checked here again with `wirespeed plugin-check`.
 # Where the kernel cannot build the emulated cluster, the NCCL runs fall back to --host-per-rank
 # (two host ids on one network, no caps) and the log says so.
 set -u
@@ -166,8 +166,8 @@ check "bench nccl, socket transport as it comes" 120 "${WS[@]}" bench "${where[@
     --json "$out/bench_socket.jsonl"
 check "bench nccl, socket transport tuned" 120 env NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8 \
     "${WS[@]}" bench "${where[@]}" "${sweep[@]}" --json "$out/bench_tuned.jsonl"
-# bench --fast-net checks NCCL's logs itself (each rank, after the run; exit 1 unless the plugin
-# carried the traffic); TMPDIR puts those logs where plugin-check reads them again.
+# --fast-net runs check NCCL's logs themselves (each rank, after the run; exit 1 unless the
+# plugin carried the traffic); TMPDIR puts those logs where plugin-check reads them again.
 mkdir -p "$work/tmp_bench"
 check "bench nccl --fast-net" 120 env TMPDIR="$work/tmp_bench" \
     "${WS[@]}" bench "${where[@]}" "${sweep[@]}" --fast-net --json "$out/bench_fast.jsonl"
@@ -176,12 +176,11 @@ proof "bench nccl --fast-net" "$(ls -d "$work"/tmp_bench/wirespeed-nccl-* 2>/dev
 train=(--model gpt --backend nccl --device cuda -w 2 -n 10 --no-save --no-scaling)
 if [ ${#train_where[@]} -gt 0 ]; then
     check "train nccl" 100 "${WS[@]}" train "${train_where[@]}" "${train[@]}" --json "$out/train_nccl.jsonl"
-    mkdir -p "$work/nccl_train"
-    check "train nccl --fast-net" 100 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
-        NCCL_DEBUG_FILE="$work/nccl_train/nccl.%h.%p.log" \
+    mkdir -p "$work/tmp_train"
+    check "train nccl --fast-net" 100 env TMPDIR="$work/tmp_train" \
         "${WS[@]}" train "${train_where[@]}" "${train[@]}" --fast-net \
         --json "$out/train_fast.jsonl"
-    proof "train nccl --fast-net" "$work/nccl_train"
+    proof "train nccl --fast-net" "$(ls -d "$work"/tmp_train/wirespeed-nccl-* 2>/dev/null | head -1)"
 else
     record "train nccl, plain and --fast-net" "SKIP (no emulated cluster)"
 fi

@@ -105,8 +105,12 @@ def _enable_fast_net(backend: str) -> None:
     os.environ.update(env)
     # NCCL falls back to its sockets without a word when a plugin does not load: have it log
     # which network it took, to a file per process, which each rank reads after the run.
-    from ..nccl_log import debug_env
+    from ..nccl_log import LOG_DIR_VAR, debug_env
     os.environ.update(debug_env(os.environ))
+    if os.environ.get(LOG_DIR_VAR):
+        # NCCL writes to stdout instead where the folder is missing; ranks on other machines make
+        # it again before their backend starts (_before_start).
+        os.makedirs(os.environ[LOG_DIR_VAR], exist_ok=True)
 
 
 def _fast_net_unproven(backend, info) -> bool:
@@ -116,8 +120,8 @@ def _fast_net_unproven(backend, info) -> bool:
     rank names its own problem, rank 0 the job's."""
     from ..nccl_log import LOG_DIR_VAR, NET_NAME, own_log_findings
     log_dir = os.environ.get(LOG_DIR_VAR)
-    if not log_dir or os.environ.get("NCCL_NET") != NET_NAME:
-        return False
+    if not log_dir or os.environ.get("NCCL_NET") != NET_NAME or info.world_size < 2:
+        return False   # not --fast-net, or one rank alone (train's scaling run): nothing to carry
     problem, conns = own_log_findings(log_dir)
     rows = backend.allgather_floats([1.0 if problem else 0.0, float(conns)])
     bad = [r for r, row in enumerate(rows) if row[0]]

@@ -262,6 +262,10 @@ def run_as_rank(cfg, args, info, backend, device) -> int:
             import torch
             torch.save(out["params"], state_out)
         sys.stdout.flush()
+    if cfg.backend == "nccl":
+        from .bench import _fast_net_unproven   # --fast-net: NCCL's logs must show the plugin
+        if _fast_net_unproven(backend, info):
+            return 1
     return 0
 
 
