@@ -191,5 +191,5 @@ check "tune nccl (socket knobs)" 150 "${WS[@]}" tune "${where[@]}" --backend ncc
 
 say "summary"
 for r in "${RESULTS[@]}"; do echo "  $r"; done
-echo "log: $log; records: $out/*.jsonl; NCCL logs: $work/nccl_*/"
+echo "log: $log; records: $out/*.jsonl; NCCL logs: $work/tmp_*/wirespeed-nccl-*/"
 exit $FAILED
