@@ -12,8 +12,11 @@ BENCH_ARGS ?=
 
 .PHONY: bench test setup native plugin clean
 
+# The main job answers "how fast is each backend here?": every backend this machine has (gloo,
+# wirespeed, mpi; nccl on GPUs) side by side, each in its own processes, with the summary of who
+# wins where and the plots. `wirespeed bench --backend X` measures one.
 bench: setup
-	$(VENV)/bin/wirespeed bench $(BENCH_ARGS)
+	$(VENV)/bin/wirespeed compare --nprocs 2 --dtypes float32 $(BENCH_ARGS)
 
 test: setup
 	cargo test --workspace --quiet
