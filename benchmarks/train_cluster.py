@@ -5,6 +5,8 @@ issue 28's done-when.
     sudo .venv/bin/python benchmarks/train_cluster.py --parallel fsdp
     sudo .venv/bin/python benchmarks/train_cluster.py --flow-rate none      # the uncapped link
     sudo .venv/bin/python benchmarks/train_cluster.py --what-if             # 2 hosts fit, 4 measured
+    sudo .venv/bin/python benchmarks/train_cluster.py --what-if --batch-size 1 \
+        --train-args "--model gpt --layers 4 --hidden 512 --seq-len 16"      # a network-bound step
 
 Builds a cluster (2 hosts at 2 Gbit/s with 250 Mbit/s per TCP flow by default, as cloud networks
 cap flows), runs `wirespeed train --cluster ... --backend gloo,wirespeed --repeat R` (one rank per
@@ -32,7 +34,8 @@ def train(args, world: int, backends: str, extra: list[str]) -> list[dict]:
         cmd = [sys.executable, "-m", "wirespeed.cli.main", "train", "--model", args.model,
                "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
                "--parallel", args.parallel, "--cluster", NAME, "-N", str(world), "--backend", backends,
-               "-w", "2", "-n", str(args.steps), "-T", "300", "--no-save", "--json", f.name, *extra]
+               "-w", "2", "-n", str(args.steps), "-T", "300", "--no-save", "--json", f.name,
+               *args.train_args.split(), *extra]
         print("$ wirespeed " + " ".join(cmd[3:]), flush=True)
         p = subprocess.run(cmd, text=True)
         if p.returncode != 0:
@@ -51,6 +54,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--what-if", action="store_true")
+    ap.add_argument("--train-args", default="", help="more `wirespeed train` flags, e.g. "
+                    "'--model gpt --layers 4 --hidden 512 --seq-len 16'")
     args = ap.parse_args()
     if args.what_if:
         return what_if(args)
