@@ -88,7 +88,9 @@ def what_if(args) -> int:
             rows.append((backend, pred["step_us"], four["step_us"]))
     finally:
         C.down(NAME)
-    print(f"\n# {args.model}, {args.parallel}: fitted on 2 hosts at 1 Gbit/s, the step on 4")
+    net = args.train_args or f"{args.model} {args.image_size} px"
+    print(f"\n# {net}, batch {args.batch_size}, {args.parallel}: fitted on 2 hosts at 1 Gbit/s, "
+          "the step on 4")
     for backend, p, m in rows:
         print(f"{backend:<10} predicted {p / 1e3:8.1f} ms  measured {m / 1e3:8.1f} ms  "
               f"error {(p - m) / m:+.1%}")
