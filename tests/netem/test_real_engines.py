@@ -10,7 +10,9 @@ file and /dev/shm; the machine's /sys), exactly as docs/cluster.md's "Real engin
 
 Through each: `wirespeed bench` with gloo and with wirespeed's own backend, 2 hosts x 2 ranks,
 checked (0 wrong), its records naming 4 ranks on two distinct hosts; and a rank SIGKILLed
-mid-collective ends the whole job within the ranks' timeout.
+mid-collective ends the whole job within the ranks' timeout. Then `wirespeed links` under
+torchrun names a slowed host, and `wirespeed model` runs under mpirun (SLURM and ssh have files
+of their own: test_slurm.py, test_ssh_launch.py).
 """
 from __future__ import annotations
 
@@ -67,17 +69,26 @@ def _bench_args(backend: str, *extra) -> list[str]:
 
 
 def _torchrun(name: str, port: int, host: str, backend: str, *extra) -> list[str]:
+    return _torchrun_running(name, port, host, 2, 2, _bench_args(backend, *extra))
+
+
+def _torchrun_running(name: str, port: int, host: str, nnodes: int, nproc: int, wargs) -> list[str]:
+    """torchrun's agent on `host`, running `wirespeed WARGS` in `nproc` workers."""
     from wirespeed.netem import cluster as C
     # h0's host name as the endpoint, as on a real cluster: it resolves on every host.
-    return _exec(name, host, sys.executable, "-m", "torch.distributed.run", "--nnodes", 2,
-                 "--nproc-per-node", 2, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+    return _exec(name, host, sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes,
+                 "--nproc-per-node", nproc, "--rdzv-backend", "c10d", "--rdzv-endpoint",
                  f"{C.host_ns(name, 0)}:{port}", "--rdzv-id", f"ws{port}", "--max-restarts", 0,
-                 "-m", "wirespeed.cli.main", *_bench_args(backend, *extra))
+                 "-m", "wirespeed.cli.main", *map(str, wargs))
 
 
 def _mpirun(name: str, hostfile, port: int | None, backend: str, *extra) -> list[str]:
-    """mpirun on h0 over the hosts file; port None exports no MASTER_ADDR/PORT (the ranks then
-    ask MPI where rank 0 runs)."""
+    return _mpirun_running(name, hostfile, port, _bench_args(backend, *extra))
+
+
+def _mpirun_running(name: str, hostfile, port: int | None, wargs) -> list[str]:
+    """mpirun on h0 over the hosts file, 4 ranks running `wirespeed WARGS`; port None exports no
+    MASTER_ADDR/PORT (the ranks then ask MPI where rank 0 runs)."""
     from wirespeed.netem import cluster as C
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     master = [] if port is None else ["-x", f"MASTER_ADDR={C.host_ns(name, 0)}",
@@ -87,7 +98,7 @@ def _mpirun(name: str, hostfile, port: int | None, backend: str, *extra) -> list
                  "--mca", "oob_tcp_if_include", "ws0", "--mca", "btl_tcp_if_include", "ws0",
                  *[a for v in ("PATH", "PYTHONPATH", "OMP_NUM_THREADS") if v in _env()
                    for a in ("-x", v)],
-                 *master, sys.executable, "-m", "wirespeed.cli.main", *_bench_args(backend, *extra))
+                 *master, sys.executable, "-m", "wirespeed.cli.main", *map(str, wargs))
 
 
 def _port(name: str) -> int:
@@ -334,3 +345,47 @@ def test_killed_rank_ends_the_job_within_the_timeout(capsys, cluster_name, tmp_p
     for named in re.findall(rf"peer rank (\d+) \(pid {victims[-1]}\) died", text):
         assert int(named) == victim_rank, text[-4000:]
     assert _gone(cluster_name, 15) == {}, "a rank or daemon outlived the job"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STARTUP + 180)
+def test_links_under_torchrun_names_the_slowed_host(cluster_name, tmp_path):
+    """`wirespeed links` across 3 hosts, one torchrun agent and one rank on each, h2's link at a
+    fifth of the others': the verdict names h2 and only it."""
+    if (why := _why_not("torchrun")) is not None:
+        pytest.skip(why)
+    from wirespeed.netem import cluster as C
+    C.up(3, RATE, name=cluster_name, measure=False, host_rates={2: RATE // 5})
+    port = _port(cluster_name)
+    wargs = ["links", "--backend", "wirespeed", "--size", "2M", "-n", 2, "--lat-iters", 5,
+             "--timeout", RANK_TIMEOUT, "--no-save"]
+    job = Job(tmp_path, [_torchrun_running(cluster_name, port, h, 3, 1, wargs)
+                         for h in ("h0", "h1", "h2")])
+    codes = job.wait(STARTUP + 120)
+    assert codes == [0, 0, 0], job.text()[-4000:]
+    verdict = [line for line in job.text().splitlines() if line.startswith("slow: ")]
+    assert len(verdict) == 1 and "h2" in verdict[0] and "h0" not in verdict[0] \
+        and "h1" not in verdict[0], job.text()[-3000:]
+    assert netns_processes(cluster_name) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STARTUP + 180)
+def test_model_under_mpirun_across_hosts(capsys, cluster_name, tmp_path):
+    """`wirespeed model` (resnet18's gradients, DDP's buckets) on 2 hosts x 2 ranks under mpirun:
+    checked against the exact reference, one record per strategy, 4 ranks."""
+    if (why := _why_not("mpirun")) is not None:
+        pytest.skip(why)
+    from wirespeed.netem import cluster as C
+    C.up(2, RATE, name=cluster_name, measure=False)
+    out = tmp_path / "model.jsonl"
+    wargs = ["model", "--model", "resnet18", "--backend", "wirespeed", "-n", 2, "-w", 1,
+             "--timeout", RANK_TIMEOUT, "--json", out]
+    job = Job(tmp_path, [_mpirun_running(cluster_name, _hostfile(capsys, cluster_name, tmp_path),
+                                         _port(cluster_name), wargs)])
+    codes = job.wait(STARTUP + 120)
+    assert codes == [0], job.text()[-4000:]
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert records and all(r["world_size"] == 4 and r["backend"] == "wirespeed" for r in records)
+    assert all(r.get("wrong", 0) == 0 for r in records), records
+    assert netns_processes(cluster_name) == {}
