@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from ..errors import UsageError
@@ -131,11 +132,12 @@ def config_from_args(args) -> tuple[list[str], "object"]:
 WHATIF_ITERS = 5
 
 
+@dataclass
 class WhatIf:
     """The what-if flags, parsed: host counts, link rates (bit/s), the measured link's rate."""
-
-    def __init__(self, hosts: list[int], rates: list[int], measured_bps: int | None):
-        self.hosts, self.rates, self.measured_bps = hosts, rates, measured_bps
+    hosts: list[int]
+    rates: list[int]
+    measured_bps: int | None
 
 
 def whatif_from_args(args) -> WhatIf:
