@@ -14,12 +14,25 @@ a silent first-come, where the job would compute with whichever process answered
 claiming again (destroy_process_group, then init on the same store) is a new round, not a duplicate,
 and torchrun's restarts count as rounds of their own (TORCHELASTIC_RESTART_COUNT), since its store
 outlives the workers. The checks cost each rank O(1) store requests, whatever the world size.
+
+What each rank reads. Every rank needs every rank's host id and room (the layout and the stream
+count are computed alike everywhere from all of them), fetched in one request (`multi_get`, where
+the store has it). Of the (pid, memfd, address) records it needs only its own host's (to map their
+segments) and those of the ranks on other hosts that it dials, the higher-numbered ones (a lower
+rank dials a higher one, hosts/mesh.rs); the ranks that dial it bring their key with them. So a
+rank reads world + (its host's ranks) + (higher remote ranks) keys in a handful of requests, and a
+job about 1.5 x world^2 keys instead of 2 x world^2. The host ids stay O(world) per rank: the
+layout needs them all.
+
+The store's load is counted (`StoreCounter`): the keys this rank wrote and read and its requests,
+for the last setup in this process in `last_setup()`, and on stderr with WIRESPEED_SETUP_STATS=1.
 """
 from __future__ import annotations
 
 import datetime
 import os
 import socket
+import sys
 import time
 
 from .. import _native
@@ -67,6 +80,87 @@ def _check_claims(store, rank: int, n: int) -> None:
             _claimed_twice(store, rank, _me(), other)
 
 
+class StoreCounter:
+    """The store, counted: every request this rank's setup makes passes through here.
+
+    `requests` counts calls into the store client (a `multi_get` of many keys is one); torch's
+    TCPStore answers a `get` or `multi_get` with a wait and a fetch on the wire, a `set` or `add`
+    with one exchange. Anything not counted here is passed through as it is."""
+
+    def __init__(self, store):
+        self._store = store
+        self.written = 0
+        self.read = 0
+        self.requests = 0
+        self.bytes_read = 0
+
+    def set(self, key, value):
+        self.written += 1
+        self.requests += 1
+        return self._store.set(key, value)
+
+    def get(self, key):
+        self.read += 1
+        self.requests += 1
+        v = self._store.get(key)
+        self.bytes_read += len(v)
+        return v
+
+    def get_many(self, keys: list[str]) -> list[bytes]:
+        """The values of `keys` (waiting for each), in one request where the store can."""
+        if not keys:
+            return []
+        many = getattr(self._store, "multi_get", None)
+        if many is not None:
+            try:
+                vals = many(keys)
+            except NotImplementedError:  # a store written in Python that lacks it
+                vals = None
+            if vals is not None:
+                self.read += len(keys)
+                self.requests += 1
+                self.bytes_read += sum(len(v) for v in vals)
+                return vals
+        return [self.get(k) for k in keys]
+
+    def add(self, key, amount):
+        # add(key, 0) is a read of a counter; any other amount a write
+        if amount:
+            self.written += 1
+        else:
+            self.read += 1
+        self.requests += 1
+        return self._store.add(key, amount)
+
+    def check(self, keys):
+        self.read += len(keys)
+        self.requests += 1
+        return self._store.check(keys)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def counts(self) -> dict:
+        return {"keys_written": self.written, "keys_read": self.read, "requests": self.requests,
+                "bytes_read": self.bytes_read}
+
+
+_LAST: dict = {}
+
+
+def last_setup() -> dict:
+    """What the last rendezvous of this process cost: rank, world, the store's keys written and
+    read, requests and bytes read, the records it read, and its seconds (empty before any)."""
+    return dict(_LAST)
+
+
+def needed_records(rank: int, hosts: list[str]) -> list[int]:
+    """The ranks whose (pid, memfd, address) record `rank` reads: its host's (segments to map)
+    and the higher-numbered ranks of other hosts (it dials them; lower ones dial it)."""
+    mine = hosts[rank]
+    return [r for r in range(len(hosts)) if r != rank and (hosts[r] == mine or r > rank)]
+
+
 def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
     """Until the counter `key` (at `seen` when last read) reaches `want`, or `most_s` passed."""
     end = time.monotonic() + most_s
@@ -80,6 +174,8 @@ def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
 
 def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     """A connected native group for `rank` of `size`, met through `store`."""
+    t0 = time.monotonic()
+    store = StoreCounter(store)
     n = _claim(store, rank)
     # This round's keys: a re-init on the same store must not read the last round's token or
     # addresses (every rank of a re-initialising job is at the same claim number).
@@ -91,7 +187,8 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     # comma): every rank hands all of them to the core, which picks the same TCP stream count on
     # every rank from them, or fails every rank alike when some rank's limit is too low.
     store.set(f"{at}/host/{rank}", f"{_native.fd_room()},{_native.host_id()}")
-    rooms, hosts = zip(*(store.get(f"{at}/host/{r}").decode().split(",", 1) for r in range(size)))
+    got = store.get_many([f"{at}/host/{r}" for r in range(size)])
+    rooms, hosts = zip(*(v.decode().split(",", 1) for v in got))
     read = store.add(f"{at}/rooms-read", 1)
     try:
         group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms))
@@ -106,11 +203,25 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
         raise
     pid, fd, host, addr = group.info()
     store.set(f"{at}/rank/{rank}", f"{pid},{fd},{addr},{host}")
-    infos = []
-    for r in range(size):
-        p, f, a, h = store.get(f"{at}/rank/{r}").decode().split(",", 3)
-        infos.append((int(p), int(f), h, a))
+    # Only the records this rank connects with (needed_records); the core reads no other entry
+    # (a host's own ranks' segments, the addresses of the ranks it dials), so the rest stand in
+    # as empty records of their host.
+    want = needed_records(rank, list(hosts))
+    infos = [(0, -1, hosts[r], "") for r in range(size)]
+    infos[rank] = (pid, fd, host, addr)
+    for r, v in zip(want, store.get_many([f"{at}/rank/{r}" for r in want])):
+        p, f, a, h = v.decode().split(",", 3)
+        infos[r] = (int(p), int(f), h, a)
     _check_claims(store, rank, n)
     group.connect(infos)
     _check_claims(store, rank, n)
+    _LAST.clear()
+    _LAST.update(rank=rank, world=size, records_read=len(want), seconds=time.monotonic() - t0,
+                 **store.counts())
+    if os.environ.get("WIRESPEED_SETUP_STATS") == "1":
+        c = _LAST
+        print(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
+              f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "
+              f"records), {c['requests']} requests, {c['bytes_read']} bytes read",
+              file=sys.stderr, flush=True)
     return group
