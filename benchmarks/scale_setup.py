@@ -1,0 +1,332 @@
+"""What a wirespeed group costs each rank at setup, on 2 to 16 emulated hosts, and a model of it.
+
+    sudo .venv/bin/python benchmarks/scale_setup.py                       # 2,4,8,16 hosts x 1,2 ranks
+    sudo .venv/bin/python benchmarks/scale_setup.py --hosts 2,4 --per-host 2 --json out.jsonl
+
+One emulated cluster (`--name`, default `scl`) of the largest host count is built, used for every
+case (a case of H hosts runs on its first H) and torn down at the end, also on an error or ^C.
+Each case starts H x K rank processes (blocked: ranks 0..K-1 on h0, ...). Every rank imports torch,
+says it is ready and waits for the go (a file holding the launcher's monotonic clock, which every
+namespace shares), so imports on 2 cores do not count as setup. Then per rank:
+- setup: from init_process_group("wirespeed") to its first all_reduce done (1,024 floats, checked);
+  `job` is the go to the last rank's first collective;
+- sockets: its /proc/self/fd entries that are sockets, sorted through the namespace's
+  /proc/net/tcp{,6} into the store's (to or from MASTER_PORT), its listener and its TCP streams;
+- threads (/proc/self/status Threads) and memory (VmRSS, VmHWM), each also before init, so that
+  the group's own share is the difference;
+- the store's load as wirespeed's rendezvous counted it (rendezvous.last_setup()).
+The streams are compared with `Layout::pair_streams`' count (wirespeed.scalemodel) rank by rank:
+any difference is printed as a failure. Then lines are fitted to the rest and the model's error on
+the measured points and its figures at 64, 256 and 1,024 hosts x 8 ranks are printed.
+
+The machine this was written on has 2 cores shared with other people's jobs; 32 rank processes on
+it measure the scheduler as much as wirespeed. Times are noisy: run it twice and give ranges.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+NSTREAMS = 12
+
+
+# ---------------------------------------------------------------------------------------------
+# the rank
+
+
+def _status() -> dict:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("Threads", "VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0])  # kB for the memory lines
+    return out
+
+
+def _tcp_table() -> dict[int, tuple[int, int, str]]:
+    """inode -> (local port, remote port, state) for this network namespace's TCP sockets."""
+    out = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    p = line.split()
+                    lport = int(p[1].rsplit(":", 1)[1], 16)
+                    rport = int(p[2].rsplit(":", 1)[1], 16)
+                    out[int(p[9])] = (lport, rport, p[3])
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def count_sockets(store_port: int) -> dict:
+    """This process's sockets by kind: store, listen (its own listeners but the store's), streams
+    (established TCP that is not the store's), other (unix, or not in the TCP table)."""
+    table = _tcp_table()
+    kinds = {"store": 0, "listen": 0, "streams": 0, "other": 0, "all": 0}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if not link.startswith("socket:["):
+            continue
+        kinds["all"] += 1
+        t = table.get(int(link[8:-1]))
+        if t is None:
+            kinds["other"] += 1
+        elif store_port in (t[0], t[1]):
+            kinds["store"] += 1
+        elif t[2] == "0A":  # LISTEN
+            kinds["listen"] += 1
+        else:
+            kinds["streams"] += 1
+    return kinds
+
+
+def sockstat() -> dict:
+    """The namespace's TCP sockets in use (and the kernel's TCP buffer pages, machine-wide: the
+    count is per namespace, the memory is not, so it is kept for the record only)."""
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            if line.startswith("TCP:"):
+                v = line.split()[1:]
+                d = dict(zip(v[::2], map(int, v[1::2])))
+                return {"inuse": d.get("inuse", 0), "mem_pages": d.get("mem", 0)}
+    return {}
+
+
+def worker(outdir: str) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import wirespeed.native  # noqa: F401 (registers the backend)
+    from wirespeed.native import rendezvous
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    port = int(os.environ["MASTER_PORT"])
+    before = _status()
+    socks_before = count_sockets(port)["all"]
+    open(os.path.join(outdir, f"ready{rank}"), "w").close()
+    go = os.path.join(outdir, "go")
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    with open(go) as f:
+        t_go = float(f.read())
+    t0 = time.monotonic()
+    dist.init_process_group("wirespeed", timeout=datetime.timedelta(seconds=float(os.environ["SCALE_TIMEOUT"])))
+    t_init = time.monotonic()
+    t = torch.full((1024,), float(rank + 1))
+    dist.all_reduce(t)
+    t1 = time.monotonic()
+    ok = bool((t == world * (world + 1) / 2).all())
+    rec = {"rank": rank, "world": world, "host": os.environ["_WIRESPEED_CLUSTER_HOST"], "ok": ok,
+           "setup_s": t1 - t0, "init_s": t_init - t0, "wake_s": t0 - t_go, "done_at": t1 - t_go,
+           "threads_before": before["Threads"], "rss_before_kb": before["VmRSS"],
+           "sockets_before": socks_before, "sockets": count_sockets(port), **_status(),
+           "sockstat": sockstat(),
+           "store": rendezvous.last_setup()}
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(rec, f)
+    dist.barrier()  # nobody leaves (rank 0 serves the store) before all have counted
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the launcher
+
+
+def run_case(cluster, hosts: int, per_host: int, timeout_s: float) -> list[dict]:
+    from wirespeed.launch.cluster import free_port_in, rank_envs
+    from wirespeed.launch.local import _die_with_parent
+    from wirespeed.netem import cluster as C
+    from wirespeed.scalemodel import blocked
+
+    hosts_of = blocked(hosts, per_host)
+    world = len(hosts_of)
+    port = free_port_in(cluster.hosts[0].netns, cluster.hosts[0].addr)
+    outdir = tempfile.mkdtemp(prefix="scale-")
+    pypath = os.path.join(HERE, "..", "python")
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pypath, os.environ.get("PYTHONPATH")])),
+                SCALE_TIMEOUT=str(timeout_s), WIRESPEED_NSTREAMS=str(NSTREAMS))
+    envs = rank_envs(cluster, hosts_of, port, base)
+    procs = [subprocess.Popen([*C.exec_prefix(cluster.hosts[h].netns), sys.executable, os.path.abspath(__file__),
+                               "--worker", outdir], env=env, preexec_fn=_die_with_parent,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for h, env in zip(hosts_of, envs)]
+    deadline = time.monotonic() + timeout_s + 120  # imports of 32 torch processes on 2 cores
+    try:
+        while sum(os.path.exists(os.path.join(outdir, f"ready{r}")) for r in range(world)) < world:
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                raise RuntimeError(f"{hosts}x{per_host}: ranks did not get ready")
+            time.sleep(0.05)
+        with open(os.path.join(outdir, "go.tmp"), "w") as f:
+            f.write(repr(time.monotonic()))
+        os.replace(os.path.join(outdir, "go.tmp"), os.path.join(outdir, "go"))
+        end = time.monotonic() + timeout_s + 30
+        for p in procs:
+            try:
+                p.wait(timeout=max(1.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{hosts}x{per_host}: a rank did not finish in time") from None
+        bad = [(r, p.returncode, p.stderr.read()[-800:]) for r, p in enumerate(procs) if p.returncode != 0]
+        if bad:
+            raise RuntimeError(f"{hosts}x{per_host}: ranks failed: {bad[:2]}")
+        return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(world)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        subprocess.run(["rm", "-rf", outdir])
+
+
+def _median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def summarize(cases: dict) -> None:
+    """The per-case table, the socket check and the fitted model with its figures."""
+    from wirespeed.scalemodel import (blocked, fit_line, job_store_reads, store_load, tcp_sockets,
+                                      tcp_sockets_blocked)
+
+    print("\n# per case: min-median-max over ranks; rdv: wirespeed's own rendezvous (median); store(r0): rank 0's store sockets (it serves the store), store: another rank's; +grp: added by init; wr, req: the most of any rank; tcp/host: TCP sockets in use in a host's namespace (sockstat, the most of any host)")
+    print(f"{'hosts':>5} {'xK':>3} {'ranks':>5} | {'setup s':>17} {'rdv s':>5} {'job s':>6} | {'streams':>11} {'listen':>6}"
+          f" {'store(r0)':>9} {'store':>5} | {'threads':>9} {'+grp':>5} | {'RSS MB':>11} {'+grp MB':>8}"
+          f" {'HWM MB':>6} | {'keys rd':>11} {'wr':>3} {'req':>5} | {'job rd':>7} {'tcp/host':>8}")
+    mismatches = []
+    for (h, k), recs in sorted(cases.items()):
+        lay = blocked(h, k)
+        for r in recs:
+            want = tcp_sockets(lay, r["rank"], NSTREAMS)
+            if r["sockets"]["streams"] != want:
+                mismatches.append((h, k, r["rank"], r["sockets"]["streams"], want))
+            sl = store_load(lay, r["rank"])
+            if (r["store"]["keys_read"], r["store"]["keys_written"], r["store"]["requests"]) != (sl.read, sl.written, sl.requests):
+                mismatches.append((h, k, r["rank"], "store", r["store"], sl))
+
+        def rng(key, f=lambda x: x, fmt="{:.0f}"):
+            v = [f(r) if callable(key) else f(r[key]) for r in recs] if not callable(key) else [key(r) for r in recs]
+            return "-".join(fmt.format(x) for x in (min(v), _median(v), max(v)))
+        rest = [r for r in recs if r["rank"] != 0]
+        print(f"{h:>5} {k:>3} {h * k:>5} | {rng('setup_s', fmt='{:.2f}'):>17} {_median([r['store']['seconds'] for r in recs]):>5.2f} {max(r['done_at'] for r in recs):>6.2f}"
+              f" | {rng(lambda r: r['sockets']['streams']):>11} {rng(lambda r: r['sockets']['listen']).split('-')[1]:>6}"
+              f" {recs[0]['sockets']['store']:>9} {_median([r['sockets']['store'] for r in rest]) if rest else 0:>5}"
+              f" | {rng('Threads'):>9} {_median([r['Threads'] - r['threads_before'] for r in recs]):>5}"
+              f" | {rng('VmRSS', lambda x: x / 1024):>11} {_median([(r['VmRSS'] - r['rss_before_kb']) / 1024 for r in recs]):>8.1f}"
+              f" {max(r['VmHWM'] for r in recs) / 1024:>6.0f}"
+              f" | {rng(lambda r: r['store']['keys_read']):>11} {max(r['store']['keys_written'] for r in recs):>3}"
+              f" {max(r['store']['requests'] for r in recs):>5} | {sum(r['store']['keys_read'] for r in recs):>7} {max(r['sockstat']['inuse'] for r in recs):>8}")
+        assert sum(r["store"]["keys_read"] for r in recs) == job_store_reads(h, k)
+    print(f"\n# streams per rank against Layout::pair_streams ({NSTREAMS} streams), store keys against "
+          f"rendezvous.py's requests: {'all equal' if not mismatches else 'DIFFER: ' + repr(mismatches[:6])}")
+    if not all(r["ok"] for recs in cases.values() for r in recs):
+        print("# WRONG: some rank's all_reduce was wrong")
+
+    allr = [(h, k, r) for (h, k), recs in cases.items() for r in recs]
+    # threads the group adds: a constant, or per remote rank?
+    xs = [h * k - k for h, k, _ in allr]
+    thr = [r["Threads"] - r["threads_before"] for _, _, r in allr]
+    ta, tb = fit_line(xs, thr)
+    # memory the group adds, against its TCP sockets
+    socks = [r["sockets"]["streams"] for _, _, r in allr]
+    mem = [(r["VmRSS"] - r["rss_before_kb"]) / 1024 for _, _, r in allr]
+    ma, mb = fit_line(socks, mem)
+    # setup: the median rank per case, against ranks in the job and against hosts
+    keys = sorted(cases)
+    med = [_median([r["setup_s"] for r in cases[c]]) for c in keys]
+    sa_w, sb_w = fit_line([h * k for h, k in keys], med)
+    sa_h, sb_h = fit_line([h for h, k in keys], med)
+
+    def rms_rel(pred, meas):
+        return (sum(((p - m) / m) ** 2 for p, m in zip(pred, meas)) / len(meas)) ** 0.5
+
+    e_w = rms_rel([sa_w + sb_w * h * k for h, k in keys], med)
+    e_h = rms_rel([sa_h + sb_h * h for h, k in keys], med)
+    print("\n# model (fitted on the points above)")
+    print(f"threads added by the group = {ta:.2f} + {tb:.4f} x remote ranks   (measured {min(thr)}..{max(thr)})")
+    print(f"RSS added by the group, MB = {ma:.2f} + {mb * 1024:.1f} KB x TCP sockets   "
+          f"(max abs error {max(abs(ma + mb * s - m) for s, m in zip(socks, mem)):.1f} MB)")
+    print(f"setup s (median rank) = {sa_w:.3f} + {sb_w:.4f} x ranks: rms relative error {e_w:.0%}; "
+          f"= {sa_h:.3f} + {sb_h:.4f} x hosts: {e_h:.0%}")
+    for c, m in zip(keys, med):
+        print(f"   {c[0]:>2}x{c[1]}: measured {m:.2f} s, model {sa_w + sb_w * c[0] * c[1]:.2f} s")
+    per_key = _median([r["store"]["bytes_read"] / r["store"]["keys_read"] for _, _, r in allr])
+    print(f"store: {per_key:.0f} bytes per key read (median); keys exact (wirespeed.scalemodel.store_load)")
+
+    print(f"\n# at scale, {NSTREAMS} streams, blocked layout, 8 ranks per host")
+    print(f"{'hosts':>6} {'ranks':>6} | {'streams/rank':>12} {'fds/rank':>8} | {'threads+':>8} {'RSS+ MB':>8}"
+          f" | {'setup s':>8} | {'keys rd r0':>10} {'keys rd job':>12} {'MB read job':>11}")
+    for h in (64, 256, 1024):
+        n = h * 8
+        s = max(tcp_sockets_blocked(h, 8, r, NSTREAMS) for r in range(8))
+        fds = s + 1 + 7 + 2 + 64  # listener, pidfds, setup's own, margin (hosts/fds.rs)
+        jr = job_store_reads(h, 8)
+        r0 = store_load([0] * 8 + [1] * (n - 8), 0).read  # rank 0's records: all above it
+        print(f"{h:>6} {n:>6} | {s:>12} {fds:>8} | {ta + tb * (n - 8):>8.1f} {ma + mb * s:>8.0f}"
+              f" | {sa_w + sb_w * n:>8.0f} | {r0:>10} {jr:>12} {jr * per_key / 1e6:>11.0f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--hosts", default="2,4,8,16")
+    ap.add_argument("--per-host", default="1,2")
+    ap.add_argument("--name", default="scl")
+    ap.add_argument("--timeout", type=float, default=120, help="per case, seconds (setup and the all_reduce)")
+    ap.add_argument("--json", help="append every rank's record here (one line per case)")
+    ap.add_argument("--from-json", help="summarize records saved with --json instead of running")
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a.worker)
+    cases: dict = {}
+    if a.from_json:
+        for line in open(a.from_json):
+            rec = json.loads(line)
+            cases[(rec["hosts"], rec["per_host"])] = rec["ranks"]
+        summarize(cases)
+        return 0
+    from wirespeed.netem import cluster as C
+    hosts = [int(x) for x in a.hosts.split(",")]
+    per = [int(x) for x in a.per_host.split(",")]
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}; cluster {a.name!r} of {max(hosts)} hosts", flush=True)
+    try:
+        cluster, _ = C.up(max(hosts), 10 * 10**9, name=a.name, measure=False)
+        for h in hosts:
+            for k in per:
+                t = time.monotonic()
+                try:
+                    cases[(h, k)] = recs = run_case(cluster, h, k, a.timeout)
+                except RuntimeError as e:
+                    print(f"# {e}", flush=True)
+                    continue
+                print(f"# {h} hosts x {k}: {time.monotonic() - t:.0f} s in all, load {os.getloadavg()[0]:.1f}",
+                      flush=True)
+                if a.json:
+                    with open(a.json, "a") as f:
+                        f.write(json.dumps({"hosts": h, "per_host": k, "ranks": recs}) + "\n")
+    finally:
+        C.down(a.name)
+    if cases:
+        summarize(cases)
+    return 0 if cases else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

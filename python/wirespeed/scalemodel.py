@@ -1,0 +1,107 @@
+"""What a wirespeed group costs each rank at setup, as a function of the layout: the exact parts
+(sockets, store keys) in closed form, and the measured parts (threads, memory, setup time) as
+fitted lines. benchmarks/scale_setup.py measures and fits; docs/scale.md has the figures.
+
+The exact parts mirror the core and rendezvous.py, so a change there shows here as a test failure
+(tests/netem/test_scale_sockets.py counts the sockets of real ranks against `tcp_sockets`):
+- `pair_streams` is `Layout::pair_streams` (crates/wirespeed-core/src/hosts/mod.rs);
+- `store_load` follows rendezvous.py's requests one by one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def blocked(hosts: int, per_host: int) -> list[int]:
+    """Host of each rank when ranks fill hosts in blocks (0..K-1 on host 0, ...), as launchers
+    place them by default."""
+    return [r // per_host for r in range(hosts * per_host)]
+
+
+def _locals(host_of: list[int]) -> list[int]:
+    seen: dict[int, int] = {}
+    out = []
+    for h in host_of:
+        out.append(seen.get(h, 0))
+        seen[h] = out[-1] + 1
+    return out
+
+
+def pair_streams(host_of: list[int], local_of: list[int], a: int, b: int, nstreams: int) -> int:
+    """TCP streams between ranks a and b: none on one host; `nstreams` between counterparts
+    (same local index) and rank-order neighbours; one for every other remote pair."""
+    world = len(host_of)
+    if host_of[a] == host_of[b]:
+        return 0
+    if local_of[a] == local_of[b] or (a + 1) % world == b or (b + 1) % world == a:
+        return nstreams
+    return 1
+
+
+def tcp_sockets(host_of: list[int], rank: int, nstreams: int = 12) -> int:
+    """The TCP stream sockets `rank` holds once connected (its listener not included)."""
+    local_of = _locals(host_of)
+    return sum(pair_streams(host_of, local_of, rank, r, nstreams) for r in range(len(host_of)))
+
+
+def tcp_sockets_blocked(hosts: int, per_host: int, rank: int, nstreams: int = 12) -> int:
+    """`tcp_sockets` in closed form for the blocked layout, O(1): a rank has hosts-1
+    counterparts and one neighbour on another host at each end of its host's block (2 when the
+    host holds one rank and there are 3+ hosts: both neighbours are counterparts then); every
+    other remote rank is one stream."""
+    if hosts < 2:
+        return 0
+    world = hosts * per_host
+    local = rank % per_host
+    full = hosts - 1  # counterparts
+    for n in ((rank - 1) % world, (rank + 1) % world):
+        if n // per_host != rank // per_host and n % per_host != local:
+            full += 1
+    remote = world - per_host
+    return full * nstreams + (remote - full)
+
+
+@dataclass
+class StoreLoad:
+    written: int
+    read: int
+    requests: int
+
+
+def records_read(host_of: list[int], rank: int) -> int:
+    """Peers' (pid, memfd, address) records `rank` reads (rendezvous.needed_records)."""
+    return sum(1 for r in range(len(host_of))
+               if r != rank and (host_of[r] == host_of[rank] or r > rank))
+
+
+def store_load(host_of: list[int], rank: int) -> StoreLoad:
+    """wirespeed's own store traffic for `rank` at setup (torch's init adds its own; not here):
+    writes: claim counter, claimant, host+room, rooms-read counter, record (+ the token on rank 0);
+    reads: token, every host id (one multi_get), the records it needs (one multi_get), and two
+    claim checks of two keys each."""
+    w = 5 + (rank == 0)
+    rec = records_read(host_of, rank)
+    read = 1 + len(host_of) + rec + 4
+    requests = w + 1 + 1 + (1 if rec else 0) + 4
+    return StoreLoad(w, read, requests)
+
+
+def job_store_reads(hosts: int, per_host: int) -> int:
+    """Keys read from the store by all ranks of a blocked job, in closed form: N(N+5) for tokens,
+    host ids and claim checks, N(K-1) for records on one's host, and one record per pair of ranks
+    on different hosts (the lower one reads the higher one's)."""
+    n = hosts * per_host
+    return n * (n + 5) + n * (per_host - 1) + (n * n - hosts * per_host * per_host) // 2
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def rel_errors(pred: list[float], meas: list[float]) -> list[float]:
+    return [(p - m) / m if m else 0.0 for p, m in zip(pred, meas)]

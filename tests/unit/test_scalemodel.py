@@ -1,0 +1,38 @@
+"""The setup model's exact parts (wirespeed.scalemodel) against the code they mirror: the closed
+form of sockets per rank against pair_streams pair by pair, the records a rank reads against
+rendezvous.needed_records, a job's store reads against the sum over its ranks; and the figures
+docs/scale.md quotes."""
+from __future__ import annotations
+
+import pytest
+
+from wirespeed.native.rendezvous import needed_records
+from wirespeed.scalemodel import (blocked, job_store_reads, records_read, store_load, tcp_sockets,
+                                  tcp_sockets_blocked)
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("per_host", [1, 2, 3, 8])
+def test_the_closed_forms_equal_the_pairwise_counts(hosts, per_host):
+    lay = blocked(hosts, per_host)
+    ids = [f"h{h}" for h in lay]
+    for r in range(len(lay)):
+        assert tcp_sockets_blocked(hosts, per_host, r) == tcp_sockets(lay, r)
+        assert records_read(lay, r) == len(needed_records(r, ids))
+    assert job_store_reads(hosts, per_host) == sum(store_load(lay, r).read for r in range(len(lay)))
+
+
+def test_a_rank_reads_its_hosts_records_and_those_it_dials_only():
+    ids = ["a", "b", "a", "b", "c"]  # interleaved: 0 and 2 share a host
+    assert needed_records(0, ids) == [1, 2, 3, 4]
+    assert needed_records(2, ids) == [0, 3, 4]
+    assert needed_records(4, ids) == []  # the highest rank alone on its host: it only accepts
+
+
+def test_the_figures_docs_scale_quotes():
+    # 1,024 hosts x 8 ranks, 12 streams: a rank's sockets; rank 0's and the job's store reads
+    assert max(tcp_sockets_blocked(1024, 8, r) for r in range(8)) == 19448
+    assert store_load(blocked(2, 8)[:8] + [1] * (8192 - 8), 0).read == 16388
+    assert job_store_reads(1024, 8) == 100_728_832
+    assert max(tcp_sockets_blocked(64, 8, r) for r in range(8)) == 1208
+    assert max(tcp_sockets_blocked(256, 8, r) for r in range(8)) == 4856
