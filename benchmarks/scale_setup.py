@@ -239,47 +239,57 @@ def summarize(cases: dict) -> None:
         print("# WRONG: some rank's all_reduce was wrong")
 
     allr = [(h, k, r) for (h, k), recs in cases.items() for r in recs]
-    # threads the group adds: a constant, or per remote rank?
-    xs = [h * k - k for h, k, _ in allr]
+    # threads and memory the group adds: constants, unless they follow the peers or the sockets
     thr = [r["Threads"] - r["threads_before"] for _, _, r in allr]
-    ta, tb = fit_line(xs, thr)
-    # memory the group adds, against its TCP sockets
+    t_const = _median(thr)
+    ta, tb = fit_line([h * k - k for h, k, _ in allr], thr)
     socks = [r["sockets"]["streams"] for _, _, r in allr]
     mem = [(r["VmRSS"] - r["rss_before_kb"]) / 1024 for _, _, r in allr]
+    m_const = _median(mem)
     ma, mb = fit_line(socks, mem)
-    # setup: the median rank per case, against ranks in the job and against hosts
+    # setup time of the median rank per case, two candidate lines: in the ranks of the job, and
+    # in the TCP sockets all ranks open on this one machine (the handshakes are CPU work, and here
+    # every rank shares the same 2 cores)
     keys = sorted(cases)
     med = [_median([r["setup_s"] for r in cases[c]]) for c in keys]
-    sa_w, sb_w = fit_line([h * k for h, k in keys], med)
-    sa_h, sb_h = fit_line([h for h, k in keys], med)
+    coll = [_median([r["setup_s"] - r["init_s"] for r in cases[c]]) for c in keys]
+    ranks = [h * k for h, k in keys]
+    machine = [sum(r["sockets"]["streams"] for r in cases[c]) for c in keys]
+    fits = {}
+    for label, xs in (("ranks", ranks), ("sockets on the machine", machine)):
+        a_, b_ = fit_line(xs, med)
+        pred = [a_ + b_ * x for x in xs]
+        rms = (sum((p - m) ** 2 for p, m in zip(pred, med)) / len(med)) ** 0.5
+        fits[label] = (a_, b_, rms, pred)
 
-    def rms_rel(pred, meas):
-        return (sum(((p - m) / m) ** 2 for p, m in zip(pred, meas)) / len(meas)) ** 0.5
-
-    e_w = rms_rel([sa_w + sb_w * h * k for h, k in keys], med)
-    e_h = rms_rel([sa_h + sb_h * h for h, k in keys], med)
     print("\n# model (fitted on the points above)")
-    print(f"threads added by the group = {ta:.2f} + {tb:.4f} x remote ranks   (measured {min(thr)}..{max(thr)})")
-    print(f"RSS added by the group, MB = {ma:.2f} + {mb * 1024:.1f} KB x TCP sockets   "
-          f"(max abs error {max(abs(ma + mb * s - m) for s, m in zip(socks, mem)):.1f} MB)")
-    print(f"setup s (median rank) = {sa_w:.3f} + {sb_w:.4f} x ranks: rms relative error {e_w:.0%}; "
-          f"= {sa_h:.3f} + {sb_h:.4f} x hosts: {e_h:.0%}")
-    for c, m in zip(keys, med):
-        print(f"   {c[0]:>2}x{c[1]}: measured {m:.2f} s, model {sa_w + sb_w * c[0] * c[1]:.2f} s")
+    print(f"threads added by the group: {t_const:.0f} (measured {min(thr)}..{max(thr)}; a line in remote ranks "
+          f"has slope {tb:+.4f}: no growth with peers)")
+    print(f"RSS added by the group: {m_const:.1f} MB (measured {min(mem):.1f}..{max(mem):.1f}; a line in TCP "
+          f"sockets has slope {mb * 1024:+.1f} KB per socket over {min(socks)}..{max(socks)} sockets)")
+    for label, (a_, b_, rms, pred) in fits.items():
+        print(f"setup s (median rank) = {a_:.3f} + {b_ * 1000:.3f} ms x {label}: rms error {rms:.2f} s")
+    print(f"{'case':>6} {'setup s':>8} {'in ranks':>8} {'in sockets':>10} {'1st all_reduce s':>16}")
+    for c, m, p1, p2, c1 in zip(keys, med, fits["ranks"][3], fits["sockets on the machine"][3], coll):
+        print(f"{c[0]:>3}x{c[1]:<2} {m:>8.2f} {p1:>8.2f} {p2:>10.2f} {c1:>16.4f}")
     per_key = _median([r["store"]["bytes_read"] / r["store"]["keys_read"] for _, _, r in allr])
     print(f"store: {per_key:.0f} bytes per key read (median); keys exact (wirespeed.scalemodel.store_load)")
 
-    print(f"\n# at scale, {NSTREAMS} streams, blocked layout, 8 ranks per host")
-    print(f"{'hosts':>6} {'ranks':>6} | {'streams/rank':>12} {'fds/rank':>8} | {'threads+':>8} {'RSS+ MB':>8}"
-          f" | {'setup s':>8} | {'keys rd r0':>10} {'keys rd job':>12} {'MB read job':>11}")
+    sa, sb = fits["ranks"][:2]
+    ca, cb = fits["sockets on the machine"][:2]
+    cores_here = os.cpu_count() or 2
+    print(f"\n# at scale, {NSTREAMS} streams, blocked layout, 8 ranks per host; setup 'in ranks' is the line "
+          f"above, 'per core' the socket line with each rank on a core of its own ({cores_here} cores here)")
+    print(f"{'hosts':>6} {'ranks':>6} | {'streams/rank':>12} {'fds/rank':>8} | {'threads+':>8} {'RSS+ MB':>7}"
+          f" | {'in ranks':>8} {'per core':>8} | {'keys rd r0':>10} {'keys rd job':>12} {'MB read job':>11}")
     for h in (64, 256, 1024):
         n = h * 8
-        s = max(tcp_sockets_blocked(h, 8, r, NSTREAMS) for r in range(8))
-        fds = s + 1 + 7 + 2 + 64  # listener, pidfds, setup's own, margin (hosts/fds.rs)
+        s_ = max(tcp_sockets_blocked(h, 8, r, NSTREAMS) for r in range(8))
+        fds = s_ + 1 + 7 + 2 + 64  # listener, pidfds, setup's own, margin (hosts/fds.rs)
         jr = job_store_reads(h, 8)
-        r0 = store_load([0] * 8 + [1] * (n - 8), 0).read  # rank 0's records: all above it
-        print(f"{h:>6} {n:>6} | {s:>12} {fds:>8} | {ta + tb * (n - 8):>8.1f} {ma + mb * s:>8.0f}"
-              f" | {sa_w + sb_w * n:>8.0f} | {r0:>10} {jr:>12} {jr * per_key / 1e6:>11.0f}")
+        r0 = store_load([0] * 8 + [1] * (n - 8), 0).read  # rank 0 reads every record above it
+        print(f"{h:>6} {n:>6} | {s_:>12} {fds:>8} | {t_const:>8.0f} {m_const:>7.1f}"
+              f" | {sa + sb * n:>8.1f} {ca + cb * cores_here * s_:>8.1f} | {r0:>10} {jr:>12} {jr * per_key / 1e6:>11.0f}")
 
 
 def main() -> int:
