@@ -1,0 +1,53 @@
+"""Sockets per rank on the emulated cluster, counted in /proc, against Layout::pair_streams' count
+(root only; skipped otherwise). benchmarks/scale_setup.py runs 2 and 4 hosts x 2 ranks on a
+cluster of this test's own name: every rank sets up a wirespeed group, checks one all_reduce and
+sorts its sockets into the store's, its listener and its TCP streams; the streams must equal
+wirespeed.scalemodel.tcp_sockets (12 streams between counterparts and rank-order neighbours, one
+to every other remote rank) rank by rank, and the store's keys rendezvous.py's requests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from netem_util import cluster_name  # noqa: F401 (a fixture)
+from netem_util import leftovers_of, needs_netns, netns_processes
+
+from wirespeed.scalemodel import blocked, store_load, tcp_sockets
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_netns]
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "scale_setup.py")
+
+
+@pytest.mark.timeout(600)
+def test_sockets_per_rank_are_pair_streams_count(cluster_name, tmp_path):
+    out = tmp_path / "scale.jsonl"
+    p = subprocess.run([sys.executable, SCRIPT, "--hosts", "2,4", "--per-host", "2", "--name", cluster_name,
+                        "--timeout", "120", "--json", str(out)],
+                       capture_output=True, text=True, timeout=580)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    cases = {(c["hosts"], c["per_host"]): c["ranks"] for c in map(json.loads, out.read_text().splitlines())}
+    assert sorted(cases) == [(2, 2), (4, 2)], p.stdout[-2000:]
+    for (h, k), ranks in cases.items():
+        lay = blocked(h, k)
+        assert [r["rank"] for r in ranks] == list(range(h * k))
+        for r in ranks:
+            assert r["ok"], r
+            assert r["host"] == f"h{lay[r['rank']]}"
+            s = r["sockets"]
+            assert s["streams"] == tcp_sockets(lay, r["rank"], 12), (h, k, r["rank"], s)
+            assert s["listen"] == 1, s  # its own listener (the store's is counted apart)
+            # the store: rank 0 serves it (listener, its own client, one accepted per rank)
+            assert s["store"] == (h * k + 2 if r["rank"] == 0 else 1), s
+            want = store_load(lay, r["rank"])
+            assert (r["store"]["keys_read"], r["store"]["keys_written"], r["store"]["requests"]) == \
+                (want.read, want.written, want.requests), r["store"]
+    # 4 hosts x 2: 12 streams to each of 3 counterparts, 12 to a neighbour on another host at one
+    # end of the host's block, 1 to each of the 2 others: 50 (the full mesh would be 72)
+    assert sorted({r["sockets"]["streams"] for r in cases[(4, 2)]}) == [50]
+    assert "all equal" in p.stdout, p.stdout[-2000:]
+    assert netns_processes(cluster_name) == {}
+    assert leftovers_of(cluster_name) == []  # the script tore its cluster down
