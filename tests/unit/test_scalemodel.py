@@ -36,3 +36,20 @@ def test_the_figures_docs_scale_quotes():
     assert job_store_reads(1024, 8) == 100_728_832
     assert max(tcp_sockets_blocked(64, 8, r) for r in range(8)) == 1208
     assert max(tcp_sockets_blocked(256, 8, r) for r in range(8)) == 4856
+
+
+def test_a_one_rank_rendezvous_counts_what_the_model_says():
+    # the counting proxy on a real rendezvous (one rank, torch's in-process store): its counts are
+    # store_load's, and it leaves what it measured in last_setup()
+    import datetime
+
+    import torch.distributed as dist
+
+    from wirespeed.native import rendezvous as rv
+    group = rv.rendezvous(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))
+    got = rv.last_setup()
+    want = store_load([0], 0)
+    assert (got["keys_written"], got["keys_read"], got["requests"]) == (want.written, want.read, want.requests)
+    assert got["rank"] == 0 and got["world"] == 1 and got["records_read"] == 0
+    assert got["bytes_read"] > 0 and got["seconds"] > 0
+    del group

@@ -83,9 +83,9 @@ def _check_claims(store, rank: int, n: int) -> None:
 class StoreCounter:
     """The store, counted: every request this rank's setup makes passes through here.
 
-    `requests` counts calls into the store client (a `multi_get` of many keys is one); torch's
-    TCPStore answers a `get` or `multi_get` with a wait and a fetch on the wire, a `set` or `add`
-    with one exchange. Anything not counted here is passed through as it is."""
+    `requests` counts calls into the store client, each a round trip or more to the server (a
+    `multi_get` of many keys is one call; a call that waits for its keys may take torch's client
+    more than one exchange). Anything not counted here is passed through as it is."""
 
     def __init__(self, store):
         self._store = store
