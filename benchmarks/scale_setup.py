@@ -164,10 +164,12 @@ def run_case(cluster, hosts: int, per_host: int, timeout_s: float) -> list[dict]
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pypath, os.environ.get("PYTHONPATH")])),
                 SCALE_TIMEOUT=str(timeout_s), WIRESPEED_NSTREAMS=str(NSTREAMS))
     envs = rank_envs(cluster, hosts_of, port, base)
+    # stderr to files, not pipes: a rank that writes much while nobody reads would block
+    errs = [open(os.path.join(outdir, f"err{r}"), "w") for r in range(world)]
     procs = [subprocess.Popen([*C.exec_prefix(cluster.hosts[h].netns), sys.executable, os.path.abspath(__file__),
                                "--worker", outdir], env=env, preexec_fn=_die_with_parent,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for h, env in zip(hosts_of, envs)]
+                              stdout=subprocess.DEVNULL, stderr=err)
+             for h, env, err in zip(hosts_of, envs, errs)]
     deadline = time.monotonic() + timeout_s + 120  # imports of 32 torch processes on 2 cores
     try:
         while sum(os.path.exists(os.path.join(outdir, f"ready{r}")) for r in range(world)) < world:
@@ -183,7 +185,8 @@ def run_case(cluster, hosts: int, per_host: int, timeout_s: float) -> list[dict]
                 p.wait(timeout=max(1.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"{hosts}x{per_host}: a rank did not finish in time") from None
-        bad = [(r, p.returncode, p.stderr.read()[-800:]) for r, p in enumerate(procs) if p.returncode != 0]
+        bad = [(r, p.returncode, open(os.path.join(outdir, f"err{r}")).read()[-800:])
+               for r, p in enumerate(procs) if p.returncode != 0]
         if bad:
             raise RuntimeError(f"{hosts}x{per_host}: ranks failed: {bad[:2]}")
         return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(world)]
@@ -192,6 +195,8 @@ def run_case(cluster, hosts: int, per_host: int, timeout_s: float) -> list[dict]
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
+        for f in errs:
+            f.close()
         subprocess.run(["rm", "-rf", outdir])
 
 
@@ -200,12 +205,26 @@ def _median(v):
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
+def per_rank(cases: dict) -> None:
+    """Every rank's own line."""
+    print("\n# per rank")
+    print(f"{'case':>6} {'rank':>4} {'host':>4} | {'setup s':>7} {'init s':>6} | {'streams':>7} {'listen':>6}"
+          f" {'store':>5} {'other':>5} | {'threads':>7} {'RSS MB':>6} {'HWM MB':>6} | {'keys rd':>7} {'wr':>3} {'req':>3}")
+    for (h, k), recs in sorted(cases.items()):
+        for r in recs:
+            so, st = r["sockets"], r["store"]
+            print(f"{h:>3}x{k:<2} {r['rank']:>4} {r['host']:>4} | {r['setup_s']:>7.3f} {r['init_s']:>6.3f} |"
+                  f" {so['streams']:>7} {so['listen']:>6} {so['store']:>5} {so['other']:>5} | {r['Threads']:>7}"
+                  f" {r['VmRSS'] / 1024:>6.0f} {r['VmHWM'] / 1024:>6.0f} | {st['keys_read']:>7} {st['keys_written']:>3}"
+                  f" {st['requests']:>3}")
+
+
 def summarize(cases: dict) -> None:
     """The per-case table, the socket check and the fitted model with its figures."""
     from wirespeed.scalemodel import (blocked, fit_line, job_store_reads, store_load, tcp_sockets,
                                       tcp_sockets_blocked)
 
-    print("\n# per case: min-median-max over ranks; rdv: wirespeed's own rendezvous (median); store(r0): rank 0's store sockets (it serves the store), store: another rank's; +grp: added by init; wr, req: the most of any rank; tcp/host: TCP sockets in use in a host's namespace (sockstat, the most of any host)")
+    print("\n# per case: min-median-max over ranks; rdv: wirespeed's own rendezvous (median); store(r0): rank 0's store sockets (it serves the store), store: another rank's; +grp: added by init (threads: the median of the ranks but rank 0, which also runs the store's server); wr, req: the most of any rank; tcp/host: TCP sockets in use in a host's namespace (sockstat, the most of any host)")
     print(f"{'hosts':>5} {'xK':>3} {'ranks':>5} | {'setup s':>17} {'rdv s':>5} {'job s':>6} | {'streams':>11} {'listen':>6}"
           f" {'store(r0)':>9} {'store':>5} | {'threads':>9} {'+grp':>5} | {'RSS MB':>11} {'+grp MB':>8}"
           f" {'HWM MB':>6} | {'keys rd':>11} {'wr':>3} {'req':>5} | {'job rd':>7} {'tcp/host':>8}")
@@ -227,7 +246,7 @@ def summarize(cases: dict) -> None:
         print(f"{h:>5} {k:>3} {h * k:>5} | {rng('setup_s', fmt='{:.2f}'):>17} {_median([r['store']['seconds'] for r in recs]):>5.2f} {max(r['done_at'] for r in recs):>6.2f}"
               f" | {rng(lambda r: r['sockets']['streams']):>11} {rng(lambda r: r['sockets']['listen']).split('-')[1]:>6}"
               f" {recs[0]['sockets']['store']:>9} {_median([r['sockets']['store'] for r in rest]) if rest else 0:>5}"
-              f" | {rng('Threads'):>9} {_median([r['Threads'] - r['threads_before'] for r in recs]):>5}"
+              f" | {rng('Threads'):>9} {_median([r['Threads'] - r['threads_before'] for r in rest or recs]):>5}"
               f" | {rng('VmRSS', lambda x: x / 1024):>11} {_median([(r['VmRSS'] - r['rss_before_kb']) / 1024 for r in recs]):>8.1f}"
               f" {max(r['VmHWM'] for r in recs) / 1024:>6.0f}"
               f" | {rng(lambda r: r['store']['keys_read']):>11} {max(r['store']['keys_written'] for r in recs):>3}"
@@ -263,8 +282,11 @@ def summarize(cases: dict) -> None:
         fits[label] = (a_, b_, rms, pred)
 
     print("\n# model (fitted on the points above)")
-    print(f"threads added by the group: {t_const:.0f} (measured {min(thr)}..{max(thr)}; a line in remote ranks "
-          f"has slope {tb:+.4f}: no growth with peers)")
+    r0 = [r["Threads"] - r["threads_before"] for _, _, r in allr if r["rank"] == 0]
+    others = [r["Threads"] - r["threads_before"] for _, _, r in allr if r["rank"] != 0]
+    print(f"threads added by the group: {t_const:.0f} (other ranks {min(others)}..{max(others)}, rank 0 "
+          f"{min(r0)}..{max(r0)}: it also runs the store's server; a line in remote ranks has slope "
+          f"{tb:+.4f})")
     print(f"RSS added by the group: {m_const:.1f} MB (measured {min(mem):.1f}..{max(mem):.1f}; a line in TCP "
           f"sockets has slope {mb * 1024:+.1f} KB per socket over {min(socks)}..{max(socks)} sockets)")
     for label, (a_, b_, rms, pred) in fits.items():
@@ -301,6 +323,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120, help="per case, seconds (setup and the all_reduce)")
     ap.add_argument("--json", help="append every rank's record here (one line per case)")
     ap.add_argument("--from-json", help="summarize records saved with --json instead of running")
+    ap.add_argument("--per-rank", action="store_true", help="also print every rank's own line")
     a = ap.parse_args()
     if a.worker:
         return worker(a.worker)
@@ -309,6 +332,8 @@ def main() -> int:
         for line in open(a.from_json):
             rec = json.loads(line)
             cases[(rec["hosts"], rec["per_host"])] = rec["ranks"]
+        if a.per_rank:
+            per_rank(cases)
         summarize(cases)
         return 0
     from wirespeed.netem import cluster as C
@@ -333,6 +358,8 @@ def main() -> int:
                         f.write(json.dumps({"hosts": h, "per_host": k, "ranks": recs}) + "\n")
     finally:
         C.down(a.name)
+    if cases and a.per_rank:
+        per_rank(cases)
     if cases:
         summarize(cases)
     return 0 if cases else 1
