@@ -19,8 +19,8 @@ What each rank reads. Every rank needs every rank's host id and room (the layout
 count are computed alike everywhere from all of them), fetched in one request (`multi_get`, where
 the store has it). Of the (pid, memfd, address) records it needs only its own host's (to map their
 segments) and those of the ranks on other hosts that it dials, the higher-numbered ones (a lower
-rank dials a higher one, hosts/mesh.rs); the ranks that dial it bring their key with them. So a
-rank reads world + (its host's ranks) + (higher remote ranks) keys in a handful of requests, and a
+rank dials a higher one, hosts/mesh.rs); a rank that dials it needs no look-up, its listener
+knows it by the key in its hello. So a rank reads world + (its host's ranks) + (higher remote ranks) keys in a handful of requests, and a
 job about 1.5 x world^2 keys instead of 2 x world^2. The host ids stay O(world) per rank: the
 layout needs them all.
 
