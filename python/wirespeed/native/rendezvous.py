@@ -20,9 +20,9 @@ count are computed alike everywhere from all of them), fetched in one request (`
 the store has it). Of the (pid, memfd, address) records it needs only its own host's (to map their
 segments) and those of the ranks on other hosts that it dials, the higher-numbered ones (a lower
 rank dials a higher one, hosts/mesh.rs); a rank that dials it needs no look-up, its listener
-knows it by the key in its hello. So a rank reads world + (its host's ranks) + (higher remote ranks) keys in a handful of requests, and a
-job about 1.5 x world^2 keys instead of 2 x world^2. The host ids stay O(world) per rank: the
-layout needs them all.
+knows it by the key in its hello. So a rank reads world + (its host's ranks) + (higher remote
+ranks) keys in a handful of requests, and a job about 1.5 x world^2 keys instead of 2 x world^2.
+The host ids stay O(world) per rank: the layout needs them all.
 
 The store's load is counted (`StoreCounter`): the keys this rank wrote and read and its requests,
 for the last setup in this process in `last_setup()`, and on stderr with WIRESPEED_SETUP_STATS=1.
