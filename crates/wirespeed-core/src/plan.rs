@@ -58,17 +58,24 @@ pub struct Tuning {
     pub block_bytes: usize,
     /// The most a 2-rank exchange or broadcast stages (`WIRESPEED_PAIR_STAGE_MAX`).
     pub pair_stage_max: usize,
+    /// Across 3 hosts or more, all_gather and reduce_scatter take the ring from this many bytes
+    /// per rank's chunk on (`WIRESPEED_GATHER_RING_MIN`; see `Tuning::gather_on_ring`).
+    pub gather_ring_min: usize,
 }
 
 /// The most a 2-rank exchange or broadcast stages by default (see `Tuning::exchange_stages`).
 pub const PAIR_STAGE_MAX: usize = 16 << 10;
+
+/// Per-rank chunk from which all_gather and reduce_scatter across 3 hosts or more take the ring
+/// by default (see `Tuning::gather_on_ring`).
+pub const GATHER_RING_MIN: usize = 64 << 10;
 
 impl Default for Tuning {
     /// The planner's defaults, what it uses where no `WIRESPEED_*` variable is set (config.rs
     /// reads them): the cost model's choice, 1 MiB slots, exchanges staged up to 64 KiB (2 ranks:
     /// `PAIR_STAGE_MAX`), 64 KiB reduction blocks.
     fn default() -> Tuning {
-        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 64 << 10, pair_stage_max: PAIR_STAGE_MAX }
+        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 64 << 10, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN }
     }
 }
 
@@ -117,6 +124,20 @@ impl Tuning {
     /// stays direct (256 KiB: 34 us direct, 83 us staged).
     pub fn broadcast_stages(&self, bytes: usize, world: usize) -> bool {
         self.exchange_stages(bytes, world) || (world >= 3 && bytes <= self.slot_bytes)
+    }
+
+    /// Whether an all_gather or reduce_scatter across `hosts` hosts, `bytes` per rank's chunk,
+    /// runs on the ring (algo/ring.rs) rather than as a direct exchange (algo/direct.rs). Both
+    /// put the same bytes on each link, but the direct exchange has every rank send to all
+    /// others at once: on 4 hosts at 1 Gbit/s each rank then fed 25 TCP streams into its link
+    /// (12 to each ring neighbour, 1 to the rest), overflowing its queue (~1,500 drops per host
+    /// per run), and the lone stream to the far host, starved while the 24 others ran, was left
+    /// to finish alone: 16 MiB took 290 ms where the link allows 100 (0.34 of the link; gloo's
+    /// ring 0.79). The ring sends only to the next rank, over its full stream count. On 2 hosts
+    /// the two are the same exchange, and small chunks are latency-bound, where the direct
+    /// exchange's one round beats the ring's k-1 steps: both stay direct.
+    pub fn gather_on_ring(&self, bytes: usize, hosts: usize) -> bool {
+        hosts >= 3 && bytes >= self.gather_ring_min
     }
 
     /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks:
@@ -225,7 +246,7 @@ mod tests {
 
     #[test]
     fn small_messages_take_oneshot_large_take_rsag() {
-        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
+        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN };
         assert_eq!(t.pick_all_reduce(4096, 2, 2), ShmAlgo::OneShot);
         assert_eq!(t.pick_all_reduce(4096, 4, 2), ShmAlgo::OneShot);
         // Two ranks: the same bytes either way, oneshot has one sync fewer, up to the slot's size.
@@ -252,7 +273,7 @@ mod tests {
 
     #[test]
     fn across_hosts_hier_unless_ring_is_forced() {
-        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX };
+        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN };
         for &(n, h) in &[(2usize, 2usize), (4, 2), (8, 2), (8, 4), (16, 4)] {
             for &s in &[0usize, 4096, 1 << 20, 64 << 20] {
                 assert_eq!(t.pick_across_hosts(s, n, h), NetAlgo::Hier, "n {n} h {h} s {s}");
@@ -276,6 +297,16 @@ mod tests {
         let hier = Tuning { net_all_reduce: Some(NetAlgo::Hier), ..t };
         assert_eq!(hier.pick_among_leaders(64, 2), NetAlgo::Ring);
         assert_eq!(forced.pick_all_reduce(64 << 20, 4, 2), ShmAlgo::Rsag, "one host ignores ring");
+    }
+
+    #[test]
+    fn gathers_take_the_ring_across_three_hosts_or_more_from_the_threshold() {
+        let t = Tuning::default();
+        assert!(!t.gather_on_ring(64 << 20, 2), "2 hosts: the ring is the direct exchange");
+        assert!(!t.gather_on_ring(GATHER_RING_MIN - 1, 8), "small chunks stay direct");
+        assert!(t.gather_on_ring(GATHER_RING_MIN, 3) && t.gather_on_ring(64 << 20, 8));
+        let never = Tuning { gather_ring_min: usize::MAX, ..t };
+        assert!(!never.gather_on_ring(64 << 20, 8));
     }
 
     #[test]

@@ -330,3 +330,59 @@ fn a_local_peers_failure_names_its_rank_in_the_job() {
     assert!(matches!(&out[2], Err(Error::PeerAborted { rank: 1, reason }) if reason.contains("on purpose")), "{:?}", out[2]);
     assert!(out[2].as_ref().unwrap_err().to_string().starts_with("peer rank 1 failed"), "{:?}", out[2]);
 }
+
+/// all_gather and reduce_scatter across 3 hosts or more take the ring from
+/// `plan::GATHER_RING_MIN` bytes per chunk: layouts of one and two ranks per host, an odd and an
+/// even number of hosts (so the ring's closing hop is and is not a counterpart pair), uneven
+/// hosts; chunks of several pipeline pieces; out of place and in place.
+#[test]
+fn ring_all_gather_and_reduce_scatter_across_hosts() {
+    let layouts: &[&[&str]] = &[&["a", "b", "c"], &["a", "b", "c", "d"], &["a", "b", "c", "a", "b", "c"], &["a", "a", "b", "b", "c"]];
+    for ids in layouts.iter().copied() {
+        let w = ids.len();
+        let out = with_hosts(ids, move |c| {
+            let me = c.rank;
+            let mut res = Vec::new();
+            for &n in &[(wirespeed_core::plan::GATHER_RING_MIN / 8), 300_001] {
+                for in_place in [false, true] {
+                    let mine = input(me, n);
+                    let mut all = vec![0i64; n * w];
+                    let recv: Vec<(usize, usize)> = (0..w).map(|j| (all.as_mut_ptr() as usize + j * n * 8, n * 8)).collect();
+                    let send = if in_place {
+                        all[me * n..(me + 1) * n].copy_from_slice(&mine);
+                        recv[me]
+                    } else {
+                        (mine.as_ptr() as usize, n * 8)
+                    };
+                    // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into disjoint
+                    // runs of n i64s, one per rank, the own run being `send` in place.
+                    unsafe { c.all_gather(send, &recv) }.unwrap_or_else(|e| panic!("{ids:?} rank {me} all_gather n {n}: {e}"));
+                    let mut rs_in = input(me + 1, n * w);
+                    let mut rs_out = vec![0i64; n];
+                    let rs: Vec<_> = (0..w).map(|j| (rs_in.as_mut_ptr() as usize + j * n * 8, n * 8)).collect();
+                    let out = if in_place { rs[me].0 } else { rs_out.as_mut_ptr() as usize };
+                    for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                        let keep = rs_in.clone();
+                        // SAFETY: `rs_in` and `rs_out` outlive the call; `rs` cuts `rs_in` into
+                        // disjoint runs of n i64s; `out` is `rs_out` or, in place, our own run.
+                        unsafe { c.reduce_scatter(&rs, out, n, DType::I64, op) }.unwrap_or_else(|e| panic!("{ids:?} rank {me} reduce_scatter n {n}: {e}"));
+                        let got = if in_place { rs_in[me * n..(me + 1) * n].to_vec() } else { rs_out.clone() };
+                        res.push((n, op, all.clone(), got));
+                        rs_in.copy_from_slice(&keep);
+                    }
+                }
+            }
+            res
+        });
+        for (me, res) in out.into_iter().enumerate() {
+            for (n, op, all, got) in res {
+                let want_all: Vec<i64> = (0..w).flat_map(|j| input(j, n)).collect();
+                assert!(all == want_all, "{ids:?} all_gather n {n} on {me}");
+                let ins: Vec<Vec<i64>> = (0..w).map(|r| input(r + 1, n * w)).collect();
+                let sum = |i: usize| ins.iter().map(|v| v[me * n + i]).sum::<i64>();
+                let want: Vec<i64> = (0..n).map(|i| if op == ReduceOp::Avg { sum(i) / w as i64 } else { sum(i) }).collect();
+                assert!(got == want, "{ids:?} reduce_scatter {op:?} n {n} on {me}");
+            }
+        }
+    }
+}

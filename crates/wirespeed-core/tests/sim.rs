@@ -373,3 +373,80 @@ fn garbage_from_a_peer_is_refused_and_never_mixed_into_a_result() {
     }
     assert!(refused >= 1, "the garbage is refused");
 }
+
+/// Ring all_gather and reduce_scatter over `order` (members listed as a ring, not by rank):
+/// `count` elements per chunk, out of place or in place (own piece in the output / `out` on the
+/// own contribution), checked exactly per element against the reference.
+fn run_ring_gathers(order: &[usize], d: DType, op: ReduceOp, count: usize, in_place: bool) {
+    let w = order.len();
+    let es = d.size();
+    let (res, _) = sim::run(w, SimConfig::default(), &[], |t| {
+        let me = t.rank();
+        let p = order.iter().position(|&r| r == me).unwrap();
+        // all_gather: rank r's piece is elements [r·count, (r+1)·count) of rank 0's reference input.
+        let piece = |r: usize| input(d, op, 0, w * count)[r * count * es..(r + 1) * count * es].to_vec();
+        let mut own = piece(me);
+        let mut gathered: Vec<Vec<u8>> = (0..w).map(|_| vec![0u8; count * es]).collect();
+        let mut recv: Vec<Region> = order.iter().map(|&r| Region { ptr: gathered[r].as_mut_ptr(), len: count * es }).collect();
+        let send = if in_place {
+            gathered[me].copy_from_slice(&own);
+            recv[p]
+        } else {
+            Region { ptr: own.as_mut_ptr(), len: own.len() }
+        };
+        // SAFETY: `own` and every `gathered` vector outlive the call and are distinct (the own
+        // output is `send` itself in place); a failure returns, and the simulator cuts us off.
+        unsafe { ring::all_gather(t, order, 3, send, &recv)? };
+        recv.clear();
+        // reduce_scatter: this rank's contribution to rank q is its input's chunk q.
+        let full = input(d, op, me, w * count);
+        let mut chunks: Vec<Vec<u8>> = (0..w).map(|q| full[q * count * es..(q + 1) * count * es].to_vec()).collect();
+        let mut out = vec![0u8; count * es];
+        let regions: Vec<Region> = order.iter().map(|&r| Region { ptr: chunks[r].as_mut_ptr(), len: count * es }).collect();
+        let dst = if in_place { chunks[me].as_mut_ptr() } else { out.as_mut_ptr() };
+        let mut s = Vec::new();
+        // SAFETY: every chunk and `out` outlive the call, distinct, `dst` being our own chunk
+        // (the contribution at p) in place; a failure returns, and the simulator cuts us off.
+        unsafe { ring::reduce_scatter(t, order, 4, &regions, dst, count, d, op, w, &mut s)? };
+        if in_place {
+            out = chunks[me].clone();
+        }
+        Ok((gathered, out))
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        let (gathered, out) = x.unwrap_or_else(|e| panic!("ring order {order:?} rank {r}: {e}"));
+        let all = input(d, op, 0, w * count);
+        for (q, g) in gathered.iter().enumerate() {
+            assert!(g[..] == all[q * count * es..(q + 1) * count * es], "ring all_gather order {order:?} rank {r}: piece {q} wrong");
+        }
+        for (i, b) in out.chunks(es).enumerate() {
+            let want = expected(d, op, w, r * count + i);
+            let got = dec(d, b);
+            let tol = if op == ReduceOp::Avg && is_float(d) { want.abs() * 8e-3 } else { 0.0 };
+            assert!((got - want).abs() <= tol, "ring reduce_scatter order {order:?} rank {r} element {i}: {got}, expected {want} ({} {})", d.name(), op.name());
+        }
+    }
+}
+
+#[test]
+fn ring_all_gather_and_reduce_scatter() {
+    // Members in rank order and in the order hosts/ builds (hosts of two ranks, every other
+    // host backwards); every dtype and op on a few worlds; empty and one-element chunks.
+    for order in [vec![0], vec![0, 1], vec![0, 1, 2], vec![0, 3, 1, 2], vec![0, 4, 5, 1, 2, 6, 7, 3], (0..7).collect::<Vec<_>>()] {
+        for &d in &[DType::F32, DType::BF16, DType::I32, DType::U8] {
+            for &op in &OPS {
+                if wirespeed_core::dtype::check(d, op).is_err() {
+                    continue;
+                }
+                run_ring_gathers(&order, d, op, 37, false);
+            }
+        }
+        for count in [0, 1, 1000] {
+            run_ring_gathers(&order, DType::I64, ReduceOp::Sum, count, true);
+        }
+    }
+    // Chunks of several pieces (PIECE is 1 MiB): the pipeline, in place and out of place.
+    run_ring_gathers(&[0, 2, 1], DType::F32, ReduceOp::Sum, 700_001, false);
+    run_ring_gathers(&[0, 3, 1, 2], DType::I32, ReduceOp::Avg, 600_003, true);
+    run_ring_gathers(&[0, 1, 2, 3, 4], DType::BF16, ReduceOp::Max, 1_300_007, false);
+}

@@ -139,3 +139,251 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
     }
     t.wait_all(&sends)
 }
+
+// ---------------------------------------------------------------------------------------------
+// all_gather and reduce_scatter on the ring.
+//
+// Member m_p owns chunk p (all_gather: its piece; reduce_scatter: the chunk it ends with). Each
+// chunk is cut into `m` pieces of at most PIECE bytes; k-1 steps move one chunk each, piece by
+// piece, always to m_{p+1} and from m_{p-1}:
+// - all_gather, step j: send chunk (p-j), receive chunk (p-j-1) straight into its place;
+// - reduce_scatter, step j: send the partial sum of chunk (p-j-1) (at step 0 this member's own
+//   contribution), receive the partial sum of chunk (p-j-2) and combine this member's
+//   contribution into it. At the last step that is chunk p, combined straight into `out`.
+// Every link carries (k-1)/k of the data once, the least any schedule can, and only between
+// ring neighbours, which hosts/ joins with the full stream count, while a direct exchange has
+// every member send to all others at once.
+//
+// Pipelining: items (step j, piece i) run in step-major order; the send of (j+1, i) is posted as
+// soon as (j, i) is received (and combined), so a step starts piece by piece while the previous
+// one finishes. Receives are posted up to RECV_AHEAD items ahead. Deadlock freedom is the
+// all_reduce's argument: every send needs only receives of earlier items from the predecessor.
+// ---------------------------------------------------------------------------------------------
+
+/// The pipelined k-1 steps shared by `all_gather` and `reduce_scatter`: `m` pieces per step;
+/// `src(j, i)` is what item (j, i) sends, `dst(r, j, i)` where item r = (j, i) is received
+/// (r lets a caller rotate scratch slots), and `done(t, j, i, sends)` runs once item (j, i) is
+/// received. `before(j, i)` names an item whose send must be complete before `done(j, i)`
+/// runs (a send reading memory that `done` rewrites); it is always one already posted.
+///
+/// # Safety
+/// Every region `src` and `dst` give is valid for its length until this returns or, after an
+/// error, until the caller shuts the transport down; a `dst` region is touched by nobody else
+/// from its item's posting (RECV_AHEAD items before it is waited) until `done` for it; a `src`
+/// region is complete before its item's send is posted (for j > 0: once `done(j-1, i)` ran) and
+/// not written while that send may still read it.
+#[allow(clippy::too_many_arguments)]
+// SAFETY: unsafe to call: `steps` relies on its callers for this (`# Safety` above): every region `src` and `dst` give stays valid, complete and untouched by others for the lifetime its item needs.
+unsafe fn steps<T: Transport + ?Sized>(
+    t: &mut T,
+    next: usize,
+    prev: usize,
+    tag: u64,
+    k: usize,
+    m: usize,
+    src: impl Fn(usize, usize) -> (*const u8, usize),
+    dst: impl Fn(usize, usize, usize) -> (*mut u8, usize),
+    before: impl Fn(usize, usize) -> Option<usize>,
+    mut done: impl FnMut(usize, usize),
+) -> Result<()> {
+    let n = (k - 1) * m;
+    let mut waited = vec![false; n];
+    let mut recvs: Vec<Handle> = Vec::with_capacity(n);
+    let mut sends: Vec<Handle> = Vec::with_capacity(n);
+    let post_recv = |t: &mut T, r: usize| -> Result<Handle> {
+        let (d, len) = dst(r, r / m, r % m);
+        // SAFETY: this fn's contract: the region is valid and ours from posting until `done`.
+        unsafe { t.post_recv(prev, d, len, tag) }
+    };
+    for r in 0..n.min(RECV_AHEAD) {
+        recvs.push(post_recv(t, r)?);
+    }
+    for r in 0..n {
+        // Item x's send reads what item x - m brought: post every send whose input is here.
+        while sends.len() < n && (sends.len() < m || sends.len() - m < r) {
+            let x = sends.len();
+            let (s, len) = src(x / m, x % m);
+            // SAFETY: this fn's contract: the region is complete (item x - m was received and
+            // `done` ran for it) and stays unwritten until the send is waited.
+            sends.push(unsafe { t.post_send(next, s, len, tag)? });
+        }
+        t.wait(recvs[r])?;
+        if let Some(x) = before(r / m, r % m) {
+            debug_assert!(x < sends.len(), "item {r} waits send {x}, not posted yet");
+            t.wait(sends[x])?;
+            waited[x] = true;
+        }
+        done(r / m, r % m);
+        if r + RECV_AHEAD < n {
+            recvs.push(post_recv(t, r + RECV_AHEAD)?);
+        }
+    }
+    while sends.len() < n {
+        let x = sends.len();
+        let (s, len) = src(x / m, x % m);
+        // SAFETY: as in the loop: every item was received, so every input is complete.
+        sends.push(unsafe { t.post_send(next, s, len, tag)? });
+    }
+    sends.into_iter().zip(waited).filter(|&(_, w)| !w).try_for_each(|(h, _)| t.wait(h))
+}
+
+/// Smallest pipeline piece of the ring all_gather and reduce_scatter: below it, a message's
+/// fixed costs (a header, wake-ups, a few system calls) outweigh the overlap it buys.
+const MIN_GATHER_PIECE: usize = 64 << 10;
+
+/// Pieces per chunk of `bytes` (at least one, so empty chunks still make one message) and the
+/// piece size, a multiple of `es`: at most PIECE, and at least a quarter of the chunk down to
+/// MIN_GATHER_PIECE, so that a chunk of a few MiB still moves as several pieces and a step starts
+/// before the previous one has wholly arrived (with one piece per chunk, each of the k-1 steps
+/// waits for the whole chunk: a 4-host reduce_scatter of 4 MiB got 0.5-0.6 of the link).
+fn pieces(bytes: usize, es: usize) -> (usize, usize) {
+    let want = bytes.div_ceil(4).clamp(MIN_GATHER_PIECE, PIECE);
+    let per = (want / es).max(1) * es;
+    (bytes.div_ceil(per).max(1), per)
+}
+
+/// Piece i of a region of `len` bytes: its offset and length (empty past the end).
+fn piece_of(len: usize, per: usize, i: usize) -> (usize, usize) {
+    let s = (i * per).min(len);
+    (s, (len - s).min(per))
+}
+
+/// all_gather on the ring: recv[q] = what member q sent (its `send`), recv[p] a copy of ours.
+/// Regions are indexed by position in `members`, not by rank.
+///
+/// # Safety
+/// `direct::exchange`'s contract for `send` and `recv`: valid until this returns (recv writable
+/// and touched by nobody else), recv regions disjoint from each other and from `send` unless
+/// recv[p] is `send` itself; after an error the caller shuts the transport down.
+// SAFETY: unsafe to call: `all_gather` relies on its callers for this (`# Safety` above): send readable and recv writable and ours until this returns, disjoint but for recv[p] == send; shutdown after an error.
+pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: super::direct::Region, recv: &[super::direct::Region]) -> Result<()> {
+    let k = members.len();
+    let p = position(members, t.rank())?;
+    if recv.len() != k {
+        return Err(crate::error::Error::Mismatch(format!("{} output regions for {k} members", recv.len())));
+    }
+    if send.len != recv[p].len {
+        return Err(crate::error::Error::Mismatch(format!("rank {} sends {} bytes but its own output holds {}", t.rank(), send.len, recv[p].len)));
+    }
+    if send.ptr != recv[p].ptr && send.len > 0 {
+        // SAFETY: both hold send.len bytes (this fn's contract) and, being different regions,
+        // do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(send.ptr, recv[p].ptr, send.len) };
+    }
+    if k == 1 {
+        return Ok(());
+    }
+    let longest = recv.iter().map(|r| r.len).max().unwrap_or(0);
+    let (m, per) = pieces(longest, 1);
+    let chunk_sent = |j: usize| (p + k - j) % k;
+    let chunk_recv = |j: usize| (p + 2 * k - j - 1) % k;
+    let (next, prev) = (members[(p + 1) % k], members[(p + k - 1) % k]);
+    // SAFETY: this fn's contract gives `steps`' own: each item sends a piece of recv[c] (our own
+    // copy at step 0, else the chunk received at step j-1, complete and never written again) and
+    // receives into a piece of recv[c'] that nobody else touches; pieces stay inside their region.
+    unsafe {
+        steps(
+            t,
+            next,
+            prev,
+            tag,
+            k,
+            m,
+            |j, i| {
+                let r = recv[chunk_sent(j)];
+                let (off, len) = piece_of(r.len, per, i);
+                (r.ptr.add(off) as *const u8, len)
+            },
+            |_, j, i| {
+                let r = recv[chunk_recv(j)];
+                let (off, len) = piece_of(r.len, per, i);
+                (r.ptr.add(off), len)
+            },
+            |_, _| None,
+            |_, _| {},
+        )
+    }
+}
+
+/// reduce_scatter on the ring: out = op over all members of their send[p] (send[q] is this
+/// member's contribution to member q's chunk, `count` elements each), divided by `avg_world` for
+/// avg. Regions are indexed by position in `members`. Scratch: two chunks (the partial sums of
+/// consecutive steps) and RECV_AHEAD pieces.
+///
+/// # Safety
+/// `direct::reduce_scatter`'s contract: send regions and `out` valid for `count` elements until
+/// this returns (send readable, `out` writable and ours), element-aligned; `out` overlaps no send
+/// region but send[p], and that one only at the same address; after an error the caller shuts
+/// the transport down.
+#[allow(clippy::too_many_arguments)]
+// SAFETY: unsafe to call: `reduce_scatter` relies on its callers for this (`# Safety` above): send regions and `out` valid and aligned for count elements until this returns, `out` aliasing only send[p] at the same address; shutdown after an error.
+pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[super::direct::Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
+    let k = members.len();
+    let p = position(members, t.rank())?;
+    let es = dtype.size();
+    let bytes = count * es;
+    for (q, s) in send.iter().enumerate() {
+        if s.len != bytes {
+            return Err(crate::error::Error::Mismatch(format!("rank {} contributes {} bytes to rank {}, expected {bytes}", t.rank(), s.len, members[q])));
+        }
+    }
+    if send.len() != k {
+        return Err(crate::error::Error::Mismatch(format!("{} input regions for {k} members", send.len())));
+    }
+    if k == 1 {
+        if send[0].ptr != out && bytes > 0 {
+            // SAFETY: both hold `bytes` (this fn's contract) and, being different, do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(send[0].ptr, out, bytes) };
+        }
+    } else {
+        let (m, per) = pieces(bytes, es);
+        let rop = summing(op);
+        // Scratch: partial sums of steps of even and odd j (a chunk each), then the receive slots.
+        let chunk = bytes.max(1);
+        let base = scratch(scratch_buf, 2 * chunk + RECV_AHEAD * per.min(chunk)).as_mut_ptr();
+        let slot = per.min(chunk);
+        // SAFETY: the slots lie after the two chunks, inside the scratch just sized.
+        let slots = unsafe { base.add(2 * chunk) };
+        // SAFETY: the two partial-sum chunks are the scratch's first 2·chunk bytes.
+        let partial = |j: usize| unsafe { base.add((j % 2) * chunk) };
+        let chunk_sent = |j: usize| (p + 2 * k - j - 1) % k;
+        let chunk_recv = |j: usize| (p + 2 * k - j - 2) % k;
+        let (next, prev) = (members[(p + 1) % k], members[(p + k - 1) % k]);
+        // SAFETY: this fn's contract gives `steps`' own. Step 0 sends pieces of our contribution
+        // send[q]; step j > 0 the partial sum combined at step j-1, which `done` overwrites (two
+        // steps later) only after waiting the send that read it. Receives go to slot r %
+        // RECV_AHEAD, consumed by `done` before `steps` reposts it. Offsets stay in their regions.
+        unsafe {
+            steps(
+                t,
+                next,
+                prev,
+                tag,
+                k,
+                m,
+                |j, i| {
+                    let (off, len) = piece_of(bytes, per, i);
+                    if j == 0 { (send[chunk_sent(0)].ptr.add(off) as *const u8, len) } else { (partial(j - 1).add(off) as *const u8, len) }
+                },
+                |r, _, i| (slots.add((r % RECV_AHEAD) * slot), piece_of(bytes, per, i).1),
+                // partial(j) was last read by the send of item (j-1, i) (it sent partial(j-2)).
+                |j, i| (j >= 2 && j < k - 2).then(|| (j - 1) * m + i),
+                |j, i| {
+                    let (off, len) = piece_of(bytes, per, i);
+                    let mine = send[chunk_recv(j)].ptr.add(off) as *const u8;
+                    let got = slots.add(((j * m + i) % RECV_AHEAD) * slot) as *const u8;
+                    let dst = if j == k - 2 { out.add(off) } else { partial(j).add(off) };
+                    // `mine (op) theirs` into dst: `out` (aliasing only `mine`, send[p], at the
+                    // same address, at the last step) or a partial sum no send reads any more.
+                    combine(dst, mine, got, len / es, dtype, rop);
+                },
+            )?;
+        }
+    }
+    if op == ReduceOp::Avg && bytes > 0 {
+        // SAFETY: `out` is writable for `bytes` and ours (this fn's contract); every transfer was
+        // waited, so nothing else touches it now.
+        divide(unsafe { std::slice::from_raw_parts_mut(out, bytes) }, dtype, avg_world);
+    }
+    Ok(())
+}

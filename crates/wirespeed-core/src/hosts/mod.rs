@@ -21,7 +21,10 @@
 //!   tree over the hosts' leaders (algo/tree.rs), then a shm broadcast inside every other host,
 //!   so the payload crosses each host's link once, between leaders.
 //! - reduce: a binomial tree over all ranks (algo/tree.rs).
-//! - all_gather, all_to_all, reduce_scatter, barrier: direct exchanges (algo/direct.rs).
+//! - all_gather, reduce_scatter: across 3 hosts or more, from `Tuning::gather_ring_min` bytes per
+//!   rank's chunk, a ring over every rank (algo/ring.rs) in `HostsComm::ring_order`; otherwise a
+//!   direct exchange (algo/direct.rs). `Tuning::gather_on_ring` says why.
+//! - all_to_all, barrier: direct exchanges (algo/direct.rs).
 //! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
 //!   receives or sends one message per rank.
 //!
@@ -334,6 +337,16 @@ impl HostsComm {
         Ok(())
     }
 
+    /// The ring all_gather and reduce_scatter run on: hosts in order, each host's ranks forward
+    /// on even hosts and backward on odd ones, so that each hop between hosts joins ranks of the
+    /// same local index, the pairs `Layout::pair_streams` gives the full stream count (all of
+    /// them with one rank per host or an even number of hosts; otherwise all but the hop that
+    /// closes the ring). Each host's link then carries n-1 chunks each way (the least is n-L
+    /// for L ranks per host), where a direct exchange carries L(n-L).
+    fn ring_order(&self) -> Vec<usize> {
+        self.lay.hosts.iter().enumerate().flat_map(|(h, rs)| if h % 2 == 0 { rs.clone() } else { rs.iter().rev().copied().collect() }).collect()
+    }
+
     fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
         bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
     }
@@ -416,10 +429,22 @@ impl Collectives for HostsComm {
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
-            let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), 0);
-            let members: Vec<usize> = (0..c.world).collect();
+            // The tag's root field says which algorithm runs: ranks that chose differently meet
+            // a Mismatch, not mixed data.
+            let ring = c.tuning.gather_on_ring(count * dtype.size(), c.lay.hosts.len());
+            let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), ring as usize);
             let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
             let world = c.world;
+            if ring {
+                let members = c.ring_order();
+                let by_pos: Vec<Region> = members.iter().map(|&r| regions[r]).collect();
+                // SAFETY: `Collectives`' contract (api.rs) is ring::reduce_scatter's, the regions
+                // merely listed in ring order: every send[j] and `out` hold `count` elements
+                // until this returns, `out` overlapping only send[rank] at the same address; on
+                // an error `guarded` shuts the connections.
+                return c.with_scratch(|c, s| unsafe { crate::algo::ring::reduce_scatter(c, &members, tag, &by_pos, out as *mut u8, count, dtype, op, world, s) });
+            }
+            let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: `Collectives`' contract (api.rs) is direct::reduce_scatter's: every send[j]
             // and `out` hold `count` elements until this returns, `out` overlapping only
             // send[rank] at the same address; on an error `guarded` shuts the connections.
@@ -442,7 +467,17 @@ impl Collectives for HostsComm {
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
-            let tag = c.tag(Kind::AllGather, None, None, 0);
+            let ring = c.tuning.gather_on_ring(send.1, c.lay.hosts.len());
+            let tag = c.tag(Kind::AllGather, None, None, ring as usize);
+            if ring {
+                let members = c.ring_order();
+                let by_pos: Vec<Region> = members.iter().map(|&r| Region { ptr: recv[r].0 as *mut u8, len: recv[r].1 }).collect();
+                // SAFETY: `Collectives`' contract (api.rs) is ring::all_gather's, the outputs
+                // merely listed in ring order: `send` readable, every recv[j] writable and ours
+                // (recv[rank] being `send` or disjoint from it) until this returns; on an error
+                // `guarded` shuts the connections.
+                return unsafe { crate::algo::ring::all_gather(c, &members, tag, Region { ptr: send.0 as *mut u8, len: send.1 }, &by_pos) };
+            }
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable,
             // every recv[j] writable and ours (recv[rank] being `send` or disjoint from it) until
