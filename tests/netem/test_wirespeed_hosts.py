@@ -1,7 +1,8 @@
 """The wirespeed backend across emulated hosts (root only; skipped otherwise): every collective
-checked on 2 and 4 ranks over TCP + shared memory, a stranger refused mid-job, a killed rank.
+checked on 2 and 4 ranks over TCP + shared memory, all_gather and reduce_scatter on the ring
+across 3 and 4 hosts, a stranger refused mid-job, a killed rank.
 
-One 2-host cluster per test (see conftest.cluster_name), torn down and checked afterwards.
+One cluster per test (see conftest.cluster_name), torn down and checked afterwards.
 """
 from __future__ import annotations
 
@@ -38,6 +39,33 @@ def test_every_collective_across_hosts_on_2_and_4_ranks(cluster_name, tmp_path):
         assert {r["collective"] for r in recs} == set(COLLECTIVES)
         assert all(r["checked"] and r["wrong"] == 0 for r in recs), [r for r in recs if r["wrong"]][:3]
         assert "rank 1 on h1" in p.stdout  # the ranks really ran on different hosts
+    assert netns_processes(cluster_name) == {}
+
+
+@pytest.mark.timeout(STARTUP + 300)
+def test_all_gather_and_reduce_scatter_on_the_ring_across_3_and_4_hosts(cluster_name, tmp_path):
+    """From 3 hosts on, all_gather and reduce_scatter of 64 KiB per rank's chunk or more run on a
+    ring over every rank, host by host (the direct exchange below that): checked on both sides of
+    the threshold (the largest chunk is several pipeline pieces and an odd tail), on 3 hosts with
+    one and two ranks each (with two, the hop that closes the ring joins ranks of different local
+    index) and on 4 hosts with two ranks each, placed round robin."""
+    from wirespeed.netem import cluster as C
+    C.up(4, 1000 * 10**6, name=cluster_name, measure=False)
+    for n in (3, 6, 8):
+        out = tmp_path / f"r{n}.jsonl"
+        hosts = n if n <= 4 else n // 2
+        p = subprocess.run(cli("bench", "--cluster", cluster_name, "-N", n, *(["--ranks-per-host", 2] if n == 6 else []),
+                               "--backend", "wirespeed", "-c", "all_gather,reduce_scatter",
+                               "--sizes", f"{8 * 1024 * n},{64 * 1024 * n},{256 * 1024 * n + 4 * n}",
+                               "-d", "float32,int32", "-o", "sum,avg", "-n", 2, "-w", 1, "--no-save",
+                               "--no-progress", "--timeout", 60, "--json", out),
+                           capture_output=True, text=True, timeout=STARTUP + 120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        recs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        assert {r["collective"] for r in recs} == {"all_gather", "reduce_scatter"}
+        assert len(recs) >= 2 * 3 * 2, len(recs)
+        assert all(r["checked"] and r["wrong"] == 0 for r in recs), [r for r in recs if r["wrong"]][:3]
+        assert f"on h{hosts - 1}" in p.stdout and f"on h{hosts}" not in p.stdout, p.stdout[:2000]
     assert netns_processes(cluster_name) == {}
 
 

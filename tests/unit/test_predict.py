@@ -249,3 +249,18 @@ def test_fit_meaningless_when_bytes_explain_nothing_or_the_error_is_large():
     with pytest.raises(UsageError, match="no meaningful fit"):
         P.usable_fits([bad])
     assert P.usable_fits([sf, bad])[0] == [sf]
+
+
+def test_wirespeed_gathers_model_the_planners_ring_and_direct():
+    # 4 hosts x 2 ranks, round robin: the host-by-host ring puts one chunk per step on a link,
+    # the rank-order ring two (every hop crosses); small chunks and 2 hosts stay direct.
+    rr = F.Layout(tuple(r % 4 for r in range(8)))
+    S = 64 << 20
+    assert C.algorithm_for("wirespeed", "all_gather", "auto")[0] == "hier"
+    for coll in ("all_gather", "reduce_scatter"):
+        t, name = C.terms(coll, "hier", rr, S)
+        assert "ring" in name and t.net_steps == 7 and t.net_bytes == 7 * S / 8
+        assert C.terms(coll, "ring", rr, S)[0].net_bytes == 2 * t.net_bytes
+        small = C.WIRESPEED_GATHER_RING_MIN * 8 - 8
+        assert "direct" in C.terms(coll, "hier", rr, small)[1]
+        assert "direct" in C.terms(coll, "hier", F.Layout.blocks(2, 2), S)[1]

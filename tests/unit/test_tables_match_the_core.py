@@ -1,6 +1,7 @@
 """Tables Python keeps beside the Rust core's, held equal to it: the dtype and reduce-op codes the
 backend passes to wirespeed._native (native/tensors.py, from dtype.rs) and the largest all_reduce
-the planner gives recursive doubling (explain/costs.py, from plan.rs), which the predictor models
+the planner gives recursive doubling and the smallest chunk its all_gather and reduce_scatter
+run on the ring (explain/costs.py, from plan.rs), which the predictor models
 without loading the native build."""
 import re
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wirespeed.explain.costs import WIRESPEED_DOUBLING_MAX
+from wirespeed.explain.costs import WIRESPEED_DOUBLING_MAX, WIRESPEED_GATHER_RING_MIN
 from wirespeed.native.tensors import OP_CODES, REDUCE_DTYPES
 
 SRC = Path(__file__).resolve().parents[2] / "crates" / "wirespeed-core" / "src"
@@ -33,3 +34,9 @@ def test_the_predictors_doubling_limit_is_the_planners():
     m = re.search(r"const DOUBLING_MAX: usize = (\d+) << (\d+);", (SRC / "plan.rs").read_text())
     assert m, "plan.rs no longer states DOUBLING_MAX as a shift: update this test"
     assert WIRESPEED_DOUBLING_MAX == int(m.group(1)) << int(m.group(2))
+
+
+def test_the_predictors_gather_ring_threshold_is_the_planners():
+    m = re.search(r"const GATHER_RING_MIN: usize = (\d+) << (\d+);", (SRC / "plan.rs").read_text())
+    assert m, "plan.rs no longer states GATHER_RING_MIN as a shift: update this test"
+    assert WIRESPEED_GATHER_RING_MIN == int(m.group(1)) << int(m.group(2))

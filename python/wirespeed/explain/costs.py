@@ -15,7 +15,9 @@ it (this is how oversubscription of a host's link enters the model).
 
 The algorithms are the textbook ones the libraries use: ring (reduce-scatter + all-gather for
 all_reduce, n-1 steps of S/n for all_gather), binomial tree, recursive doubling, direct (every
-message posted at once), and wirespeed's hierarchical all_reduce (docs/transport.md). Which one a
+message posted at once), and wirespeed's own across hosts, `hier` (its hierarchical all_reduce and
+broadcast; for all_gather and reduce_scatter a ring host by host or direct, by size and host
+count: docs/transport.md). Which one a
 backend uses is in DEFAULTS; `--algo` names another.
 """
 from __future__ import annotations
@@ -28,6 +30,9 @@ from .fields import Layout
 # wirespeed's core switches its leaders' all_reduce to recursive doubling at and below this size
 # on a power of two of hosts (docs/transport.md, "Algorithms across hosts").
 WIRESPEED_DOUBLING_MAX = 256 * 1024
+# ... and runs all_gather and reduce_scatter on a ring, host by host, from this many bytes per
+# rank's chunk on 3 hosts or more (below, and on 2 hosts, a direct exchange).
+WIRESPEED_GATHER_RING_MIN = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,30 @@ def hier_broadcast(layout: Layout, nbytes: float) -> tuple[Terms, str]:
     return net + _shm_part(layout, nbytes, 1), f"hier: root to {h - 1} leaders + shm"
 
 
+def host_ring(layout: Layout, steps: int, chunk: float) -> Terms:
+    """`steps` rounds of a ring that visits the ranks host by host (wirespeed's order): only one
+    hop leaves each host, so a host's link carries one chunk per round each way, whatever the
+    placement, where the rank-order ring (`ring_steps`) crosses at every hop of a round-robin
+    placement."""
+    if layout.world < 2:
+        return Terms()
+    if layout.hosts < 2:
+        return ring_steps(layout, steps, chunk)
+    # Every round, each host sends one chunk out and takes one in; messages inside hosts travel
+    # in the same round (a network step, as `step` counts it).
+    return Terms(net_steps=1, net_bytes=chunk).scaled(steps)
+
+
+def hier_gather(layout: Layout, nbytes: float) -> tuple[Terms, str]:
+    """wirespeed's all_gather and reduce_scatter across hosts: on 3 hosts or more, from
+    WIRESPEED_GATHER_RING_MIN bytes per rank's chunk, a pipelined ring host by host (n-1 steps of
+    S/n); otherwise every message at once (direct)."""
+    n = layout.world
+    if layout.hosts >= 3 and nbytes / n >= WIRESPEED_GATHER_RING_MIN:
+        return host_ring(layout, n - 1, nbytes / n), f"hier: ring over {n} ranks, host by host"
+    return all_pairs(layout, nbytes / n), "hier: direct (every message at once)"
+
+
 def _one(fn):
     return lambda lay, s, name: (fn(lay, s), name)
 
@@ -193,10 +222,12 @@ ALGORITHMS = {
     "all_gather": {
         "ring": _one(lambda lay, s: ring_steps(lay, lay.world - 1, s / lay.world)),
         "direct": _one(lambda lay, s: all_pairs(lay, s / lay.world)),
+        "hier": lambda lay, s, name: hier_gather(lay, s),
     },
     "reduce_scatter": {
         "ring": _one(lambda lay, s: ring_steps(lay, lay.world - 1, s / lay.world)),
         "direct": _one(lambda lay, s: all_pairs(lay, s / lay.world)),
+        "hier": lambda lay, s, name: hier_gather(lay, s),
     },
     "broadcast": {
         "tree": _one(binomial),
@@ -225,7 +256,7 @@ DEFAULTS = {
     "gloo": {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
              "broadcast": "tree", "reduce": "tree", "all_to_all": "direct",
              "send_recv": "direct", "barrier": "tree"},
-    "wirespeed": {"all_reduce": "hier", "all_gather": "direct", "reduce_scatter": "direct",
+    "wirespeed": {"all_reduce": "hier", "all_gather": "hier", "reduce_scatter": "hier",
                   "broadcast": "hier", "reduce": "direct", "all_to_all": "direct",
                   "send_recv": "direct", "barrier": "direct"},
 }
