@@ -1,6 +1,7 @@
 //! Direct exchanges: every member talks to every other at once. Right for all_to_all (whose data
 //! is pairwise anyway), for gathers and scatters, for reduce_scatter and all_gather among few
-//! members or small messages, and for the barrier.
+//! members or small messages (larger ones across 3+ hosts take the ring: hosts/mod.rs), and for
+//! the barrier.
 //!
 //! Exchange (all_gather, all_to_all, gather, scatter): post every receive, then every send (to
 //! the nearest member first, p+1, p+2, ...: each link has one message at a time early on), copy

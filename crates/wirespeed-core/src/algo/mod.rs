@@ -2,7 +2,7 @@
 //! same code runs over TCP between hosts, over shared memory and TCP mixed (hosts/), and over
 //! the in-memory simulator in tests. Each file opens with its protocol, step by step.
 //!
-//! - ring.rs: pipelined ring all_reduce (bandwidth-optimal);
+//! - ring.rs: pipelined ring all_reduce, all_gather and reduce_scatter (bandwidth-optimal);
 //! - doubling.rs: recursive doubling all_reduce (latency-optimal, any member count);
 //! - tree.rs: binomial broadcast and reduce;
 //! - direct.rs: every pair at once: all_gather, all_to_all, reduce_scatter, gather, scatter,

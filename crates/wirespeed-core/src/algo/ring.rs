@@ -1,4 +1,5 @@
-//! The ring all_reduce: bandwidth-optimal among the members it joins.
+//! The ring all_reduce (and, at the end of this file, all_gather and reduce_scatter):
+//! bandwidth-optimal among the members it joins.
 //!
 //! Ring over members m_0..m_{k-1} (this rank is m_p). The buffer is cut into slices of k pieces
 //! of at most `PIECE` bytes; each slice runs the textbook ring on its own:
