@@ -76,11 +76,10 @@ impl Comm {
         let mut offs = Vec::with_capacity(uniq.len());
         let mut off = 0usize;
         for &(a, l) in &uniq {
-            // SAFETY: `a..a+l` is readable (this fn's contract). The slot of this parity has room:
-            // staging happens only when the unique ranges, each rounded up to 64 bytes, total at
-            // most `slot_bytes`, and off + l is within that total. It is this rank's shared
-            // segment, not a caller's buffer, and no peer reads it now: its last contents (op
-            // seq-2) were read before op seq-1's first sync, which this rank has passed.
+            // Staging happens only when the unique ranges, each rounded up to 64 bytes, total at
+            // most `slot_bytes`; no peer reads this rank's slot of this parity now (op seq-2's
+            // contents were read before op seq-1's first sync, which this rank has passed).
+            // SAFETY: `a..a+l` is readable (contract); off + l fits the slot, our own segment.
             unsafe { copy::copy(slot.add(off), a as *const u8, l) };
             offs.push(off);
             off += l.next_multiple_of(64);
@@ -229,11 +228,10 @@ impl Comm {
                         }
                     };
                 }
-                // SAFETY: `out + b` is writable for nb bytes (this fn's contract). Each source
-                // holds nb bytes: send[rank] + b (contract; check_lengths made it `bytes` long), a
-                // peer's staged piece (above), or the block just read into scratch slot j (stride =
-                // block + 4096 bytes, enough for the in-page offset plus nb), which keeps the
-                // source's alignment. `out` aliases only send[rank], at the same offset.
+                // Each source holds nb bytes: send[rank] + b (check_lengths made it `bytes`
+                // long), a peer's staged piece (above), or the block read into scratch slot j
+                // (stride block + 4096: room for the in-page offset plus nb, alignment kept).
+                // SAFETY: `out + b` is writable for nb bytes (contract); it aliases only send[rank].
                 unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / esize, dtype, op, self.world) };
                 b += nb;
             }
@@ -364,11 +362,10 @@ impl Collectives for Comm {
                         // SAFETY: chunk `me` is n > 0 elements from s, inside `count`, so s * es
                         // lies inside every rank's staged copy of `bytes`.
                         let srcs: Vec<*const u8> = base.iter().map(|&b| unsafe { b.add(s * es) } as *const u8).collect();
-                        // SAFETY: every pointer is chunk `me` (n elements) of a staged copy
-                        // (above), aligned: slots are page-aligned, `loc` and chunk starts
-                        // multiples of 64 bytes. The destination is this rank's own copy, one of
-                        // the sources at the same offset, as reduce_many allows; peers read only
-                        // their own chunks of this slot until the sync below.
+                        // Slots are page-aligned, `loc` and chunk starts multiples of 64 bytes;
+                        // peers read only their own chunks of this slot until the sync below.
+                        // SAFETY: every pointer is chunk `me` (n elements) of an aligned staged
+                        // copy; the destination is our own copy, a source at the same offset (allowed).
                         unsafe { reduce_many(base[me].add(s * es), &srcs, n, dtype, op, c.world) };
                     }
                     c.net.sync()?;
