@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes, check_local_ranks
+from ..launch.memory import buffer_budget, check_local_ranks
 from ..sizes import format_size
 from .collectives import COLLECTIVES
 from .dtypes import DTYPES
@@ -29,11 +29,7 @@ def check_fits(collectives, dtypes, sizes, world: int, ranks_here: int, device: 
     check_local_ranks(ranks_here, available if device != "cuda" else None)
     if not sizes:
         return
-    avail = available_bytes(device) if available is None else available
-    # GPU ranks each have their own device; CPU ranks on this host share its memory.
-    sharers = 1 if device == "cuda" else ranks_here
-    overhead = 0 if device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here
-    budget = avail * 0.9 - overhead
+    sharers, budget = buffer_budget(device, ranks_here, available)
 
     def need(n):
         return rank_bytes(collectives, dtypes, n, world) * sharers

@@ -59,15 +59,9 @@ def _need(total: int, sharers: int) -> int:
     return (total + 5 * 8 * CHUNK_ELEMS) * sharers  # the buffer, plus the checker's temporaries
 
 
-def _budget(device: str, ranks_here: int) -> float:
-    from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes
-    over = 0 if device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here
-    return available_bytes(device) * 0.9 - over
-
-
 def pick_total(text, c, ranks_here: int) -> int:
-    sharers = 1 if c["device"] == "cuda" else ranks_here
-    budget = _budget(c["device"], ranks_here)
+    from ..launch.memory import buffer_budget
+    sharers, budget = buffer_budget(c["device"], ranks_here)
     if text is None:
         total = MAX_DEFAULT_TOTAL
         while total > (1 << 20) and _need(total, sharers) > budget / 2:  # leave half for the rest

@@ -115,12 +115,10 @@ def _job(args) -> Job:
 
 
 def _check_memory(shapes, cfg, ranks_here: int) -> None:
-    from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes
+    from ..launch.memory import buffer_budget
     from ..workloads.runner import rank_bytes
-    avail = available_bytes(cfg.device)
-    sharers = 1 if cfg.device == "cuda" else ranks_here
+    sharers, budget = buffer_budget(cfg.device, ranks_here)
     need = rank_bytes(shapes, cfg) * sharers
-    budget = avail * 0.9 - (0 if cfg.device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here)
     if need > budget:
         raise UsageError(f"{shapes.name} in {cfg.dtype} needs {need / (1 << 30):.1f} GiB for "
                          f"{sharers} rank(s) but {max(budget, 0) / (1 << 30):.1f} GiB is available: "

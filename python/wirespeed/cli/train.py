@@ -189,16 +189,14 @@ def _job(args) -> Job:
 def check_memory(cfg, ranks_here: int) -> None:
     """Refuse, in one line, a run whose ranks on this host cannot fit its memory (train.rank_bytes:
     a floor; GPUs: one rank's share of its own GPU)."""
-    from ..launch.memory import RANK_OVERHEAD_BYTES, available_bytes
+    from ..launch.memory import buffer_budget
     from ..workloads.train import rank_bytes
     if cfg.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             return   # the backend's own check says so in its words
-    sharers = 1 if cfg.device == "cuda" else ranks_here
+    sharers, budget = buffer_budget(cfg.device, ranks_here)
     need = rank_bytes(cfg) * sharers
-    avail = available_bytes(cfg.device)
-    budget = avail * 0.9 - (0 if cfg.device == "cuda" else RANK_OVERHEAD_BYTES * ranks_here)
     if need > budget:
         raise UsageError(f"{cfg.spec.describe()} under {cfg.parallel} needs at least "
                          f"{need / (1 << 30):.1f} GiB for {sharers} rank{'s' if sharers > 1 else ''} "
@@ -218,7 +216,8 @@ def _launch_local(cfg, start) -> int:
     check_local_ranks(cfg.nproc)
     create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_local_gpus(cfg.nproc, cfg.backend)
-    check_memory(cfg, cfg.nproc)
+    # Memory: local ranks are only ever started by a run the shell started (--state-out), after
+    # the shell's check_memory for as many ranks; building the network again would cost seconds.
     return start(cfg.nproc)
 
 

@@ -20,6 +20,16 @@ def available_bytes(device: str) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
+def buffer_budget(device: str, ranks_here: int, available: int | None = None) -> tuple[int, float]:
+    """(ranks that share this memory, the bytes all of them may use for their buffers): GPU ranks
+    each have their own device; CPU ranks of this host share its memory, less their torch
+    runtimes; a tenth stays free. `available` stands in for the measured figure (tests)."""
+    avail = available_bytes(device) if available is None else available
+    if device == "cuda":
+        return 1, avail * 0.9
+    return ranks_here, avail * 0.9 - RANK_OVERHEAD_BYTES * ranks_here
+
+
 def check_local_ranks(nproc: int, available: int | None = None) -> None:
     """Every command that starts ranks on this host refuses, with this one message, more ranks
     than the host's memory holds for their torch runtimes alone (each rank is a process that
