@@ -133,3 +133,16 @@ def test_what_if_flags_are_checked_up_front(capsys, args, needle):
     out, err = capsys.readouterr()
     assert e.value.code == 2 and err.count("\n") == 1 and needle in err, err
     assert out == ""
+
+
+def test_a_measured_link_rate_stands_in_for_records_without_one():
+    """--measured-link-rate on a real cluster: the same model as records that carry the rate."""
+    compute = 300e3
+    step = compute + 0.6 * comm_us(2)
+    bare = [{k: v for k, v in bench_record(n).items() if k != "link_rate_gbps"}
+            for n in bench_sizes(CALLS)["all_reduce"]]
+    m = StepModel(train_record(step, compute), CALLS, bare, RATE)
+    assert m.rate_bps == RATE
+    (p,) = m.predicted([4], [None])
+    (q,) = model_for(step, compute).predicted([4], [None])
+    assert p["step_us"] == pytest.approx(q["step_us"], rel=1e-9)

@@ -78,15 +78,14 @@ class StepModel:
                  measured_rate_bps: float | None = None):
         self.rec = rec
         self.calls = calls
-        if measured_rate_bps:
-            bench_records = [{**r, "link_rate_gbps": r.get("link_rate_gbps") or measured_rate_bps / 1e9}
-                             for r in bench_records]
-        self.fits = {sf.collective: sf for sf in fit_all(bench_records)}
+        # fit_all prices records without a link rate of their own at the measured one.
+        self.fits = {sf.collective: sf
+                     for sf in fit_all(bench_records, measured_rate_bps=measured_rate_bps)}
         measured = [r for r in bench_records if not F.is_predicted(r)]
         if not measured:
             raise UsageError("the what-if needs the step's collectives benched: none were")
         self.layout = F.layout_of(measured[0])
-        self.rate_bps = F.link_rate_bps(measured[0])
+        self.rate_bps = F.link_rate_bps(measured[0]) or measured_rate_bps
         if self.layout.hosts < 2 or not self.rate_bps:
             raise UsageError("the what-if needs a run across hosts with a known link rate: run on "
                              "the emulated cluster (--cluster) or give --measured-link-rate")
@@ -96,7 +95,7 @@ class StepModel:
         self.model_us = self.comm_time(self.layout, None)
         c, s = rec["compute_us"], rec["step_us"]
         # At most the whole compute hides; below 0 the two slowed each other down (a CPU
-        # backend's threads taking cores from the backward pass): a cost kept as it is.
+        # backend's threads taking cores from the backward pass): a cost step_at scales with T.
         self.hidden_us = min(c + self.comm_us - s, c)
 
     @staticmethod
