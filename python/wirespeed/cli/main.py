@@ -5,12 +5,12 @@ import os
 import sys
 
 from ..errors import WirespeedError
-from . import (batching, bench, cluster, compare, env, flags, launch, links, model, objects, plot,
-               plugin, predict, train, tune)
+from . import (batching, bench, cluster, compare, env, flags, launch, links, model, objects, plan,
+               plot, plugin, predict, train, tune)
 from .common import Parser, fail
 
-SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plot, plugin,
-               predict, train, tune)
+SUBCOMMANDS = (bench, batching, cluster, compare, env, launch, links, model, objects, plan, plot,
+               plugin, predict, train, tune)
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,75 @@
+"""`wirespeed plan`: MSCCL++ execution plans on CPUs (docs/plans.md).
+
+`plan check PLAN.json` runs a plan in one process and says whether its outputs are right, whether
+it can deadlock and whether it races; `plan simulate` times it on a described machine. No ranks
+are launched: both are one process (`bench --plan` executes a plan across real ranks).
+"""
+from __future__ import annotations
+
+import json
+
+from ..errors import EXIT_FAILED, UsageError
+from . import flags
+from .common import add, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="check or simulate MSCCL++ execution plans on CPUs",
+                       description="Read MSCCL++ execution plans (the JSON its DSL emits) and check "
+                       "them (outputs, deadlocks, races) or simulate their time on a described machine.")
+    ps = p.add_subparsers(dest="plan_command", metavar="ACTION", parser_class=type(p))
+    c = ps.add_parser("check", help="run a plan in one process: outputs against the collective, "
+                      "deadlocks, races, chunk ranges",
+                      description="Run every rank's thread blocks of the plan in one process, "
+                      "deterministically, with data unique to (rank, element, run); compare every "
+                      "rank's output chunks with the collective's definition, find deadlocks (waits "
+                      "no signal can satisfy) and races (accesses the plan's signal/wait/barrier/"
+                      "semaphore/packet order does not order). Exit 0 only when the plan is right.")
+    c.add_argument("plans", nargs="+", metavar="PLAN", help="plan JSON files")
+    add(c, "--ranks", default=None, type=positive_int("--ranks", 1),
+        help="the number of ranks the plan must have (an error if it has another)")
+    add(c, "--size", default=None, help="message size to check at (bytes, or 4K, 1M; default: the "
+        "smallest the plan's chunks allow, twice over)")
+    add(c, "--runs", default="2", type=positive_int("--runs", 1),
+        help="back-to-back runs per rank (2 finds one run overtaking the next)")
+    add(c, "--strict", action="store_true", default=False,
+        help="warnings (ordering only through relaxed signals, hazards between runs) fail the check")
+    flags.output(c, "--json", default=None, help="write one JSON verdict per plan here")
+    c.set_defaults(func=check_main)
+    p.set_defaults(func=lambda args, argv: p.print_help() or 2)
+
+
+def _load(path: str, ranks: int | None):
+    from ..plans.format import load
+    plan = load(path)
+    if ranks is not None and plan.nranks != ranks:
+        raise UsageError(f"{path}: the plan has {plan.nranks} ranks, --ranks says {ranks}")
+    return plan
+
+
+def check_main(args, argv) -> int:
+    from ..plans.check import check
+    from ..sizes import parse_size
+    size = parse_size(str(args.size)) if args.size is not None else None
+    verdicts, bad = [], 0
+    for path in args.plans:
+        plan = _load(path, args.ranks)
+        result = check(plan, size=size, runs=int(args.runs), strict=bool(args.strict))
+        print(f"{path}:")
+        for line in result.lines():
+            print(line)
+        bad += not result.ok
+        verdicts.append({"schema": "wirespeed.plan_check/1", "plan": path, "name": plan.name,
+                         "collective": plan.collective, "ranks": plan.nranks, "size": result.size,
+                         "runs": result.runs, "ok": result.ok, "error": result.error,
+                         "races": [str(r) for r in result.races],
+                         "warnings": [str(r) for r in result.relaxed + result.between],
+                         "wrong_chunks": [{"rank": c.rank, "run": c.run, "chunk": c.chunk,
+                                           "detail": c.detail} for c in result.chunks if not c.right]})
+    if args.json:
+        with open(args.json, "w") as f:
+            for v in verdicts:
+                f.write(json.dumps(v) + "\n")
+    if len(args.plans) > 1:
+        print(f"{len(args.plans) - bad} of {len(args.plans)} plans right")
+    return EXIT_FAILED if bad else 0

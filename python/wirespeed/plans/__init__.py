@@ -1,0 +1,1 @@
+"""MSCCL++ execution plans: read, check, simulate, write and execute them on CPUs (docs/plans.md)."""
