@@ -217,7 +217,33 @@ class Machine:
             op = t.steps[t.pc][0]
             lines.append(f"{op.where} (run {t.run}) waits for {t.blocked_on}")
         more = f" (and {len(lines) - 6} more)" if len(lines) > 6 else ""
-        raise Deadlock(f"{self.plan.source}: deadlock: no thread block can move: " + "; ".join(lines[:6]) + more)
+        raise Deadlock(f"{self.plan.source}: deadlock: no thread block can move: " + "; ".join(lines[:6]) + more
+                       + self.unbalanced())
+
+    def unbalanced(self) -> str:
+        """Channels whose signals per run do not match their pair's waits (the usual cause)."""
+        sent: dict[tuple, int] = {}
+        waited: dict[tuple, int] = {}
+        for r, tbs in enumerate(self.steps):
+            for steps in tbs:
+                for op, _, _ in steps:
+                    n = op.name
+                    for c in op.channels:
+                        if n in ("signal", "rlxsignal", "pws", "pwsf"):
+                            ch = self.plan.ranks[r].channels[op.channel_type][c]
+                            key = (ch.peer, op.channel_type, ch.pair)
+                            sent[key] = sent.get(key, 0) + 1
+                        elif n in ("wait", "rlxwait"):
+                            key = (r, op.channel_type, c)
+                            waited[key] = waited.get(key, 0) + 1
+        out = []
+        for key in sorted(set(waited) | set(sent)):
+            if waited.get(key, 0) > sent.get(key, 0):
+                r, ctype, c = key
+                peer = self.plan.ranks[r].channels[ctype][c].peer
+                out.append(f"rank {r} waits {waited[key]} time(s) per run on {ctype} channel {c}, "
+                           f"rank {peer} signals it {sent.get(key, 0)} time(s)")
+        return (". Unbalanced: " + "; ".join(out[:4])) if out else ""
 
     # ---- one step ----
     def step(self, t: Thread) -> bool:

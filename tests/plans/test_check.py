@@ -1,0 +1,152 @@
+"""`plan check` on hand-written plans and their mutants: each mutation a plan author makes by
+mistake is caught, with the op at fault named (issue 24's done-when), and a right plan passes."""
+import copy
+import json
+
+import pytest
+
+from wirespeed.plans.check import check
+from wirespeed.plans.format import PlanError, parse
+
+
+def allreduce_2ranks(final_sync=True):
+    """Two ranks, two chunks: each puts its input into the peer's scratch, signals, waits for the
+    peer's put, reduces chunk by chunk into its output; then a last signal/wait so the next run's
+    put cannot land in a scratch the peer is still reading."""
+    def mem(typ, index, **kw):
+        return {"type": typ, "index": index, "size": 1, **kw}
+
+    def gpu(r):
+        ops = [
+            {"name": "put", "src_buff": [{"type": "i", "index": 0, "size": 2}],
+             "dst_buff": [{"buffer_id": 0, "index": 0, "size": 2}], "channel_type": "memory"},
+            {"name": "signal", "channel_ids": [0], "channel_type": "memory"},
+            {"name": "wait", "channel_ids": [0], "channel_type": "memory"},
+            {"name": "re", "src_buff": [mem("i", 0), mem("s", 0)], "dst_buff": [mem("o", 0)], "reduce_op": "sum"},
+            {"name": "re", "src_buff": [mem("i", 1), mem("s", 1)], "dst_buff": [mem("o", 1)], "reduce_op": "sum"},
+        ]
+        if final_sync:
+            ops += [{"name": "signal", "channel_ids": [0], "channel_type": "memory"},
+                    {"name": "wait", "channel_ids": [0], "channel_type": "memory"}]
+        return {"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": 2,
+                "threadblocks": [{"id": 0, "ops": ops,
+                                  "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                                  "remote_buffer_refs": [{"access_channel_type": "memory",
+                                                          "remote_buffer_ids": [0]}]}],
+                "channels": [{"channel_type": "memory", "connected_to": [1 - r]}],
+                "remote_buffers": [{"rank": 1 - r, "type": "s", "access_channel_types": ["memory"]}],
+                "semaphores": []}
+    return {"name": "ar2", "collective": "allreduce", "protocol": "Simple", "inplace": False,
+            "reuse_resources": False, "use_double_scratch_buffer": False, "buffer_alignment": 16,
+            "min_message_size": 0, "max_message_size": 2**64 - 1, "num_threads_per_block": 1024,
+            "gpus": [gpu(0), gpu(1)]}
+
+
+def ops_of(obj, rank):
+    return obj["gpus"][rank]["threadblocks"][0]["ops"]
+
+
+def test_the_right_plan_passes_with_every_chunk_right():
+    r = check(parse(allreduce_2ranks()))
+    assert r.ok, r.lines()
+    assert not r.races and not r.between and not r.error
+    assert len(r.chunks) == 2 * 2 * 2 and all(c.right for c in r.chunks)   # ranks x runs x chunks
+
+
+def test_a_removed_signal_is_a_deadlock_naming_the_wait():
+    obj = allreduce_2ranks()
+    del ops_of(obj, 0)[1]                       # rank 0 never signals its put
+    r = check(parse(obj))
+    assert not r.ok and "deadlock" in r.error
+    # Signals are counted: rank 1's first wait takes the one signal left, its last one starves.
+    assert "rank 1, tb 0, op 6 (wait) (run 1) waits for a signal from rank 0" in r.error
+    assert "rank 1 waits 2 time(s) per run on memory channel 0, rank 0 signals it 1 time(s)" in r.error
+
+
+def test_a_removed_wait_is_a_race_naming_the_read():
+    obj = allreduce_2ranks()
+    del ops_of(obj, 1)[2]                       # rank 1 reduces without waiting for rank 0's put
+    r = check(parse(obj))
+    assert not r.ok
+    kinds = {x.kind for x in r.races}
+    assert "read-after-write" in kinds, r.lines()
+    assert any("rank 1, tb 0, op 2 (re)" in x.second and "rank 0, tb 0, op 0 (put)" in x.first
+               for x in r.races), r.lines()
+
+
+def test_a_wait_moved_after_its_read_is_a_race():
+    obj = allreduce_2ranks()
+    ops = ops_of(obj, 1)
+    ops.insert(3, ops.pop(2))                   # wait now after the first reduce
+    r = check(parse(obj))
+    assert not r.ok
+    assert any("rank 1, tb 0, op 2 (re)" in x.second for x in r.races), r.lines()
+
+
+def test_a_shifted_chunk_index_gives_a_wrong_result_that_says_where_it_came_from():
+    obj = allreduce_2ranks()
+    ops_of(obj, 0)[4]["src_buff"][1]["index"] = 0   # chunk 1 reduced with the peer's chunk 0
+    r = check(parse(obj))
+    assert not r.ok and not r.races and not r.error
+    wrong = [c for c in r.chunks if not c.right]
+    assert {(c.rank, c.chunk) for c in wrong} == {(0, 1)}
+    assert "should hold the sum" in wrong[0].detail
+
+
+def test_an_out_of_range_chunk_names_the_op():
+    obj = allreduce_2ranks()
+    ops_of(obj, 1)[3]["src_buff"][1]["index"] = 2   # scratch has chunks 0 and 1
+    r = check(parse(obj))
+    assert not r.ok and "rank 1, tb 0, op 3 (re)" in r.error and "past the buffer" in r.error
+
+
+def test_without_a_final_sync_the_next_run_overtakes_the_peer():
+    r = check(parse(allreduce_2ranks(final_sync=False)))
+    assert r.between, r.lines()                 # run 2's put into a scratch run 1 still reads
+    assert any(x.kind == "write-after-read" and "(put)" in x.second for x in r.between)
+    assert r.ok                                 # a warning: right for one call
+    assert not check(parse(allreduce_2ranks(final_sync=False)), strict=True).ok
+    assert check(parse(allreduce_2ranks(final_sync=False)), runs=1).ok
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda o: ops_of(o, 0)[1].update(name="sgnal"), "unknown operation 'sgnal' (rank 0, tb 0, op 1)"),
+    (lambda o: ops_of(o, 0)[1].update(flavour=1), "unknown field 'flavour'"),
+    (lambda o: ops_of(o, 0)[1].update(channel_ids=[3]), "memory channel 3 is not among the thread block's 1"),
+    (lambda o: ops_of(o, 0)[0]["dst_buff"][0].update(buffer_id=5), "remote buffer 5 is not among"),
+    (lambda o: o.update(collective="allreduceX"), "unknown collective 'allreduceX'"),
+    (lambda o: o["gpus"][1]["channels"][0].update(connected_to=[1]), "connected_to names rank 1"),
+])
+def test_what_the_reader_refuses_it_names(mutate, message):
+    obj = allreduce_2ranks()
+    mutate(obj)
+    with pytest.raises(PlanError) as e:
+        parse(obj, source="p.json")
+    assert message in str(e.value)
+    assert str(e.value).startswith("p.json: ")
+
+
+def test_the_cli_exit_status_follows_the_verdict(tmp_path, run_cli):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(allreduce_2ranks()))
+    obj = allreduce_2ranks()
+    del ops_of(obj, 0)[1]
+    bad.write_text(json.dumps(obj))
+    out = run_cli("plan", "check", str(good), "--json", str(tmp_path / "v.jsonl"))
+    assert out.returncode == 0, out.stderr
+    assert "OK" in out.stdout and "rank 1: 2 output chunk(s) right in every run" in out.stdout
+    assert json.loads((tmp_path / "v.jsonl").read_text())["ok"] is True
+    out = run_cli("plan", "check", str(good), str(bad))
+    assert out.returncode == 1 and "deadlock" in out.stdout and "1 of 2 plans right" in out.stdout
+    out = run_cli("plan", "check", str(good), "--ranks", "4")
+    assert out.returncode == 2 and "has 2 ranks, --ranks says 4" in out.stderr
+    (tmp_path / "junk.json").write_text("{")
+    out = run_cli("plan", "check", str(tmp_path / "junk.json"))
+    assert out.returncode == 2 and "not JSON" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_deepcopy_safety_of_the_fixture():
+    a = allreduce_2ranks()
+    b = copy.deepcopy(a)
+    del ops_of(b, 0)[0]
+    assert len(ops_of(a, 0)) == 7
