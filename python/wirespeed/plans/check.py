@@ -116,9 +116,22 @@ def expected(plan: Plan, rank: int, ins: list[np.ndarray], out_words: int) -> np
     return None
 
 
+def default_size(plan: Plan, cap: int = 64 << 20) -> int:
+    """Twice the smallest size the chunks allow; for a plan with pipelines, doubled until every
+    pipeline runs at least two rounds (a round boundary is where a pipelined plan goes wrong)."""
+    size = smallest_size(plan) * 2
+    pipes = [op for op in plan.all_ops() if op.name == "pipeline"]
+    while pipes and size < cap:
+        layout = Layout(plan, size)
+        if all(op.pipeline_chunks * layout.chunk[op.rank] > op.unit_size for op in pipes):
+            break
+        size *= 2
+    return size
+
+
 def check(plan: Plan, size: int | None = None, runs: int = 2, race_limit: int = 20,
           strict: bool = False) -> CheckResult:
-    size = size or smallest_size(plan) * 2
+    size = size or default_size(plan)
     layout = Layout(plan, size)
     result = CheckResult(plan, size, runs, definition=plan.collective != "test", strict=strict)
     max_in = max(layout.words[r]["input"] for r in range(plan.nranks)) or 1
