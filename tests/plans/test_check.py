@@ -17,16 +17,21 @@ def allreduce_2ranks(final_sync=True):
         return {"type": typ, "index": index, "size": 1, **kw}
 
     def gpu(r):
+        # ops 0 put, 1 nop, 2 signal, 3 wait, 4 nop, 5 re, 6 re, 7 nop, 8 signal, 9 wait: the
+        # nops are the __syncthreads a GPU block needs between a data op and a signal, and
+        # between a wait (done by one thread) and the ops that depend on it.
         ops = [
             {"name": "put", "src_buff": [{"type": "i", "index": 0, "size": 2}],
              "dst_buff": [{"buffer_id": 0, "index": 0, "size": 2}], "channel_type": "memory"},
+            {"name": "nop"},
             {"name": "signal", "channel_ids": [0], "channel_type": "memory"},
             {"name": "wait", "channel_ids": [0], "channel_type": "memory"},
+            {"name": "nop"},
             {"name": "re", "src_buff": [mem("i", 0), mem("s", 0)], "dst_buff": [mem("o", 0)], "reduce_op": "sum"},
             {"name": "re", "src_buff": [mem("i", 1), mem("s", 1)], "dst_buff": [mem("o", 1)], "reduce_op": "sum"},
         ]
         if final_sync:
-            ops += [{"name": "signal", "channel_ids": [0], "channel_type": "memory"},
+            ops += [{"name": "nop"}, {"name": "signal", "channel_ids": [0], "channel_type": "memory"},
                     {"name": "wait", "channel_ids": [0], "channel_type": "memory"}]
         return {"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": 2,
                 "threadblocks": [{"id": 0, "ops": ops,
@@ -55,37 +60,48 @@ def test_the_right_plan_passes_with_every_chunk_right():
 
 def test_a_removed_signal_is_a_deadlock_naming_the_wait():
     obj = allreduce_2ranks()
-    del ops_of(obj, 0)[1]                       # rank 0 never signals its put
+    del ops_of(obj, 0)[2]                       # rank 0 never signals its put
     r = check(parse(obj))
     assert not r.ok and "deadlock" in r.error
     # Signals are counted: rank 1's first wait takes the one signal left, its last one starves.
-    assert "rank 1, tb 0, op 6 (wait) (run 1) waits for a signal from rank 0" in r.error
+    assert "rank 1, tb 0, op 9 (wait) (run 1) waits for a signal from rank 0" in r.error
     assert "rank 1 waits 2 time(s) per run on memory channel 0, rank 0 signals it 1 time(s)" in r.error
 
 
 def test_a_removed_wait_is_a_race_naming_the_read():
     obj = allreduce_2ranks()
-    del ops_of(obj, 1)[2]                       # rank 1 reduces without waiting for rank 0's put
+    del ops_of(obj, 1)[3]                       # rank 1 reduces without waiting for rank 0's put
     r = check(parse(obj))
     assert not r.ok
     kinds = {x.kind for x in r.races}
     assert "read-after-write" in kinds, r.lines()
-    assert any("rank 1, tb 0, op 2 (re)" in x.second and "rank 0, tb 0, op 0 (put)" in x.first
+    assert any("rank 1, tb 0, op 4 (re)" in x.second and "rank 0, tb 0, op 0 (put)" in x.first
                for x in r.races), r.lines()
 
 
 def test_a_wait_moved_after_its_read_is_a_race():
     obj = allreduce_2ranks()
     ops = ops_of(obj, 1)
-    ops.insert(3, ops.pop(2))                   # wait now after the first reduce
+    ops.insert(5, ops.pop(3))                   # wait now after the first reduce
     r = check(parse(obj))
     assert not r.ok
-    assert any("rank 1, tb 0, op 2 (re)" in x.second for x in r.races), r.lines()
+    assert any("rank 1, tb 0, op 4 (re)" in x.second for x in r.races), r.lines()
+
+
+@pytest.mark.parametrize("which, second", [(1, "(signal)"), (4, "(re)")])
+def test_a_removed_nop_is_a_race_inside_the_thread_block(which, second):
+    """Without the nop after the put, one GPU thread may signal before the others finished
+    the copy; without the one after the wait, threads that did not wait reduce too early."""
+    obj = allreduce_2ranks()
+    del ops_of(obj, 0)[which]
+    r = check(parse(obj))
+    assert not r.ok, r.lines()
+    assert r.races
 
 
 def test_a_shifted_chunk_index_gives_a_wrong_result_that_says_where_it_came_from():
     obj = allreduce_2ranks()
-    ops_of(obj, 0)[4]["src_buff"][1]["index"] = 0   # chunk 1 reduced with the peer's chunk 0
+    ops_of(obj, 0)[6]["src_buff"][1]["index"] = 0   # chunk 1 reduced with the peer's chunk 0
     r = check(parse(obj))
     assert not r.ok and not r.races and not r.error
     wrong = [c for c in r.chunks if not c.right]
@@ -95,9 +111,9 @@ def test_a_shifted_chunk_index_gives_a_wrong_result_that_says_where_it_came_from
 
 def test_an_out_of_range_chunk_names_the_op():
     obj = allreduce_2ranks()
-    ops_of(obj, 1)[3]["src_buff"][1]["index"] = 2   # scratch has chunks 0 and 1
+    ops_of(obj, 1)[5]["src_buff"][1]["index"] = 2   # scratch has chunks 0 and 1
     r = check(parse(obj))
-    assert not r.ok and "rank 1, tb 0, op 3 (re)" in r.error and "past the buffer" in r.error
+    assert not r.ok and "rank 1, tb 0, op 5 (re)" in r.error and "past the buffer" in r.error
 
 
 def test_without_a_final_sync_the_next_run_overtakes_the_peer():
@@ -110,9 +126,9 @@ def test_without_a_final_sync_the_next_run_overtakes_the_peer():
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda o: ops_of(o, 0)[1].update(name="sgnal"), "unknown operation 'sgnal' (rank 0, tb 0, op 1)"),
-    (lambda o: ops_of(o, 0)[1].update(flavour=1), "unknown field 'flavour'"),
-    (lambda o: ops_of(o, 0)[1].update(channel_ids=[3]), "memory channel 3 is not among the thread block's 1"),
+    (lambda o: ops_of(o, 0)[2].update(name="sgnal"), "unknown operation 'sgnal' (rank 0, tb 0, op 2)"),
+    (lambda o: ops_of(o, 0)[2].update(flavour=1), "unknown field 'flavour'"),
+    (lambda o: ops_of(o, 0)[2].update(channel_ids=[3]), "memory channel 3 is not among the thread block's 1"),
     (lambda o: ops_of(o, 0)[0]["dst_buff"][0].update(buffer_id=5), "remote buffer 5 is not among"),
     (lambda o: o.update(collective="allreduceX"), "unknown collective 'allreduceX'"),
     (lambda o: o["gpus"][1]["channels"][0].update(connected_to=[1]), "connected_to names rank 1"),
@@ -130,7 +146,7 @@ def test_the_cli_exit_status_follows_the_verdict(tmp_path, run_cli):
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
     good.write_text(json.dumps(allreduce_2ranks()))
     obj = allreduce_2ranks()
-    del ops_of(obj, 0)[1]
+    del ops_of(obj, 0)[2]
     bad.write_text(json.dumps(obj))
     out = run_cli("plan", "check", str(good), "--json", str(tmp_path / "v.jsonl"))
     assert out.returncode == 0, out.stderr
@@ -149,4 +165,4 @@ def test_deepcopy_safety_of_the_fixture():
     a = allreduce_2ranks()
     b = copy.deepcopy(a)
     del ops_of(b, 0)[0]
-    assert len(ops_of(a, 0)) == 7
+    assert len(ops_of(a, 0)) == 10

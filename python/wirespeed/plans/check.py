@@ -41,12 +41,14 @@ class CheckResult:
     relaxed: list = field(default_factory=list)   # warnings: ordered only through relaxed signals
     between: list = field(default_factory=list)   # warnings: unordered across back-to-back runs
     strict: bool = False                          # warnings count as failures
+    notes: list[str] = field(default_factory=list)  # what MSCCL++'s executor would do otherwise
     chunks: list[ChunkVerdict] = field(default_factory=list)
     definition: bool = True                # False: a "test" plan, no collective to compare with
 
     @property
     def ok(self) -> bool:
         return (not self.error and not self.races and all(c.right for c in self.chunks)
+                and not self.plan.over_limits
                 and not (self.strict and (self.relaxed or self.between)))
 
     def lines(self) -> list[str]:
@@ -57,6 +59,8 @@ class CheckResult:
                f"{n_ops} ops; run {self.runs}x back to back at {self.size} bytes"]
         if self.error:
             out.append(f"  error: {self.error}")
+        for over in self.plan.over_limits[:6]:
+            out.append(f"  too big for MSCCL++'s executor: {over}")
         by_rank: dict[int, list[ChunkVerdict]] = {}
         for c in self.chunks:
             by_rank.setdefault(c.rank, []).append(c)
@@ -76,6 +80,8 @@ class CheckResult:
             out.append(f"  {race}")
         for warn in self.relaxed + self.between:
             out.append(f"  warning: {warn}")
+        for note in self.notes:
+            out.append(f"  note: {note}")
         if not self.races and not self.error:
             out.append("  races: none (every conflicting access ordered by the plan's signals, waits, "
                        "barriers, semaphores or packet flags)")
@@ -134,6 +140,11 @@ def check(plan: Plan, size: int | None = None, runs: int = 2, race_limit: int = 
     size = size or default_size(plan)
     layout = Layout(plan, size)
     result = CheckResult(plan, size, runs, definition=plan.collective != "test", strict=strict)
+    flushes = [op.where for op in plan.all_ops() if op.name == "flush"]
+    if flushes:
+        result.notes.append(f"{flushes[0]}{' and more' if len(flushes) > 1 else ''}: checked as a flush; "
+                            "MSCCL++'s executor at 1f5f065d flushes nothing for a standalone flush op "
+                            "(docs/plans.md): end a channel's puts with pwsf to be right there too")
     max_in = max(layout.words[r]["input"] for r in range(plan.nranks)) or 1
     make, decode, _ = input_values(plan.nranks, max_in)
     inputs: dict[tuple, np.ndarray] = {}

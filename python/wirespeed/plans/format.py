@@ -72,6 +72,12 @@ _OP_FIELDS = {"name", "channel_ids", "channel_type", "src_buff", "dst_buff", "re
               # glre (the DSL's older multimem form): fields listed so its error names the op
               "buffer_offset", "buffer_type", "dst_chunk", "size"}
 _BUFF_FIELDS = {"type", "index", "size", "buffer_id", "switch_channel_id", "rank"}
+
+# MSCCL++'s executor's fixed tables (src/core/include/execution_common.hpp at 1f5f065d): ops per
+# thread block (pipeline bodies included), channels and remote buffers per type per block,
+# channels, local + remote buffers and semaphores per op, barriers per rank.
+EXECUTOR_LIMITS = {"ops": 64, "channels": 16, "op_channels": 8, "op_buffers": 10, "semaphores": 16,
+                   "barriers": 16}
 REDUCE_OPS = ("sum",)
 
 
@@ -158,6 +164,9 @@ class Plan:
     min_size: int = 0
     max_size: int = 2**64 - 1
     source: str = ""
+    # Where the plan exceeds what MSCCL++'s executor can load (its fixed per-block tables): it
+    # runs here, but not there; `plan check` reports each.
+    over_limits: list[str] = field(default_factory=list)
 
     @property
     def nranks(self) -> int:
@@ -257,6 +266,7 @@ class _Reader:
             for i, s in enumerate(g.get("semaphores", [])):
                 self.fields(s, {"init_value"}, f"gpus[{r}].semaphores[{i}]")
                 rp.semaphores.append(self.integer(s, "init_value", f"gpus[{r}].semaphores[{i}]", 0, 0))
+
             plan.ranks.append(rp)
         self.pair_channels(plan)
         for r, g in enumerate(gpus):
@@ -370,7 +380,32 @@ class _Reader:
         ops = tb["ops"]
         if not isinstance(ops, list):
             self.fail(where, "ops must be a list")
-        return [self.op(ctx, i, o, f"{where}.ops[{i}]") for i, o in enumerate(ops)]
+        out = [self.op(ctx, i, o, f"{where}.ops[{i}]") for i, o in enumerate(ops)]
+        self.limits(plan, r, t, out, local, refs)
+        return out
+
+    def limits(self, plan, r, t, ops, local, refs):
+        L, over = EXECUTOR_LIMITS, plan.over_limits
+        n_ops = sum(1 + len(op.inner) for op in ops)
+        if n_ops > L["ops"]:
+            over.append(f"rank {r}, tb {t}: {n_ops} ops (pipeline bodies included), the executor "
+                        f"holds {L['ops']} per thread block")
+        for kind, lst in list(local.items()) + [(f"remote {k} buffer", v) for k, v in refs.items()]:
+            if len(lst) > L["channels"]:
+                over.append(f"rank {r}, tb {t}: {len(lst)} {kind} entries, the executor holds "
+                            f"{L['channels']} per thread block")
+        for op in ops:
+            for o in (op, *op.inner):
+                if len(o.channels) > L["op_channels"]:
+                    over.append(f"{o.where}: {len(o.channels)} channels, the executor takes {L['op_channels']} per op")
+                if max(len(o.src), len(o.dst)) > L["op_buffers"]:
+                    over.append(f"{o.where}: {max(len(o.src), len(o.dst))} buffers on one side, the "
+                                f"executor takes {L['op_buffers']} per op")
+                if len(o.semaphores) > L["semaphores"]:
+                    over.append(f"{o.where}: {len(o.semaphores)} semaphores, the executor takes "
+                                f"{L['semaphores']} per op")
+                if o.name == "barrier" and o.barrier_id >= L["barriers"]:
+                    over.append(f"{o.where}: barrier {o.barrier_id}, the executor has {L['barriers']}")
 
     def op(self, ctx, i, o, where, in_pipeline=False) -> Op:
         plan, r, t, local, refs = ctx
@@ -458,6 +493,10 @@ class _Reader:
             owner, buf, access = refs[ctype][bid]
             if access and ctype not in access:
                 self.fail(where, f"{label}: rank {owner}'s {buf} is not registered for {ctype} access")
+            if not any(c.peer == owner for c in plan.ranks[r].channels[ctype]):
+                self.fail(where, f"{label}: reaches rank {owner}'s {buf} over a {ctype} channel, but rank "
+                          f"{r} has no {ctype} channel to rank {owner} (the executor registers remote "
+                          "memory over a connection)")
             return Ref(owner, buf, index, count, ctype)
         if "type" not in b:
             self.fail(where, f"{label}: a buffer reference needs type, buffer_id or switch_channel_id")

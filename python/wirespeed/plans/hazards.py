@@ -36,12 +36,18 @@ class Race:
     second: str        # the later one
     relaxed: bool = False   # ordered, but only through a relaxed signal: visibility not promised
     between_runs: bool = False   # the two accesses belong to different runs of the plan
+    same_block: bool = False     # two ops of one thread block with no nop between them
 
     def __str__(self):
         what = {"read-after-write": "reads words that {first} wrote, with no signal/wait (or packet "
                 "flag) ordering the write before it",
                 "write-after-write": "writes words that {first} also writes, in no fixed order",
                 "write-after-read": "overwrites words that {first} reads, which may not have read them yet"}
+        if self.same_block:
+            return (f"race ({self.kind}) in rank {self.rank}'s memory, words {self.words[0]}.."
+                    f"{self.words[1] - 1}: {self.second} and {self.first} are ops of one thread block "
+                    "with no nop (__syncthreads) between them: different GPU threads may run them in "
+                    "either order")
         if self.between_runs:
             return (f"between runs ({self.kind}) in rank {self.rank}'s memory, words {self.words[0]}.."
                     f"{self.words[1] - 1}: {self.second} is not ordered after {self.first} of the "
@@ -70,13 +76,13 @@ class HazardTracker:
         self.seen: set = set()
         self.limit = limit
 
-    def report(self, kind, rank, lo, hi, first, second, relaxed=False, between=False):
+    def report(self, kind, rank, lo, hi, first, second, relaxed=False, between=False, nop=False):
         key = (kind, first, second)
         into = self.between if between else self.relaxed if relaxed else self.races
         if key in self.seen or len(into) >= self.limit:
             return
         self.seen.add(key)
-        into.append(Race(kind, rank, (lo, hi), first, second, relaxed and not between, between))
+        into.append(Race(kind, rank, (lo, hi), first, second, relaxed and not between, between, nop))
 
     def access(self, t, span: Span, write: bool, where: str) -> None:
         r, lo, hi = span.rank, span.start, span.end
@@ -84,11 +90,24 @@ class HazardTracker:
             return
         wt = self.w_tid[r][lo:hi]
         wc = self.w_clk[r][lo:hi]
-        mask = wt >= 0
+        cur = int(t.vc[t.tid])
+        # A packet read waited for its packets' flags: the write it reads is ordered before it.
+        mask = (wt >= 0) if (write or not span.packets) else np.zeros(len(wt), dtype=bool)
+        # The same thread block's earlier op in the same segment (no nop between) is not ordered
+        # before this one: different GPU threads may do the two.
+        own = mask & (wt == t.tid)
+        if own.any():
+            same_seg = own & (wc >= t.seg_start) & (wc != cur) & (wc > t.self_known)
+            if same_seg.any():
+                i = int(np.argmax(same_seg))
+                first = self.w_where[r].get(int(wt[i]) * 2**32 + int(wc[i]), "an earlier op")
+                self.report("write-after-write" if write else "read-after-write", r, lo + i,
+                            lo + i + int(same_seg[i:].sum()), first, where, nop=True)
+            mask = mask & (wt != t.tid)
         if mask.any():
             # Unordered with the last write: t's visibility clock has not reached it.
             idx = np.where(mask, wt, 0)
-            bad = mask & (t.vis[idx] < wc) & (wt != t.tid)
+            bad = mask & (t.vis[idx] < wc)
             if bad.any():
                 i = int(np.argmax(bad))
                 first = self.w_where[r].get(int(wt[i]) * 2**32 + int(wc[i]), "an earlier write")
@@ -100,7 +119,12 @@ class HazardTracker:
             keep = []
             for rec in self.reads[r]:
                 s, e, tid, clk, rwhere, rrun = rec
-                if e <= lo or s >= hi or tid == t.tid:
+                if e <= lo or s >= hi:
+                    keep.append(rec)
+                    continue
+                if tid == t.tid:
+                    if t.seg_start <= clk != cur and clk > t.self_known:
+                        self.report("write-after-read", r, max(s, lo), min(e, hi), rwhere, where, nop=True)
                     keep.append(rec)
                     continue
                 if t.vc[tid] < clk:

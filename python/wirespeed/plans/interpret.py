@@ -73,6 +73,15 @@ class Thread:
     blocked_on: str = ""
     barrier: tuple | None = None
     start_vis: np.ndarray | None = None
+    # A thread block's ops are not ordered across its GPU threads unless a `nop`
+    # (__syncthreads) or barrier separates them: `seg_start` is the clock of the first op after
+    # the last such point, and `pending` what a wait (done by a few threads) taught the block,
+    # which the rest of its threads know only after the next sync point.
+    seg_start: int = 1 << 62
+    pending: tuple | None = None
+    # The latest of the block's own ops known finished through another thread (a packet that
+    # came back, a signal chain): ordered before what the block does next, nop or not.
+    self_known: int = 0
 
     def label(self) -> str:
         if self.kind == "tb":
@@ -137,23 +146,50 @@ class Machine:
         self.threads.append(t)
         return t
 
-    def token(self, t: Thread, delay: float = 0.0) -> Token:
-        """A snapshot of `t` for a thread it synchronises with; `t` moves on to a new epoch."""
+    def token(self, t: Thread, delay: float = 0.0, inclusive: bool = False) -> Token:
+        """A snapshot of `t` for a thread it synchronises with. A thread block's signal carries
+        only what its threads finished by the last sync point (`inclusive`: the current op too,
+        for the packets it writes, whose flags travel with their data); a sequential thread
+        (proxy, host) moves on to a new epoch."""
         tok = Token(None, None, t.now + delay)
         if t.vc is not None:
             tok.vc, tok.vis = t.vc.copy(), t.vis.copy()
+            if t.kind == "tb" and not inclusive:
+                tok.vc[t.tid] = tok.vis[t.tid] = t.seg_start - 1
             tok.base = t.start_vis if t.start_vis is not None else tok.vis
-            t.vc[t.tid] += 1
-            t.vis[t.tid] += 1
+            if t.kind != "tb":
+                t.vc[t.tid] += 1
+                t.vis[t.tid] += 1
         return tok
 
-    def join(self, t: Thread, tok: Token, relaxed: bool = False) -> None:
+    def join(self, t: Thread, tok: Token, relaxed: bool = False, deferred: bool = False) -> None:
+        """`t` learns `tok`. `deferred`: learnt by the few GPU threads that waited, so the block
+        as a whole knows it only from its next sync point."""
         t.now = max(t.now, tok.time)
         if t.vc is not None and tok.vc is not None:
-            np.maximum(t.vc, tok.vc, out=t.vc)
             # A relaxed edge (either end relaxed) orders execution; of the data written before
             # it, only what was there when the sender's run started is known to be visible.
-            np.maximum(t.vis, tok.base if (relaxed or tok.relaxed) else tok.vis, out=t.vis)
+            vis = tok.base if (relaxed or tok.relaxed) else tok.vis
+            if deferred and t.kind == "tb":
+                if t.pending is None:
+                    t.pending = (tok.vc.copy(), vis.copy())
+                else:
+                    np.maximum(t.pending[0], tok.vc, out=t.pending[0])
+                    np.maximum(t.pending[1], vis, out=t.pending[1])
+                return
+            t.self_known = max(t.self_known, int(tok.vc[t.tid]))
+            np.maximum(t.vc, tok.vc, out=t.vc)
+            np.maximum(t.vis, vis, out=t.vis)
+
+    def sync_point(self, t: Thread) -> None:
+        """A `nop` or barrier: every GPU thread of the block has finished the ops before it and
+        knows what any of them learnt."""
+        if t.vc is not None:
+            t.seg_start = int(t.vc[t.tid]) + 1
+            if t.pending is not None:
+                np.maximum(t.vc, t.pending[0], out=t.vc)
+                np.maximum(t.vis, t.pending[1], out=t.vis)
+                t.pending = None
 
     # ---- runs ----
     def start_run(self, rank: int) -> None:
@@ -171,6 +207,7 @@ class Machine:
             self.join(t, tok)
             if t.vis is not None:
                 t.start_vis = t.vis.copy()
+                t.seg_start = int(t.vc[t.tid]) + 1
             self.live.append(t)
         if not self.steps[rank]:
             self.finish_run(rank, [])
@@ -178,7 +215,7 @@ class Machine:
     def finish_run(self, rank: int, ended: list[Thread]) -> None:
         host = self.hosts[rank]
         for t in ended:
-            self.join(host, self.token(t))
+            self.join(host, self.token(t, inclusive=True))
         run = self.current_run[rank]
         out = None
         if self.data:
@@ -252,9 +289,13 @@ class Machine:
         if not self.ready(t, op):
             return False
         t.blocked_on = ""
+        if t.vc is not None:
+            t.vc[t.tid] += 1      # each op of a block is its own epoch: see Thread.seg_start
+            t.vis[t.tid] += 1
         self.execute(t, op, offset, unit)
         t.pc += 1
         if t.pc == len(t.steps):
+            self.sync_point(t)    # a kernel's end: every GPU thread of the block is done
             self.live.remove(t)
             rank = t.rank
             if not any(x.rank == rank and x.kind == "tb" for x in self.live):
@@ -288,7 +329,7 @@ class Machine:
             state = self.barriers.setdefault(key, [0, []])
             if t.barrier is None:
                 t.barrier = (key, state[0])
-                state[1].append(self.token(t))
+                state[1].append(self.token(t, inclusive=True))   # the barrier syncs the block first
                 if len(state[1]) == op.barrier_count:
                     done = Token(None, None, 0.0)
                     for tok in state[1]:
@@ -330,8 +371,10 @@ class Machine:
         if pos < span.end:
             covered = False
         if covered:
+            # A flag orders the read after its packet's write; it makes only that packet's data
+            # visible (hazards.py exempts the packet words), so the edge is a relaxed one.
             for tok in toks:
-                self.join(t, tok)
+                self.join(t, tok, relaxed=True)
         return covered
 
     def write_packets(self, t: Thread, span: Span, tok: Token, run: int | None = None) -> None:
@@ -368,7 +411,7 @@ class Machine:
             self.observer.access(t, span, write, where)
 
     def load(self, t, span: Span, where) -> np.ndarray:
-        self.access(t, span, False, where)
+        self.access(t, span, False, where)   # packet spans: read after waiting on their flags
         if not self.data:
             return None
         m = self.mem[span.rank]
@@ -403,8 +446,10 @@ class Machine:
         cost = self.timing.op(self, t, op, offset, unit) if self.timing else 0.0
         t.now += cost
         if n in ("nop",):
+            self.sync_point(t)
             return
         if n == "barrier":
+            self.sync_point(t)
             self.join(t, self.barrier_done[t.barrier])
             t.barrier = None
             return
@@ -414,11 +459,12 @@ class Machine:
             return
         if n in ("wait", "rlxwait"):
             for c in op.channels:
-                self.join(t, self.take_signal((t.rank, op.channel_type, c)), relaxed=n == "rlxwait")
+                self.join(t, self.take_signal((t.rank, op.channel_type, c)), relaxed=n == "rlxwait",
+                          deferred=True)
             return
         if n == "flush":
             for c in op.channels:
-                self.join(t, self.token(self.proxies[(t.rank, c)]))
+                self.join(t, self.token(self.proxies[(t.rank, c)]), deferred=True)
             return
         if n == "sem_release":
             for s in op.semaphores:
@@ -426,7 +472,7 @@ class Machine:
             return
         if n == "sem_acquire":
             for s in op.semaphores:
-                self.join(t, self.sems[t.rank][s].popleft())
+                self.join(t, self.sems[t.rank][s].popleft(), deferred=True)
             return
         if n in ("put", "pws", "pwsf"):
             if op.channel_type == "port":
@@ -480,7 +526,7 @@ class Machine:
             s = self.span(t, op, op.src[0])
             d = self.pspan(t, op, op.dst[0])
             self.store(t, d, self.load(t, s, w), w, flag=t.run)
-            self.write_packets(t, d, self.token(t))
+            self.write_packets(t, d, self.token(t, inclusive=True))
             return
         if n == "upkt":
             s = self.pspan(t, op, op.src[0], force_scratch=True)
@@ -497,7 +543,7 @@ class Machine:
                 s = self.span(t, op, op.src[i])
                 d = self.pspan(t, op, dst, owner=dst.rank)
                 self.store(t, d, self.load(t, s, w), w, flag=t.run)
-                self.write_packets(t, d, self.token(t))
+                self.write_packets(t, d, self.token(t, inclusive=True))
             return
         if n == "rppkt":
             s = self.pspan(t, op, op.src[0], force_scratch=True)
@@ -510,7 +556,7 @@ class Machine:
             for dst in op.dst:
                 d = self.pspan(t, op, dst, owner=dst.rank)
                 self.store(t, d, vals, w, flag=t.run)
-                self.write_packets(t, d, self.token(t))
+                self.write_packets(t, d, self.token(t, inclusive=True))
             return
         if n in ("respkt", "repkt", "recpkt", "recspkt"):
             src0 = self.span(t, op, op.src[0])
@@ -524,13 +570,13 @@ class Machine:
             if n in ("recpkt", "recspkt"):
                 d = self.pspan(t, op, op.dst[1], size_of=op.src[0])
                 self.store(t, d, acc, w, flag=t.run)
-                self.write_packets(t, d, self.token(t))
+                self.write_packets(t, d, self.token(t, inclusive=True))
                 remote = op.dst[2:]
             if n in ("respkt", "recspkt"):
                 for dst in remote:
                     d = self.pspan(t, op, dst, force_scratch=True, size_of=op.src[0], owner=dst.rank)
                     self.store(t, d, acc, w, flag=t.run)
-                    self.write_packets(t, d, self.token(t))
+                    self.write_packets(t, d, self.token(t, inclusive=True))
             return
         if n == "glres":
             group = op.src[0].group
@@ -560,7 +606,7 @@ class Machine:
                 so = self.layout.scratch_offset(r, t.run) if op.dst[0].buffer == "scratch" else 0
                 d = self.layout.span(t.rank, op.dst[0], op.tbg, owner=r, packets=True, scratch_offset=so, where=w)
                 self.store(t, d, vals, w, flag=t.run)
-                self.write_packets(t, d, self.token(t))
+                self.write_packets(t, d, self.token(t, inclusive=True))
             return
         raise PlanError(f"{w}: wirespeed reads this op but cannot run it yet")  # pragma: no cover
 
@@ -626,7 +672,7 @@ class Machine:
         p = self.proxies[(t.rank, c)]
         while p.queue:
             self.proxy_step(p)
-        self.join(t, self.token(p))
+        self.join(t, self.token(p), deferred=True)
 
 
 class BufferMisuse(PlanError):
