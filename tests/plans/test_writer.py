@@ -70,6 +70,8 @@ def problems(plan: dict) -> list[str]:
             for t, ids in rbufs.items():
                 if any(not 0 <= i < len(g["remote_buffers"]) for i in ids):
                     out.append(f"{w}: remote buffer ids {ids} past the rank's list")
+            if sum(1 for _ in _ops(tb["ops"])) > 64:
+                out.append(f"{w}: over the executor's 64 ops a block")
             for op in _ops(tb["ops"]):
                 name, ctype = op["name"], op.get("channel_type")
                 local_ids = chans.get(ctype, [])
@@ -170,10 +172,10 @@ def test_thread_block_lists_index_the_rank_lists():
     assert t["channels"] == [{"channel_type": "port", "channel_ids": [1, 0]}]
     assert t["remote_buffer_refs"] == [{"access_channel_type": "port", "remote_buffer_ids": [1, 0]}]
     names = [op["name"] for op in t["ops"]]
-    assert names == ["pws", "nop", "pwsf", "nop", "wait"]
+    assert names == ["pws", "nop", "pwsf", "wait"]
     assert t["ops"][0]["channel_ids"] == [0] and t["ops"][2]["channel_ids"] == [1]
     assert t["ops"][2]["dst_buff"] == [{"buffer_id": 1, "index": 1, "size": 1}]
-    assert t["ops"][4]["channel_ids"] == [1, 0]
+    assert t["ops"][3]["channel_ids"] == [1, 0]
 
 
 def test_nops_where_the_executor_needs_a_syncthreads():
@@ -183,11 +185,11 @@ def test_nops_where_the_executor_needs_a_syncthreads():
     tb.signal(ch, relaxed=True)
     tb.wait(ch, relaxed=True)  # after a signal: no nop
     tb.signal(ch)  # relays the wait on another thread: nop
-    tb.put(I(0), Remote(1, "s", 0), ch)  # data after sync: nop
+    tb.put(I(0), Remote(1, "s", 0), ch)  # nothing waits for a signal to have gone out: no nop
     tb.barrier(0, 1)  # a barrier syncs by itself
     tb.copy(S(0), O(0))
     names = [op["name"] for op in b.to_json()["gpus"][0]["threadblocks"][0]["ops"]]
-    assert names == ["rlxsignal", "rlxwait", "nop", "signal", "nop", "put", "barrier", "copy"]
+    assert names == ["rlxsignal", "rlxwait", "nop", "signal", "put", "barrier", "copy"]
     assert [op["name"] for op in b.to_json(nops=False)["gpus"][0]["threadblocks"][0]["ops"]] == [
         "rlxsignal", "rlxwait", "signal", "put", "barrier", "copy"]
 
@@ -206,8 +208,7 @@ def test_pipeline_nests_its_ops():
     pipe = g["threadblocks"][0]["ops"][0]
     assert pipe["iter_context"] == {"unit_size": 1 << 20, "num_chunks": 1}
     assert [op["name"] for op in pipe["ops"]] == ["sem_acquire", "nop", "put", "nop", "signal"]
-    assert g["threadblocks"][0]["ops"][1:] == [{"name": "nop"}, {"name": "wait", "channel_ids": [0],
-                                                                  "channel_type": "memory"}]
+    assert g["threadblocks"][0]["ops"][1:] == [{"name": "wait", "channel_ids": [0], "channel_type": "memory"}]
     assert g["semaphores"] == [{"init_value": 1}]
 
 
@@ -252,6 +253,23 @@ def test_builder_refuses_misuse(misuse):
     tb = b.threadblock(0)
     with pytest.raises((ValueError, TypeError)):
         misuse(b, tb, b.channel(0, 1, "memory"), b.channel(0, 1, "port"))
+
+
+def test_builder_refuses_what_the_executor_cannot_hold():
+    b = PlanBuilder("t", "test", 2).chunks(input=1, output=1, scratch=1)
+    ch = b.channel(0, 1, "memory")
+    tb = b.threadblock(0)
+    for _ in range(64):
+        tb.signal(ch)  # no nops between signals
+    b.to_json()  # 64 ops: the most a block holds
+    tb.signal(ch)
+    with pytest.raises(ValueError, match="65 ops"):
+        b.to_json()
+    wide = PlanBuilder("t", "test", 10).chunks(input=1, output=1, scratch=1)
+    chans = [wide.channel(0, p, "port") for p in range(1, 10)]
+    wide.threadblock(0).signal(chans)  # 9 channels in one op
+    with pytest.raises(ValueError, match="more channels"):
+        wide.to_json()
 
 
 # -- the sanity check itself sees what it claims to ----------------------------------------

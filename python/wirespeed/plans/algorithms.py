@@ -142,16 +142,19 @@ def allreduce_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
 
     The buffer is n chunks. Scratch has n-1 slots for the reduce-scatter and n-1 for the
     all-gather, each written once, so the proxy's writes never land on data still in use.
-    One thread block per rank; next = r+1, prev = r-1 (mod n).
+    next = r+1, prev = r-1 (mod n). Two thread blocks per rank, one per phase, each with its
+    own pair of channels to next and prev (the executor takes 64 ops a block, which one
+    block doing both phases passes at 8 ranks).
+    Reduce-scatter block:
     0. signal prev (our scratch is free for this run), wait for next's.
-    Reduce-scatter, step s = 0..n-2:
+    For step s = 0..n-2:
     1. put+signal chunk (r-s) to next's RS slot s: our input chunk r at s=0, afterwards the
        partial sum that step s-1 left in our RS slot s-1;
     2. wait for prev's signal: its chunk (r-1-s) is in our RS slot s;
     3. add our input chunk (r-1-s) into that slot; at the last step the sum is complete and
        goes into output chunk (r+1) instead.
-    4. flush: the proxy has read input chunk r, which the all-gather will overwrite.
-    All-gather, step s = 0..n-2:
+    4. flush (the all-gather overwrites input chunk r, which the proxy read), then barrier.
+    All-gather block, after the barrier; for step s = 0..n-2:
     5. put+signal chunk (r+1-s) to next's AG slot s: from our output at s=0, afterwards the
        AG slot received at step s-1;
     6. wait for prev: chunk (r-s) is in our AG slot s; copy it into output chunk (r-s).
@@ -164,16 +167,19 @@ def allreduce_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     ag = n - 1  # first all-gather slot
     for r in range(n):
         nxt, prv = (r + 1) % n, (r - 1) % n
-        tb = b.threadblock(r)
-        cn, cp = b.channel(r, nxt, "port"), b.channel(r, prv, "port")
-        tb.signal(cp)
-        tb.wait(cn)
+        rs, tb = b.threadblock(r), b.threadblock(r)
+        cn, cp = b.channel(r, nxt, "port", k=0), b.channel(r, prv, "port", k=0)
+        rs.signal(cp)
+        rs.wait(cn)
         for s in range(n - 1):
-            tb.put(I(r) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True)
-            tb.wait(cp)
+            rs.put(I(r) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True)
+            rs.wait(cp)
             c = (r - 1 - s) % n
-            tb.reduce([I(c), S(s)], S(s) if s < n - 2 else O(c))
-        tb.flush(cn)
+            rs.reduce([I(c), S(s)], S(s) if s < n - 2 else O(c))
+        rs.flush(cn)
+        rs.barrier(0, 2)
+        cn, cp = b.channel(r, nxt, "port", k=1), b.channel(r, prv, "port", k=1)
+        tb.barrier(0, 2)
         for s in range(n - 1):
             tb.put(O((r + 1) % n) if s == 0 else S(ag + s - 1), Remote(nxt, "s", ag + s), cn, signal=True)
             tb.wait(cp)

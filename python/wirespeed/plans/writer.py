@@ -30,6 +30,14 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv"
 SYNC_OPS = {"signal", "wait", "rlxsignal", "rlxwait", "flush", "sem_acquire", "sem_release"}
 WAITING_OPS = {"wait", "rlxwait", "flush", "sem_acquire"}
 NO_MAX = 2**64 - 1  # what MSCCL++ writes for "no upper bound" on the message size
+# The executor's fixed-size tables (execution_common.hpp): a plan past them loads but is refused
+# at run time, so the writer refuses it first.
+MAX_OPS_PER_BLOCK = 64  # nops and a pipeline's inner ops count
+MAX_CHANNELS_PER_BLOCK = 16  # per channel type; the same for remote buffers per access type
+MAX_CHANNELS_PER_OP = 8
+MAX_REFS_PER_OP = 10  # 2 local buffers + 8 reached through channels
+MAX_BARRIERS = 16
+MAX_SEMAPHORES = 16
 
 
 @dataclass(frozen=True)
@@ -262,10 +270,26 @@ class ThreadBlock:
         return self._emit(op)
 
     def to_json(self, nops: bool = True) -> dict:
+        ops = _with_nops(self.ops) if nops else self.ops
+        self._check_limits(ops)
         chans = [{"channel_type": t, "channel_ids": ids} for t, ids in self._channels.items() if ids]
         refs = [{"access_channel_type": t, "remote_buffer_ids": ids} for t, ids in self._rbufs.items() if ids]
-        return {"id": self.id, "ops": _with_nops(self.ops) if nops else self.ops,
-                "channels": chans, "remote_buffer_refs": refs}
+        return {"id": self.id, "ops": ops, "channels": chans, "remote_buffer_refs": refs}
+
+    def _check_limits(self, ops: list[dict]):
+        where = f"rank {self.rank} thread block {self.id}"
+        flat = [o for op in ops for o in [op] + op.get("ops", [])]
+        if len(flat) > MAX_OPS_PER_BLOCK:
+            raise ValueError(f"{where}: {len(flat)} ops, the executor takes {MAX_OPS_PER_BLOCK} a block")
+        for t in CHANNEL_TYPES:
+            if max(len(self._channels[t]), len(self._rbufs[t])) > MAX_CHANNELS_PER_BLOCK:
+                raise ValueError(f"{where}: over {MAX_CHANNELS_PER_BLOCK} {t} channels or remote buffers")
+        for op in flat:
+            if len(op.get("channel_ids", ())) > MAX_CHANNELS_PER_OP or \
+                    max(len(op.get("src_buff", ())), len(op.get("dst_buff", ()))) > MAX_REFS_PER_OP:
+                raise ValueError(f"{where}: {op['name']} has more channels or buffers than the executor takes")
+            if op.get("barrier_id", 0) >= MAX_BARRIERS:
+                raise ValueError(f"{where}: barrier id {op['barrier_id']} (the executor has {MAX_BARRIERS})")
 
 
 class PlanBuilder:
@@ -321,6 +345,8 @@ class PlanBuilder:
 
     def semaphore(self, rank: int, init_value: int = 0) -> int:
         """A device semaphore shared by the thread blocks of `rank`; returns its id."""
+        if len(self._sems[rank]) == MAX_SEMAPHORES:
+            raise ValueError(f"rank {rank}: the executor has {MAX_SEMAPHORES} semaphores")
         self._sems[rank].append(init_value)
         return len(self._sems[rank]) - 1
 
@@ -347,23 +373,42 @@ class PlanBuilder:
                 "inplace": self.inplace, "reuse_resources": self.reuse_resources, "gpus": gpus, **self.meta}
 
 
+def _kind(op: dict) -> str:
+    """How the executor runs an op, for `_with_nops`: "quiet" ops synchronise the block
+    themselves; "wait" and "signal" ops run on one thread per channel; a port-channel put
+    ("trigger") hands work to the proxy from one thread per channel; "data" ops use every
+    thread."""
+    name = op["name"]
+    if name in ("nop", "barrier"):
+        return "quiet"
+    if name in WAITING_OPS:
+        return "wait"
+    if name in SYNC_OPS:
+        return "signal"
+    if name in ("put", "pws", "pwsf") and op.get("channel_type") == "port":
+        return "trigger"
+    return "data"
+
+
+def _needs_nop(prev: str, cur: str) -> bool:
+    # After a data op every thread must be done before one signals or hands the data on;
+    # after a wait, the wait must be over before anyone acts on it; after a port put, a
+    # signal or flush must come after the put it covers. A wait may start early, and
+    # nothing in the block depends on a signal having gone out.
+    return prev in ("data", "wait", "trigger") and cur not in ("wait", "quiet")
+
+
 def _with_nops(ops: list[dict]) -> list[dict]:
-    """A __syncthreads between two ops where the executor needs one: sync ops run on one
-    thread per channel, so a data op's threads must all be done before a signal goes out, a
-    wait must be over before other threads read, and a signal that relays a wait (wait on one
-    channel, signal on another, run by different threads) must come after it. Two sync ops
-    need none otherwise; barriers and nops already synchronise the block."""
+    """A __syncthreads ("nop") between two ops where the executor needs one: it runs a
+    signal, wait or port put on one thread per channel and a data op on every thread, and
+    syncs nothing between ops by itself. Each nop counts against the executor's 64 ops per
+    block, so none goes where nothing depends on it."""
     out: list[dict] = []
     for op in ops:
         if op["name"] == "pipeline":
             op = {**op, "ops": _with_nops(op["ops"])}
-        if out:
-            prev, cur = out[-1]["name"], op["name"]
-            quiet = {"nop", "barrier"}
-            relay = prev in WAITING_OPS and cur not in WAITING_OPS
-            both_sync = prev in SYNC_OPS and cur in SYNC_OPS and not relay
-            if prev not in quiet and cur not in quiet and not both_sync:
-                out.append({"name": "nop"})
+        if out and _needs_nop(_kind(out[-1]), _kind(op)):  # a pipeline counts as a data op
+            out.append({"name": "nop"})
         out.append(op)
     return out
 
