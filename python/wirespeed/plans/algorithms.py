@@ -13,7 +13,11 @@ Conventions every plan keeps, because the checker (and a real GPU) needs them:
 - data written in the kernel is read remotely only after a full signal -> wait;
 - a rank reading its peers' buffers tells them when it is done (signal), so none leaves the
   kernel, and lets its caller reuse the buffer, while a peer still reads it;
-- a port-channel put's source is not overwritten, nor the kernel left, before a flush;
+- a port-channel put's source is not overwritten, nor the kernel left, before a flush. The
+  flush rides on the last put of each channel (pwsf: put, signal, flush, which covers every
+  earlier put on the channel), never a standalone `flush` op: MSCCL++'s executor (at the
+  version read) takes a flush op's channel count from its outputs, which a flush has none of,
+  so on a GPU a standalone flush does nothing;
 - each scratch slot is written at most once per run, so no slot is overwritten while read.
 
 `python -m wirespeed.plans.algorithms --out DIR` writes the test fixtures.
@@ -153,12 +157,14 @@ def allreduce_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     2. wait for prev's signal: its chunk (r-1-s) is in our RS slot s;
     3. add our input chunk (r-1-s) into that slot; at the last step the sum is complete and
        goes into output chunk (r+1) instead.
-    4. flush (the all-gather overwrites input chunk r, which the proxy read), then barrier.
-    All-gather block, after the barrier; for step s = 0..n-2:
+    4. barrier with the all-gather block.
+    The last put flushes (pwsf): the all-gather overwrites input chunk r, read at step 0.
+    All-gather block: barrier, then for step s = 0..n-2:
     5. put+signal chunk (r+1-s) to next's AG slot s: from our output at s=0, afterwards the
        AG slot received at step s-1;
     6. wait for prev: chunk (r-s) is in our AG slot s; copy it into output chunk (r-s).
-    7. flush before leaving: the last puts' sources stay put until the proxy has read them.
+    The last put flushes, so no source changes, nor is the kernel left, before the proxy has
+    read it.
     """
     n = nranks
     _check_hosts(n, ranks_per_host)
@@ -172,19 +178,18 @@ def allreduce_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
         rs.signal(cp)
         rs.wait(cn)
         for s in range(n - 1):
-            rs.put(I(r) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True)
+            rs.put(I(r) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True, flush=s == n - 2)
             rs.wait(cp)
             c = (r - 1 - s) % n
             rs.reduce([I(c), S(s)], S(s) if s < n - 2 else O(c))
-        rs.flush(cn)
         rs.barrier(0, 2)
         cn, cp = b.channel(r, nxt, "port", k=1), b.channel(r, prv, "port", k=1)
         tb.barrier(0, 2)
         for s in range(n - 1):
-            tb.put(O((r + 1) % n) if s == 0 else S(ag + s - 1), Remote(nxt, "s", ag + s), cn, signal=True)
+            tb.put(O((r + 1) % n) if s == 0 else S(ag + s - 1), Remote(nxt, "s", ag + s), cn, signal=True,
+                   flush=s == n - 2)
             tb.wait(cp)
             tb.copy(S(ag + s), O((r - s) % n))
-        tb.flush(cn)
     return b.to_json()
 
 
@@ -222,7 +227,7 @@ def allgather_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
        chunk received at step s-1 (next forwards a chunk only after receiving it, so it never
        reads the chunk we write);
     2. wait for prev: chunk (r-1-s) is in our output.
-    3. flush before leaving.
+    The last put flushes (pwsf) before the kernel is left.
     """
     n = nranks
     _check_hosts(n, ranks_per_host)
@@ -236,9 +241,8 @@ def allgather_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
         tb.wait(cn)
         for s in range(n - 1):
             c = (r - s) % n
-            tb.put(I(0) if s == 0 else O(c), Remote(nxt, "o", c), cn, signal=True)
+            tb.put(I(0) if s == 0 else O(c), Remote(nxt, "o", c), cn, signal=True, flush=s == n - 2)
             tb.wait(cp)
-        tb.flush(cn)
     return b.to_json()
 
 
@@ -286,7 +290,7 @@ def reducescatter_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     2. wait for prev: its partial sum of chunk (r-2-s) is in our slot s;
     3. add our input chunk (r-2-s) into the slot; at the last step that chunk is r, and the
        sum goes to the output.
-    4. flush before leaving.
+    The last put flushes (pwsf) before the kernel is left.
     """
     n = nranks
     _check_hosts(n, ranks_per_host)
@@ -299,11 +303,11 @@ def reducescatter_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
         tb.signal(cp)
         tb.wait(cn)
         for s in range(n - 1):
-            tb.put(I((r - 1) % n) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True)
+            tb.put(I((r - 1) % n) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True,
+                   flush=s == n - 2)
             tb.wait(cp)
             c = (r - 2 - s) % n
             tb.reduce([I(c), S(s)], S(s) if s < n - 2 else O(0))
-        tb.flush(cn)
     return b.to_json()
 
 
@@ -339,10 +343,10 @@ def alltoall_port(nranks: int, ranks_per_host: int = 1) -> dict:
     """Alltoall over port channels, in place; one thread block per peer p:
 
     1. signal p, wait for p: p's scratch slot for us is free;
-    2. put+signal our chunk p into p's slot for us;
+    2. put+signal+flush our chunk p into p's slot for us (the flush: the proxy has read our
+       chunk p, which step 4 overwrites);
     3. wait for p: its chunk r is in our slot for p;
-    4. flush: the proxy has read our chunk p, so it may be overwritten;
-    5. copy the slot into our output chunk p.
+    4. copy the slot into our output chunk p.
     """
     n = nranks
     _check_hosts(n, ranks_per_host)
@@ -353,9 +357,8 @@ def alltoall_port(nranks: int, ranks_per_host: int = 1) -> dict:
             tb, ch = b.threadblock(r), b.channel(r, p, "port")
             tb.signal(ch)
             tb.wait(ch)
-            tb.put(I(p), Remote(p, "s", _slot(r, p)), ch, signal=True)
+            tb.put(I(p), Remote(p, "s", _slot(r, p)), ch, signal=True, flush=True)
             tb.wait(ch)
-            tb.flush(ch)
             tb.copy(S(_slot(p, r)), O(p))
     return b.to_json()
 
@@ -367,9 +370,9 @@ def sendrecv_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     """Each rank sends its input to the next rank's output (a ring), over port channels.
 
     1. signal prev (our output may be written), wait for next's;
-    2. put+signal our input into next's output;
-    3. wait for prev: its input is in our output;
-    4. flush before leaving.
+    2. put+signal+flush our input into next's output (the flush: the caller may change the
+       input once the kernel is left);
+    3. wait for prev: its input is in our output.
     """
     n = nranks
     _check_hosts(n, ranks_per_host)
@@ -381,9 +384,8 @@ def sendrecv_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
         cn, cp = b.channel(r, nxt, "port"), b.channel(r, prv, "port")
         tb.signal(cp)
         tb.wait(cn)
-        tb.put(I(0), Remote(nxt, "o", 0), cn, signal=True)
+        tb.put(I(0), Remote(nxt, "o", 0), cn, signal=True, flush=True)
         tb.wait(cp)
-        tb.flush(cn)
     return b.to_json()
 
 

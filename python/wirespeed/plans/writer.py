@@ -150,7 +150,9 @@ class ThreadBlock:
         return self._sync("rlxwait" if relaxed else "wait", channels)
 
     def flush(self, channels):
-        """Port channels: wait until the proxy has read every source put so far."""
+        """Port channels: wait until the proxy has read every source put so far. (MSCCL++'s
+        executor, at the version read, runs a standalone flush on no channel: it counts a
+        flush's channels by its outputs. A put with flush=True, pwsf, does flush.)"""
         return self._sync("flush", channels)
 
     def sem_acquire(self, ids):
