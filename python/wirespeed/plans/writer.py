@@ -30,8 +30,8 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv"
 SYNC_OPS = {"signal", "wait", "rlxsignal", "rlxwait", "flush", "sem_acquire", "sem_release"}
 WAITING_OPS = {"wait", "rlxwait", "flush", "sem_acquire"}
 NO_MAX = 2**64 - 1  # what MSCCL++ writes for "no upper bound" on the message size
-# The executor's fixed-size tables (execution_common.hpp): a plan past them loads but is refused
-# at run time, so the writer refuses it first.
+# The executor's fixed-size tables (execution_common.hpp): a plan past them is refused when the
+# executor sets it up (too many ops) or overruns a table (the rest), so the writer refuses it.
 MAX_OPS_PER_BLOCK = 64  # nops and a pipeline's inner ops count
 MAX_CHANNELS_PER_BLOCK = 16  # per channel type; the same for remote buffers per access type
 MAX_CHANNELS_PER_OP = 8
