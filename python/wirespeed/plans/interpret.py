@@ -329,7 +329,8 @@ class Machine:
             state = self.barriers.setdefault(key, [0, []])
             if t.barrier is None:
                 t.barrier = (key, state[0])
-                state[1].append(self.token(t, inclusive=True))   # the barrier syncs the block first
+                self.sync_point(t)     # the barrier syncs the block's own threads first
+                state[1].append(self.token(t, inclusive=True))
                 if len(state[1]) == op.barrier_count:
                     done = Token(None, None, 0.0)
                     for tok in state[1]:
