@@ -166,3 +166,113 @@ def test_deepcopy_safety_of_the_fixture():
     b = copy.deepcopy(a)
     del ops_of(b, 0)[0]
     assert len(ops_of(a, 0)) == 10
+
+
+FIXTURES = sorted((__import__("pathlib").Path(__file__).parent / "fixtures").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_every_fixture_is_right_strictly(path):
+    r = check(parse(json.loads(path.read_text()), source=path.name), strict=True)
+    assert r.ok, "\n".join(r.lines())
+
+
+def _first(obj, names, rank=None):
+    """(rank, tb, index) of the first op named in `names` (pipelines not entered)."""
+    for g in obj["gpus"]:
+        if rank is not None and g["id"] != rank:
+            continue
+        for tb in g["threadblocks"]:
+            for i, op in enumerate(tb["ops"]):
+                if op["name"] in names:
+                    return g["id"], tb["id"], i
+    raise AssertionError(f"no {names} op")
+
+
+MUTANTS = ["allreduce_ring_port_4r_2h", "allreduce_oneshot_ll_4r", "alltoall_direct_4r",
+           "reducescatter_ring_port_4r_4h", "allgather_direct_4r", "allreduce_rsag_4r"]
+
+
+@pytest.mark.parametrize("name", MUTANTS)
+@pytest.mark.parametrize("mutation", ["drop-signal", "drop-wait", "shift-chunk", "rename-op"])
+def test_mutants_of_the_fixtures_are_caught_with_the_op_named(name, mutation):
+    obj = json.loads((FIXTURES[0].parent / f"{name}.json").read_text())
+    if mutation == "rename-op":
+        r, t, i = _first(obj, ("copy", "put", "re", "rre", "ppkt"))
+        obj["gpus"][r]["threadblocks"][t]["ops"][i]["name"] = "putt"
+        with pytest.raises(PlanError, match=rf"unknown operation 'putt' \(rank {r}, tb {t}, op {i}\)"):
+            parse(obj)
+        return
+    if mutation == "drop-signal":
+        if obj["protocol"] == "LL":
+            pytest.skip("an LL plan's data needs no signal: its packets carry their flags")
+        r, t, i = _first(obj, ("signal", "pws", "pwsf"), rank=1)
+        op = obj["gpus"][r]["threadblocks"][t]["ops"][i]
+        if op["name"] in ("pws", "pwsf"):
+            op["name"] = "put"          # keep the data, drop its signal
+        else:
+            del obj["gpus"][r]["threadblocks"][t]["ops"][i]
+        res = check(parse(obj))
+        assert not res.ok and (res.error or res.races), res.lines()
+        return
+    if mutation == "drop-wait":
+        # the wait that guards data: the first one whose block next (past nops) reads data
+        if obj["protocol"] == "LL":
+            pytest.skip("an LL plan's data needs no wait: its packets carry their flags")
+        data = {"copy", "re", "rre", "rres", "res", "put", "pws", "pwsf", "get"}
+        for tb in obj["gpus"][1]["threadblocks"]:
+            ops = tb["ops"]
+            for i, op in enumerate(ops):
+                nxt = next((o for o in ops[i + 1:] if o["name"] != "nop"), None)
+                if op["name"] == "wait" and nxt is not None and nxt["name"] in data and any(
+                        b.get("type") == "s" or "buffer_id" in b for b in nxt.get("src_buff", [])):
+                    del ops[i]
+                    res = check(parse(obj))
+                    assert not res.ok and (res.error or res.races), res.lines()
+                    return
+        # No op reads what arrives (puts straight into the output): the last wait guards the
+        # host's read of the output after the run.
+        ops = obj["gpus"][1]["threadblocks"][0]["ops"]
+        last = max(i for i, o in enumerate(ops) if o["name"] == "wait")
+        del ops[last]
+        res = check(parse(obj), runs=1)
+        assert not res.ok and (res.error or res.races), res.lines()
+        return
+    # shift-chunk: the first data op's local source moves one chunk over
+    counts = {"i": "input_chunks", "o": "output_chunks", "s": "scratch_chunks"}
+    for g in obj["gpus"]:
+        for tb in g["threadblocks"]:
+            for op in tb["ops"]:
+                for ref in op.get("src_buff", [])[:1]:
+                    if ref.get("type") in counts and "buffer_id" not in ref:
+                        n = g[counts[ref["type"]]]
+                        if ref["index"] + ref["size"] < n:
+                            ref["index"] += 1
+                        elif ref["index"] > 0:
+                            ref["index"] -= 1
+                        else:
+                            continue
+                        res = check(parse(obj))
+                        assert not res.ok, res.lines()
+                        return
+    # no local source to shift: shift where the first put lands in its peer
+    for g in obj["gpus"]:
+        for tb in g["threadblocks"]:
+            for op in tb["ops"]:
+                for ref in op.get("dst_buff", [])[:1]:
+                    if "buffer_id" in ref:
+                        owner, typ = _remote(g, tb, op, ref)
+                        n = obj["gpus"][owner][counts[typ]]
+                        ref["index"] = ref["index"] + 1 if ref["index"] + ref["size"] < n else ref["index"] - 1
+                        res = check(parse(obj))
+                        assert not res.ok, res.lines()
+                        return
+    pytest.skip("nothing to shift")
+
+
+def _remote(g, tb, op, ref):
+    """(owner rank, buffer type) of a remote reference, through the block's refs."""
+    ids = [i for rb in tb["remote_buffer_refs"] if rb["access_channel_type"] == op["channel_type"]
+           for i in rb["remote_buffer_ids"]]
+    rb = g["remote_buffers"][ids[ref["buffer_id"]]]
+    return rb["rank"], rb["type"]
