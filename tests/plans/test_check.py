@@ -276,3 +276,15 @@ def _remote(g, tb, op, ref):
            for i in rb["remote_buffer_ids"]]
     rb = g["remote_buffers"][ids[ref["buffer_id"]]]
     return rb["rank"], rb["type"]
+
+
+def test_wirespeeds_own_algorithms_check_by_name_at_any_rank_count(run_cli):
+    out = run_cli("plan", "check", "wirespeed:allreduce-rsag", "wirespeed:allgather_ring_port",
+                  "--ranks", "6", "--ranks-per-host", "3")
+    assert out.returncode == 2 and "one-host plan" in out.stderr
+    out = run_cli("plan", "check", "wirespeed:allreduce-rsag", "--ranks", "6")
+    assert out.returncode == 0 and "6 ranks" in out.stdout and "OK" in out.stdout, out.stdout + out.stderr
+    out = run_cli("plan", "check", "wirespeed:allgather_ring_port", "--ranks", "6", "--ranks-per-host", "3")
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
+    out = run_cli("plan", "check", "wirespeed:ring")
+    assert out.returncode == 2 and "built in: allgather_direct" in out.stderr

@@ -25,9 +25,9 @@ def register(sub) -> None:
                       "rank's output chunks with the collective's definition, find deadlocks (waits "
                       "no signal can satisfy) and races (accesses the plan's signal/wait/barrier/"
                       "semaphore/packet order does not order). Exit 0 only when the plan is right.")
-    c.add_argument("plans", nargs="+", metavar="PLAN", help="plan JSON files")
-    add(c, "--ranks", default=None, type=positive_int("--ranks", 1),
-        help="the number of ranks the plan must have (an error if it has another)")
+    c.add_argument("plans", nargs="+", metavar="PLAN", help="plan JSON files, or wirespeed:NAME for "
+                   "one of wirespeed's own algorithms written as a plan (e.g. wirespeed:allreduce-ring-port)")
+    plan_shape(c)
     add(c, "--size", default=None, help="message size to check at (bytes, or 4K, 1M; default: the "
         "smallest the plan's chunks allow, twice over)")
     add(c, "--runs", default="2", type=positive_int("--runs", 1),
@@ -39,8 +39,25 @@ def register(sub) -> None:
     p.set_defaults(func=lambda args, argv: p.print_help() or 2)
 
 
-def _load(path: str, ranks: int | None):
-    from ..plans.format import load
+def plan_shape(p) -> None:
+    """--ranks and --ranks-per-host: what a file plan must have, what a built-in one is written for."""
+    add(p, "--ranks", default=None, type=positive_int("--ranks", 1),
+        help="ranks: the number a plan file must have (an error if it has another); the number a "
+        "wirespeed:NAME plan is written for (default 4)")
+    add(p, "--ranks-per-host", default=None, type=positive_int("--ranks-per-host", 1),
+        help="ranks per host a wirespeed:NAME plan across hosts is written for (default 1)")
+
+
+def load_plan(path: str, ranks: int | None, ranks_per_host: int | None = None):
+    """A plan file, or wirespeed:NAME written by plans/algorithms.py at --ranks."""
+    from ..plans.format import load, parse
+    if path.startswith("wirespeed:"):
+        from ..plans.algorithms import builtin
+        try:
+            obj = builtin(path.split(":", 1)[1], ranks or 4, ranks_per_host)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return parse(obj, source=path)
     plan = load(path)
     if ranks is not None and plan.nranks != ranks:
         raise UsageError(f"{path}: the plan has {plan.nranks} ranks, --ranks says {ranks}")
@@ -53,7 +70,7 @@ def check_main(args, argv) -> int:
     size = parse_size(str(args.size)) if args.size is not None else None
     verdicts, bad = [], 0
     for path in args.plans:
-        plan = _load(path, args.ranks)
+        plan = load_plan(path, args.ranks, args.ranks_per_host)
         result = check(plan, size=size, runs=int(args.runs), strict=bool(args.strict))
         print(f"{path}:")
         for line in result.lines():

@@ -395,6 +395,20 @@ ACROSS_HOSTS = [allreduce_ring_port, allgather_ring_port, reducescatter_ring_por
                 sendrecv_ring_port]
 
 
+def builtin(name: str, nranks: int, ranks_per_host: int | None = None) -> dict:
+    """A plan of wirespeed's own by its function's name (`allreduce_ring_port`, or with dashes),
+    for `plan check wirespeed:NAME --ranks N`; a ValueError names the choices."""
+    funcs = {f.__name__: f for f in ONE_HOST + ACROSS_HOSTS}
+    f = funcs.get(name.replace("-", "_"))
+    if f is None:
+        raise ValueError(f"no built-in plan {name!r}; built in: {', '.join(sorted(funcs))}")
+    if f in ACROSS_HOSTS:
+        return f(nranks, ranks_per_host=ranks_per_host or 1)
+    if ranks_per_host not in (None, nranks):
+        raise ValueError(f"{f.__name__} is a one-host plan: --ranks-per-host must be --ranks or unset")
+    return f(nranks)
+
+
 def fixtures() -> dict[str, dict]:
     """Every plan the tests keep, by file name: one-host plans for 2, 4 and 8 ranks, port
     plans for 2 and 4 hosts of 1 and 2 ranks."""
