@@ -337,6 +337,19 @@ impl ListenerInner {
     }
 }
 
+/// Connections the kernel may hold for this listener before `accept`: std's `bind` listens with
+/// 128, and at setup every stream of every rank on other hosts dials at once (docs/scale.md:
+/// ~19,000 at 1,024 hosts x 8 ranks), so SYNs past 128 would be dropped and retried after 1, 2, 4 s,
+/// and setup would stall in steps. The kernel caps this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: libc::c_int = 65_535;
+
+fn deepen_backlog(sock: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: listen() on a socket this function borrows, open and bound; a second listen() on a
+    // listening socket only changes its backlog (Linux), and a failure leaves the old one.
+    let _ = unsafe { libc::listen(sock.as_raw_fd(), LISTEN_BACKLOG) };
+}
+
 impl Listener {
     /// Listen on `addr` (port 0 for any) and accept any key.
     pub fn bind(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr) -> Result<Listener> {
@@ -349,6 +362,7 @@ impl Listener {
     pub fn bind_vetted(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>) -> Result<Listener> {
         let cfg = *cfg;
         let sock = TcpListener::bind(addr).map_err(|e| Error::Unsupported(format!("cannot listen on {addr}: {e}")))?;
+        deepen_backlog(&sock);
         let addr = sock.local_addr().map_err(|_| Error::os("getsockname"))?;
         sock.set_nonblocking(true).map_err(|_| Error::os("fcntl"))?;
         let inner = Arc::new(ListenerInner {

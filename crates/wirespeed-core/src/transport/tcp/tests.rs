@@ -348,3 +348,23 @@ fn both_ends_with_the_same_secret_move_data() {
     assert_eq!(rv.wait(Duration::from_secs(10)).unwrap(), src.len());
     assert_eq!(dst, src);
 }
+
+/// The listener's backlog is the kernel's cap (net.core.somaxconn), not std's 128: read back
+/// the way `ss` reports it (a listening socket's Send-Q is its backlog).
+#[test]
+fn listener_backlog_is_the_kernels_cap() {
+    let Ok(_probe) = std::process::Command::new("ss").arg("-Hltn").output() else {
+        eprintln!("skipped: no `ss` here");
+        return;
+    };
+    let cfg = NetConfig::default();
+    let r = Reactor::new(&cfg).unwrap();
+    let l = Listener::bind(&r, &cfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = format!(":{}", l.local_addr().port());
+    let out = std::process::Command::new("ss").args(["-Hltn", "sport", "=", &port]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains(&port)).unwrap_or_else(|| panic!("ss shows no listener on {port}: {text}"));
+    let backlog: i64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let cap: i64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap().trim().parse().unwrap();
+    assert_eq!(backlog, cap.min(65_535), "{line}");
+}
