@@ -55,7 +55,8 @@ class Topology:
         return self.host(rank), (rank % self.ranks_per_host) % self.nics_per_host
 
     def describe(self) -> str:
-        nics = f"{self.nics_per_host} NICs" if self.nics_per_host > 1 else "one NIC"
+        n = min(self.nics_per_host, self.ranks_per_host)    # a NIC no rank uses is not there
+        nics = f"{n} NICs" if n > 1 else "one NIC"
         fabric = f", fabric port {self.fabric / GB:.4g} GB/s per rank and direction" if self.fabric else ""
         return (f"topology {self.name}: {self.ranks_per_host} ranks per host, {nics} per host; memory "
                 f"channels {self.memory.text()} per pair and direction{fabric}; port channels "
