@@ -398,22 +398,20 @@ class SimMachine(Machine):
                         self._wake(("proxy", th.rank, th.tb))
                     woke_all = False
                     continue
-                if th.pc >= len(th.steps):
-                    continue
-                op = th.steps[th.pc][0]
-                if not self.ready(th, op):
-                    self._park(th, op)
-                    continue
-                at = self._start(th, op)
-                if heap and at > heap[0][0]:
-                    self._push(th, at)
-                    continue
-                self.step(th)
-                self.steps_run += 1
-                woke_all = False
-                self._after(th, op)
-                if th.pc < len(th.steps):
-                    self._push(th, th.now)
+                # The block runs on while it is still the earliest (saves a heap round per op).
+                while th.pc < len(th.steps):
+                    op = th.steps[th.pc][0]
+                    if not self.ready(th, op):
+                        self._park(th, op)
+                        break
+                    at = self._start(th, op)
+                    if heap and at > heap[0][0]:
+                        self._push(th, at)
+                        break
+                    self.step(th)
+                    self.steps_run += 1
+                    woke_all = False
+                    self._after(th, op)
             if not self.live:
                 return
             if woke_all:
@@ -425,6 +423,8 @@ class SimMachine(Machine):
             self._parked.clear()
             for t in self.live:
                 self._push(t, t.now)
+            for p in self.proxies.values():
+                self._push_proxy(p)
 
 
 @dataclass
