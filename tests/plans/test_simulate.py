@@ -283,3 +283,12 @@ def test_a_missing_plan_is_one_line_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["plan", "simulate", "/nonexistent/plan.json"])
     assert e.value.code == 2 and "no such plan file" in capsys.readouterr().err
+
+
+def test_sizes_outside_the_plans_range_are_marked():
+    p = nops(2, "allreduce")
+    p.max_size = 4096
+    rows = compare([("p", p)], parse_topology(TOPO), [1024, 1 << 20])
+    lines = table([("p", p)], rows, parse_topology(TOPO))
+    marked = [ln for ln in lines if "outside the plan's message sizes 0..4096" in ln]
+    assert len(marked) == 1 and "1048576" not in marked[0] and lines.index(marked[0]) > lines.index("1 MiB (1048576 B)")

@@ -512,8 +512,12 @@ def table(plans: list[tuple[str, Plan]], rows: list[list[SimResult]], topo: Topo
             star = "*" if r.size != r.requested else " "
             notes = notes or star == "*"
             mark = "  <- fastest" if len(results) > 1 and i == best else ""
+            note = f"  [at {r.size} B]" if star == "*" else ""
+            if not r.plan.min_size <= r.size <= r.plan.max_size:
+                # MSCCL++'s executor would not pick the plan for this size.
+                note += f"  [outside the plan's message sizes {r.plan.min_size}..{r.plan.max_size}]"
             out.append(f"  {labels[i]:<{width}}{star} {r.time * 1e6:12.2f}  {bus}  {r.algbw:12.2f}  "
-                       f"{r.busiest}{mark}" + (f"  [at {r.size} B]" if star == "*" else ""))
+                       f"{r.busiest}{mark}{note}")
     if notes:
         out.append("")
         out.append("* simulated at the nearest size the plan's chunks split into whole alignment units "
