@@ -465,17 +465,17 @@ def simulate(plan: Plan, topo: Topology, size: int, requested: int | None = None
     busiest = ""
     if timing.busy and end > 0:
         res, busy = max(timing.busy.items(), key=lambda kv: kv[1])
-        busiest = f"{_resource_name(res)} {min(1.0, busy / end):.0%}"
+        busiest = f"{_resource_name(res, min(topo.nics_per_host, topo.ranks_per_host))} {min(1.0, busy / end):.0%}"
     return SimResult(plan, requested or size, size, end, busbw_factor(plan), m.steps_run, busiest,
                      dict(timing.moved))
 
 
-def _resource_name(res: tuple) -> str:
+def _resource_name(res: tuple, nics: int = 1) -> str:
     kind = res[0]
     if kind == "memory":
         return f"memory {res[1]}->{res[2]}"
     if kind in ("nic-out", "nic-in"):
-        return f"host {res[1]} NIC {res[2]} {kind[4:]}"
+        return f"host {res[1]} NIC{f' {res[2]}' if nics > 1 else ''} {kind[4:]}"
     if kind in ("fabric-out", "fabric-in"):
         return f"rank {res[1]} fabric {kind[7:]}"
     if kind in ("switch-up", "switch-down"):
@@ -508,7 +508,7 @@ def table(plans: list[tuple[str, Plan]], rows: list[list[SimResult]], topo: Topo
         out.append(f"  {'plan':<{width}}  {'time (us)':>12}  {'busbw (GB/s)':>12}  {'algbw (GB/s)':>12}  busiest")
         best = min(range(len(results)), key=lambda i: results[i].time)
         for i, r in enumerate(results):
-            bus = f"{r.busbw:12.2f}" if r.busbw is not None else f"{'-':>12}"
+            bus = f"{r.busbw:12.4g}" if r.busbw is not None else f"{'-':>12}"
             star = "*" if r.size != r.requested else " "
             notes = notes or star == "*"
             mark = "  <- fastest" if len(results) > 1 and i == best else ""
@@ -516,7 +516,7 @@ def table(plans: list[tuple[str, Plan]], rows: list[list[SimResult]], topo: Topo
             if not r.plan.min_size <= r.size <= r.plan.max_size:
                 # MSCCL++'s executor would not pick the plan for this size.
                 note += f"  [outside the plan's message sizes {r.plan.min_size}..{r.plan.max_size}]"
-            out.append(f"  {labels[i]:<{width}}{star} {r.time * 1e6:12.2f}  {bus}  {r.algbw:12.2f}  "
+            out.append(f"  {labels[i]:<{width}}{star} {r.time * 1e6:12.2f}  {bus}  {r.algbw:12.4g}  "
                        f"{r.busiest}{mark}{note}")
     if notes:
         out.append("")

@@ -58,7 +58,8 @@ class Topology:
         n = min(self.nics_per_host, self.ranks_per_host)    # a NIC no rank uses is not there
         nics = f"{n} NICs" if n > 1 else "one NIC"
         fabric = f", fabric port {self.fabric / GB:.4g} GB/s per rank and direction" if self.fabric else ""
-        return (f"topology {self.name}: {self.ranks_per_host} ranks per host, {nics} per host; memory "
+        ranks = f"{self.ranks_per_host} rank{'s' if self.ranks_per_host > 1 else ''}"
+        return (f"topology {self.name}: {ranks} per host, {nics} per host; memory "
                 f"channels {self.memory.text()} per pair and direction{fabric}; port channels "
                 f"{self.port.text()} per NIC and direction; switch {self.switch.text()} per rank and "
                 f"direction; local copy {self.copy / GB:.4g} GB/s; {self.op * 1e6:.3g} us per op")
