@@ -292,3 +292,26 @@ def test_sizes_outside_the_plans_range_are_marked():
     lines = table([("p", p)], rows, parse_topology(TOPO))
     marked = [ln for ln in lines if "outside the plan's message sizes 0..4096" in ln]
     assert len(marked) == 1 and "1048576" not in marked[0] and lines.index(marked[0]) > lines.index("1 MiB (1048576 B)")
+
+
+def test_op_count_is_the_unrolled_steps_and_too_many_are_refused(monkeypatch):
+    from wirespeed.plans import simulate as sim
+    from wirespeed.plans.interpret import Machine
+    from wirespeed.plans.layout import Layout
+    body = [{"name": "put", "src_buff": [buf("i")], "dst_buff": [remote(0)], "channel_ids": [0],
+             "channel_type": "memory"}, {"name": "signal", "channel_ids": [0], "channel_type": "memory"}]
+    pipe = [{"name": "pipeline", "iter_context": {"unit_size": 4096, "num_chunks": 1}, "ops": body}]
+    w = [{"name": "wait", "channel_ids": [0], "channel_type": "memory"}]
+    p = plan([gpu(0, [pipe], peers=[1], ctype="memory"),
+              gpu(1, [[{"name": "pipeline", "iter_context": {"unit_size": 4096, "num_chunks": 1}, "ops": w}]],
+                  peers=[0], ctype="memory")])
+    lay = Layout(p, 1 << 20)
+    m = Machine(p, lay, data=False)
+    assert sim.op_count(p, lay) == sum(len(s) for r in m.steps for s in r) == 256 * 2 + 256
+    r = simulate(p, parse_topology(TOPO), 1 << 20)
+    # 256 rounds of a 4 KiB put (issue, then 4 KiB over the free pair) and a signal (issue);
+    # rank 1's waits keep up, so the last signal's arrival, 1 us after it, ends the run
+    assert r.time == pytest.approx(256 * (2 * OP + 4096 / 100e9) + 1e-6, rel=1e-9)
+    monkeypatch.setattr(sim, "MAX_STEPS", 700)
+    with pytest.raises(PlanError, match="unroll into 768 ops"):
+        simulate(p, parse_topology(TOPO), 1 << 20)

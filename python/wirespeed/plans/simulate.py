@@ -455,9 +455,33 @@ class SimResult:
                 "steps": self.steps}
 
 
+# About 6 us per op on the development VM: 5 million ops is half a minute, and the unrolled
+# steps' lists alone take a few hundred MB. Beyond it a size is refused rather than left to run.
+MAX_STEPS = 5_000_000
+
+
+def op_count(plan: Plan, layout: Layout) -> int:
+    """The ops the plan's thread blocks run at this layout's size, pipelines unrolled as
+    interpret.unroll does, counted without building them."""
+    n = 0
+    for r in plan.ranks:
+        for ops in r.threadblocks:
+            for op in ops:
+                if op.name == "pipeline":
+                    rounds = -(-op.pipeline_chunks * layout.chunk[r.id] // op.unit_size)
+                    n += rounds * len(op.inner)
+                else:
+                    n += 1
+    return n
+
+
 def simulate(plan: Plan, topo: Topology, size: int, requested: int | None = None) -> SimResult:
     """Run the plan once at `size` bytes on `topo`, every rank starting at time 0."""
     layout = Layout(plan, size)
+    ops = op_count(plan, layout)
+    if ops > MAX_STEPS:
+        raise PlanError(f"{plan.source}: at {size} bytes the plan's pipelines unroll into {ops} ops, more "
+                        f"than the {MAX_STEPS} the simulator runs in about half a minute: use smaller sizes")
     timing = Timing(topo)
     m = SimMachine(plan, layout, timing)
     m.run()
