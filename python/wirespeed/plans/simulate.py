@@ -90,7 +90,7 @@ class Timing:
         return end
 
     def memory_path(self, src: int, dst: int) -> tuple[tuple, float]:
-        """The resources a memory-channel transfer from rank src to rank dst holds, and its rate."""
+        """The resources a memory-channel transfer from rank src to rank dst queues on, and its rate."""
         t = self.topo
         if t.fabric:
             return (("memory", src, dst), ("fabric-out", src), ("fabric-in", dst)), min(t.memory.bandwidth, t.fabric)
