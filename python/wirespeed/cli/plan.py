@@ -42,8 +42,8 @@ def register(sub) -> None:
                       "host, links held first come first served) and print, per message size, each "
                       "plan's time and busbw (nccl-tests' definition), the fastest marked. The model "
                       "and where it stops being right: docs/plans-simulate.md.")
-    s.add_argument("plans", nargs="+", metavar="PLAN", help="plan JSON files (side by side: one "
-                   "collective on one number of ranks)")
+    s.add_argument("plans", nargs="+", metavar="PLAN", help="plan JSON files or wirespeed:NAME (side by "
+                   "side: one collective on one number of ranks)")
     add(s, "--topology", default=None, help="a preset (nvlink-ib, cpu-emulated), key=value,... after an "
         "optional preset (ranks-per-host=4,memory=150GB/s:0.8us,port=12.5GB/s:5us,switch=300GB/s:1us,"
         "copy=200GB/s,op=0.2us; also fabric=, nics-per-host=), or a JSON file of those keys "
@@ -51,8 +51,7 @@ def register(sub) -> None:
     add(s, "--sizes", dest="plan_sizes", default=None, twin="WIRESPEED_PLAN_SIZES",
         help="comma list of message sizes (1K,1M,...; default 1K..1G by x4); each is rounded to the "
         "nearest the plan's chunks allow, and the table says so")
-    add(s, "--ranks", default=None, type=positive_int("--ranks", 1),
-        help="the number of ranks the plans must have (an error if one has another)")
+    plan_shape(s)
     flags.output(s, "--json", default=None, help="write one JSON record per plan and size here")
     s.set_defaults(func=simulate_main)
     p.set_defaults(func=lambda args, argv: p.print_help() or 2)
@@ -118,13 +117,17 @@ def simulate_main(args, argv) -> int:
     from ..plans.topology import parse_topology
     from ..sizes import parse_size
     topo = parse_topology(args.topology)
+    if args.ranks_per_host and "ranks-per-host" not in str(args.topology or ""):
+        # A built-in plan written for K ranks per host runs on hosts of K ranks unless said otherwise.
+        from dataclasses import replace
+        topo = replace(topo, ranks_per_host=int(args.ranks_per_host))
     if args.plan_sizes:
         sizes = [parse_size(x) for x in str(args.plan_sizes).split(",") if x.strip()]
         if not sizes or min(sizes) < 1:
             raise UsageError(f"--sizes {args.plan_sizes!r}: give positive sizes, e.g. 1K,1M,1G")
     else:
         sizes = default_sizes()
-    plans = [(path, _load(path, args.ranks)) for path in args.plans]
+    plans = [(path, load_plan(path, args.ranks, args.ranks_per_host)) for path in args.plans]
     stems = [os.path.splitext(os.path.basename(path))[0] for path, _ in plans]
     labels = stems if len(set(stems)) == len(stems) else [path for path, _ in plans]
     rows = compare(plans, topo, sizes)
