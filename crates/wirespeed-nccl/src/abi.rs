@@ -10,11 +10,11 @@
 //!   opaque profiler handle.
 //! - v11: `init` runs once per communicator and returns a context that `listen`/`connect` receive
 //!   and `finalize` frees; the properties gain `maxMultiRequestSize`; the table gains `finalize`
-//!   and `setNetAttr`.
+//!   and `setNetAttr` (NCCL's hint of how many peers and flows it drives at once: `NetAttr`).
 //! - v12: `vProps.devs` grows from 4 to 8 entries; the properties gain `railId`/`planeId`.
 //!
 //! The sizes below are checked at compile time against what the C compiler gives for NCCL's
-//! headers on LP64 Linux (64, 104, 104, 112, 128 bytes).
+//! headers on LP64 Linux (64, 104, 104, 112, 128 bytes; `NetAttr` 44).
 //!
 //! The `unsafe extern "C" fn` types of the tables are the plugin's entry points: NCCL calls them
 //! under the pointer contract written in ffi.rs's module doc (`# Safety`). `LogFn` goes the other
@@ -180,6 +180,44 @@ const _: () = {
     assert!(offset_of!(PropertiesV12, railId) == 124);
 };
 
+/// NCCL_NET_ATTR_UNDEF: a field of the attributes below that NCCL leaves unsaid (-1; the `u32`
+/// masks hold it as 0xffffffff).
+pub const NCCL_NET_ATTR_UNDEF: i32 = -1;
+
+/// ncclNetCommAttr_v11_t / _v12_t: how many peers, and flows (channels) per peer, NCCL may drive
+/// at once through one direction of a communicator.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetCommAttr {
+    pub maxConcurrentPeers: i32,
+    pub minConcurrentPeers: i32,
+    pub maxFlowsPerPeer: i32,
+    pub minFlowsPerPeer: i32,
+}
+
+/// ncclNetAttr_v11_t / _v12_t (the same layout): what `setNetAttr` hands the plugin. `op`, `algo`
+/// and `proto` are bit masks of NCCL's collective, algorithm and protocol enums.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetAttr {
+    pub sendCommAttr: NetCommAttr,
+    pub recvCommAttr: NetCommAttr,
+    pub op: u32,
+    pub algo: u32,
+    pub proto: u32,
+}
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<NetCommAttr>() == 16);
+    assert!(offset_of!(NetCommAttr, maxFlowsPerPeer) == 8);
+    assert!(size_of::<NetAttr>() == 44);
+    assert!(align_of::<NetAttr>() == 4);
+    assert!(offset_of!(NetAttr, recvCommAttr) == 16);
+    assert!(offset_of!(NetAttr, op) == 32);
+    assert!(offset_of!(NetAttr, proto) == 40);
+};
+
 type P = *mut c_void;
 type PP = *mut *mut c_void;
 
@@ -332,7 +370,7 @@ pub struct NetV11<Props> {
     // SAFETY: the type of NetV11's `finalize` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
     pub finalize: Option<unsafe extern "C" fn(P) -> NcclResult>,
     // SAFETY: the type of NetV11's `setNetAttr` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub setNetAttr: Option<unsafe extern "C" fn(P, P) -> NcclResult>,
+    pub setNetAttr: Option<unsafe extern "C" fn(P, *mut NetAttr) -> NcclResult>,
 }
 
 pub type NetV12 = NetV11<PropertiesV12>;
