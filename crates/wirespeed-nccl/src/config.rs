@@ -12,6 +12,10 @@
 //!   every "host" then shares 127.0.0.1, which across real hosts would connect a rank to itself);
 //! - WIRESPEED_SOCKET_FAMILY, else NCCL_SOCKET_FAMILY: AF_INET or AF_INET6 to use only that
 //!   address family; unset, an interface's IPv4 address is preferred over its IPv6 one.
+//!
+//! Streams per connection: the listening side's WIRESPEED_NSTREAMS travels in the handle; the
+//! connecting side opens that many, or, from API v11 on, fewer when NCCL's `setNetAttr` hint says
+//! it drives several peers and flows at once (`streams_for`), unless WIRESPEED_NSTREAMS is set.
 use std::ffi::CString;
 use std::net::IpAddr;
 pub use wirespeed_core::iface::Family;
@@ -30,6 +34,8 @@ pub struct PluginConfig {
     pub ifname: Option<(&'static str, String)>,
     pub allow_loopback: bool,
     pub family: Option<Family>,
+    /// WIRESPEED_NSTREAMS is set: its count is used as given, whatever NCCL's hint says.
+    pub nstreams_set: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -51,7 +57,8 @@ impl PluginConfig {
             Some((_, s)) if s.trim().eq_ignore_ascii_case("AF_INET6") => Some(Family::V6),
             Some((var, s)) => return Err(format!("{var}={s:?}: give AF_INET or AF_INET6")),
         };
-        Ok(PluginConfig { net, ifname, allow_loopback, family })
+        let nstreams_set = env("WIRESPEED_NSTREAMS").is_some();
+        Ok(PluginConfig { net, ifname, allow_loopback, family, nstreams_set })
     }
 
     /// The effective values, for the one INFO line at init.
@@ -79,6 +86,27 @@ impl PluginConfig {
             devs.join(", ")
         )
     }
+}
+
+/// How many peers, and flows (NCCL channels) per peer, NCCL says one direction of a communicator
+/// drives at once: the `max` fields of its ncclNetCommAttr_t (abi::NetCommAttr). A value of 0 or
+/// less (NCCL_NET_ATTR_UNDEF) says nothing and counts as 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Concurrency {
+    pub peers: i32,
+    pub flows: i32,
+}
+
+/// The streams one connection opens. `base` is what the plugin uses for a lone connection (the
+/// listener's WIRESPEED_NSTREAMS, from the handle). With NCCL's hint and WIRESPEED_NSTREAMS unset,
+/// the `peers x flows` connections NCCL may drive at once share about `base` streams between
+/// them: `base / (peers x flows)`, rounded up so together they never carry fewer than `base`, and
+/// never below 1 or above `base`. Set (`forced`), or without a hint, `base` as it is.
+pub fn streams_for(base: usize, forced: bool, hint: Option<Concurrency>) -> usize {
+    let Some(h) = hint.filter(|_| !forced) else { return base };
+    let count = |v: i32| usize::try_from(v).unwrap_or(0).max(1);
+    let concurrent = count(h.peers).saturating_mul(count(h.flows));
+    base.div_ceil(concurrent).clamp(1, base.max(1))
 }
 
 /// One network interface offered to NCCL as a device.
@@ -154,7 +182,35 @@ mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn cfg(ifname: Option<&str>, allow_loopback: bool, family: Option<Family>) -> PluginConfig {
-        PluginConfig { net: NetConfig::default(), ifname: ifname.map(|v| ("WIRESPEED_IFNAME", v.to_string())), allow_loopback, family }
+        PluginConfig { net: NetConfig::default(), ifname: ifname.map(|v| ("WIRESPEED_IFNAME", v.to_string())), allow_loopback, family, nstreams_set: false }
+    }
+
+    fn hint(peers: i32, flows: i32) -> Option<Concurrency> {
+        Some(Concurrency { peers, flows })
+    }
+
+    #[test]
+    fn streams_share_the_base_count_among_the_connections_nccl_drives_at_once() {
+        // No hint (API v8..v10, or NCCL said nothing yet): the base count.
+        assert_eq!(streams_for(12, false, None), 12);
+        // One peer, one flow: a lone connection keeps every stream.
+        assert_eq!(streams_for(12, false, hint(1, 1)), 12);
+        // 2 peers x 2 flows: 3 streams each, 12 in all.
+        assert_eq!(streams_for(12, false, hint(2, 2)), 3);
+        // Rounded up: 4 peers x 2 flows get 2 each (16 in all), never fewer than 12 together.
+        assert_eq!(streams_for(12, false, hint(4, 2)), 2);
+        assert_eq!(streams_for(12, false, hint(5, 1)), 3);
+        // Never below 1, however many connections.
+        assert_eq!(streams_for(12, false, hint(8, 32)), 1);
+        assert_eq!(streams_for(1, false, hint(4, 4)), 1);
+        assert_eq!(streams_for(12, false, hint(i32::MAX, i32::MAX)), 1);
+        // NCCL_NET_ATTR_UNDEF (-1) or 0 in a field says nothing: it counts as 1.
+        assert_eq!(streams_for(12, false, hint(-1, -1)), 12);
+        assert_eq!(streams_for(12, false, hint(0, 4)), 3);
+        assert_eq!(streams_for(12, false, hint(-1, 2)), 6);
+        // WIRESPEED_NSTREAMS set: its count, whatever the hint.
+        assert_eq!(streams_for(8, true, hint(4, 2)), 8);
+        assert_eq!(streams_for(8, true, None), 8);
     }
 
     #[test]
