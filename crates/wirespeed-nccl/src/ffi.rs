@@ -10,20 +10,22 @@
 //! - an out-parameter (`ndev`, `props`, `ctx`, `listenComm`, `sendComm`, `recvComm`, `mhandle`,
 //!   `request`, `done`, `size`) points to writable storage of its type, aligned, for the call;
 //!   NULL is refused (`put`), or skipped where the API makes it optional (`test`'s `size`);
+//! - `netAttr` (setNetAttr) points to an ncclNetAttr_t (abi::NetAttr), readable for the call;
 //! - `handle` points to NCCL_NET_HANDLE_MAXSIZE bytes for the call; between the `connect` calls
 //!   of one connection NCCL keeps them and hands them back unchanged (the plugin keeps its
 //!   dialing state there);
 //! - a comm, request or context passed in is one this plugin returned, of the kind the entry
 //!   takes (a listen comm to accept/closeListen, a connection to isend/irecv/close, a request to
-//!   test, a context to finalize), not yet closed or freed; each is closed or finalized once, and
-//!   a request is not tested again after `test` reported it done or failed;
+//!   test, a context to setNetAttr, listen, connect and finalize), not yet closed or freed; each
+//!   is closed or finalized once, and a request is not tested again after `test` reported it done
+//!   or failed;
 //! - isend's `data` stays valid and unchanged for `size` bytes, and irecv's `data[0]` valid for
 //!   `sizes[0]` bytes and untouched by NCCL, until `test` reports the request done or its comm is
 //!   closed; irecv's `data`, `sizes` and `tags` are arrays of `n` entries;
 //! - the logger given to init is a printf-like ncclDebugLogger_t that stays callable.
 use crate::abi::*;
 use crate::log;
-use crate::plugin::{self, internal, Comm, ListenComm, PluginError, Props, Req};
+use crate::plugin::{self, internal, Comm, Ctx, ListenComm, PluginError, Props, Req};
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -101,12 +103,6 @@ unsafe extern "C" fn init_v10(logger: Logger, _prof: ProfilerCallback) -> NcclRe
     guard("init", || plugin::init(logger))
 }
 
-/// One context per communicator (v11+). It only names the communicator in logs: every
-/// connection already carries its own state.
-struct Ctx {
-    comm_id: u64,
-}
-
 // SAFETY: `init_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
 unsafe extern "C" fn init_v11(ctx: *mut *mut c_void, comm_id: u64, _config: *mut CommConfig, logger: Logger, _prof: ProfilerCallback) -> NcclResult {
     guard("init", || {
@@ -115,7 +111,7 @@ unsafe extern "C" fn init_v11(ctx: *mut *mut c_void, comm_id: u64, _config: *mut
         unsafe { put(ctx, std::ptr::null_mut(), "init")? };
         plugin::init(logger)?;
         // SAFETY: as above; the box is freed by `finalize`.
-        unsafe { put(ctx, Box::into_raw(Box::new(Ctx { comm_id })) as *mut c_void, "init") }
+        unsafe { put(ctx, Box::into_raw(Box::new(Ctx::new(comm_id))) as *mut c_void, "init") }
     })
 }
 
@@ -127,6 +123,24 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
             let c = unsafe { Box::from_raw(ctx as *mut Ctx) };
             log::info(NCCL_INIT, &format!("finalized the context of communicator {:#x}", c.comm_id));
         }
+        Ok(())
+    })
+}
+
+/// NCCL's hint of how many peers and flows per peer the communicator drives at once (v11+; see
+/// plugin::set_net_attr): kept in the context for its next `connect`.
+// SAFETY: `set_net_attr` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
+unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAttr) -> NcclResult {
+    guard("setNetAttr", || {
+        if attr.is_null() {
+            return Err(internal("setNetAttr: NULL attributes"));
+        }
+        // SAFETY: NCCL's contract: a context init_v11 returned, not finalized (NULL refused).
+        let c: &Ctx = unsafe { obj(ctx, "setNetAttr")? };
+        // SAFETY: NCCL's contract: `attr` points to an ncclNetAttr_t, readable for the call
+        // (NULL checked above); it holds only integers, so any bits are a valid NetAttr.
+        let a = unsafe { attr.read() };
+        plugin::set_net_attr(c, a);
         Ok(())
     })
 }
@@ -281,14 +295,27 @@ unsafe extern "C" fn listen_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_vo
 /// The device-offload handle (`sendDevComm`/`recvDevComm`) is left untouched: NCCL only asks for
 /// one when the properties announce a device type other than NCCL_NET_DEVICE_HOST.
 // SAFETY: `connect` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
-unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
+    // SAFETY: the same arguments, under the same contract, and no context (API v8..v10).
+    unsafe { connect_with(std::ptr::null_mut(), dev, handle, send_comm, dev_comm) }
+}
+
+/// connect of every version; `ctx` is v11+'s context or NULL (none: no hint).
+///
+/// # Safety
+/// NCCL's contract for connect's `handle` and `send_comm`, and for `ctx` when it is not NULL.
+// SAFETY: unsafe to call: `connect_with` relies on its callers for this (`# Safety` above): NCCL's contract for connect's `handle` and `send_comm`, and for `ctx` when it is not NULL.
+unsafe fn connect_with(ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
     guard("connect", || {
+        // SAFETY: this fn's contract: a non-NULL `ctx` is a context init_v11 returned, not
+        // finalized.
+        let ctx: Option<&Ctx> = if ctx.is_null() { None } else { Some(unsafe { obj(ctx, "connect")? }) };
         // SAFETY: NCCL's contract: `send_comm` is an out-parameter (NULL until connected).
         unsafe { put(send_comm, std::ptr::null_mut(), "connect")? };
         // SAFETY: NCCL's contract: `handle` is this connection's handle bytes, kept by NCCL
         // between calls, where plugin::connect keeps its dialing state.
         let h = unsafe { handle_bytes(handle)? };
-        match plugin::connect(dev, h)? {
+        match plugin::connect(dev, h, ctx)? {
             None => Ok(()),
             // SAFETY: as above, `send_comm`; NCCL hands the box back to isend and closeSend.
             Some(c) => unsafe { put(send_comm, Box::into_raw(c) as *mut c_void, "connect") },
@@ -303,9 +330,9 @@ unsafe extern "C" fn connect_v10(dev: c_int, _config: *mut CommConfig, handle: *
 }
 
 // SAFETY: `connect_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
-unsafe extern "C" fn connect_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
-    // SAFETY: the same arguments as `connect`'s, under the same contract.
-    unsafe { connect(dev, handle, send_comm, dev_comm) }
+unsafe extern "C" fn connect_v11(ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
+    // SAFETY: this entry's own arguments, under NCCL's contract, which is connect_with's.
+    unsafe { connect_with(ctx, dev, handle, send_comm, dev_comm) }
 }
 
 // SAFETY: `accept` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
@@ -515,7 +542,7 @@ unsafe extern "C" fn irecv_consumed(_recv_comm: *mut c_void, _n: c_int, _request
 }
 
 // ---------------------------------------------------------------------------------------------
-// The tables NCCL dlsyms. makeVDevice (NIC fusion) and setNetAttr are NULL, which NCCL allows.
+// The tables NCCL dlsyms. makeVDevice (NIC fusion) is NULL, which NCCL allows.
 
 const NAME_PTR: *const c_char = NAME.as_ptr();
 
@@ -616,7 +643,7 @@ const fn table_v11<P>(get_properties: unsafe extern "C" fn(c_int, *mut P) -> Ncc
         irecvConsumed: Some(irecv_consumed),
         makeVDevice: None,
         finalize: Some(finalize),
-        setNetAttr: None,
+        setNetAttr: Some(set_net_attr),
     }
 }
 

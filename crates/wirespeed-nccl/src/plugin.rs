@@ -9,7 +9,7 @@
 //! request, which NCCL takes as "try again". Nothing is shared between comms but the engine's
 //! I/O threads, so there is no lock on the data path beyond the engine's per-stream ones.
 use crate::abi::*;
-use crate::config::{find_devices, Device, PluginConfig};
+use crate::config::{find_devices, streams_for, Concurrency, Device, PluginConfig};
 use crate::handle::{random_key, set_stage, stage, Handle};
 use crate::log;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
@@ -138,6 +138,89 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Bo
     Ok(Box::new(ListenComm { listener, key }))
 }
 
+/// One communicator's context (API v11+: `init` returns it, `finalize` frees it). It holds NCCL's
+/// latest `setNetAttr` hint, which the next `connect` of the communicator reads.
+pub struct Ctx {
+    pub comm_id: u64,
+    hint: Mutex<Option<NetAttr>>,
+    /// The last (hint, streams) logged at INFO: a line only when the choice changes.
+    logged: Mutex<Option<(Concurrency, usize)>>,
+}
+
+impl Ctx {
+    pub fn new(comm_id: u64) -> Ctx {
+        Ctx { comm_id, hint: Mutex::new(None), logged: Mutex::new(None) }
+    }
+}
+
+/// NCCL's hint (setNetAttr), kept for the communicator's next `connect`.
+///
+/// NCCL (transport/net.cc) calls it on its proxy thread with the communicator's context: before
+/// each `connect` and `accept`, with the peers (up to min(nRanks, 4) for collectives; more for
+/// send/recv) and flows per peer (the channels) the communicator may drive at once; and before an
+/// operation's first isend/irecv when that operation's exact counts differ from the last ones.
+/// Only `connect` uses it (the connecting side chooses the streams: `streams_for`); the receive
+/// side's half and the op/algo/proto masks are kept for the log only. NCCL ignores the result.
+pub fn set_net_attr(ctx: &Ctx, attr: NetAttr) {
+    *ctx.hint.lock().unwrap_or_else(|p| p.into_inner()) = Some(attr);
+}
+
+fn sending(a: &NetAttr) -> Concurrency {
+    Concurrency { peers: a.sendCommAttr.maxConcurrentPeers, flows: a.sendCommAttr.maxFlowsPerPeer }
+}
+
+fn range(min: i32, max: i32) -> String {
+    let v = |x: i32| if x < 0 { "?".to_string() } else { x.to_string() };
+    if min == max {
+        v(max)
+    } else {
+        format!("{}-{}", v(min), v(max))
+    }
+}
+
+fn mask(m: u32) -> String {
+    if m == NCCL_NET_ATTR_UNDEF as u32 {
+        "*".into()
+    } else {
+        format!("{m:#x}")
+    }
+}
+
+/// NCCL's hint in words, as NCCL's own TRACE line puts it (peers and flows as min-max).
+pub fn describe_hint(a: &NetAttr) -> String {
+    let (s, r) = (&a.sendCommAttr, &a.recvCommAttr);
+    format!(
+        "send {} peers x {} flows, recv {} peers x {} flows, op {} algo {} proto {}",
+        range(s.minConcurrentPeers, s.maxConcurrentPeers),
+        range(s.minFlowsPerPeer, s.maxFlowsPerPeer),
+        range(r.minConcurrentPeers, r.maxConcurrentPeers),
+        range(r.minFlowsPerPeer, r.maxFlowsPerPeer),
+        mask(a.op),
+        mask(a.algo),
+        mask(a.proto)
+    )
+}
+
+/// The streams a connection to a listener announcing `base` opens: `streams_for` over the
+/// communicator's hint, logged at INFO when the choice differs from the communicator's last.
+fn choose_streams(g: &Global, ctx: Option<&Ctx>, base: usize) -> usize {
+    let Some(ctx) = ctx else { return base };
+    let Some(attr) = *ctx.hint.lock().unwrap_or_else(|p| p.into_inner()) else { return base };
+    let hint = sending(&attr);
+    let n = streams_for(base, g.cfg.nstreams_set, Some(hint));
+    let mut logged = ctx.logged.lock().unwrap_or_else(|p| p.into_inner());
+    if *logged != Some((hint, n)) {
+        *logged = Some((hint, n));
+        let why = if g.cfg.nstreams_set {
+            format!("WIRESPEED_NSTREAMS={base} is set, so the hint changes nothing")
+        } else {
+            format!("the listener's {base} shared among up to {} connections at once", hint.peers.max(1).saturating_mul(hint.flows.max(1)))
+        };
+        log::info(NCCL_INIT, &format!("communicator {:#x}: NCCL's hint: {}: {n} streams per connection ({why})", ctx.comm_id, describe_hint(&attr)));
+    }
+    n
+}
+
 /// A send or receive end. Both are the same engine connection type; NCCL uses each one way.
 pub struct Comm {
     conn: Conn,
@@ -157,18 +240,20 @@ impl Drop for Req {
 }
 
 /// Advance the connection whose dialing state lives in `handle` (see handle.rs); `None` until every
-/// stream is connected and greeted.
+/// stream is connected and greeted. `ctx` (API v11+) holds NCCL's hint, which may lower the stream
+/// count the listener announced (`choose_streams`).
 ///
 /// Not marked unsafe, but the handle's stage must be 0 or a value this function stored there
 /// (NCCL hands the handle back unchanged between calls: its contract, ffi.rs).
-pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Option<Box<Comm>>> {
+pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE], ctx: Option<&Ctx>) -> Result<Option<Box<Comm>>> {
     let g = global()?;
     device(dev)?;
     let mut dialer = match stage(handle) {
         0 => {
             let h = Handle::decode(handle).map_err(usage)?;
             let key = h.key;
-            let d = Dialer::start(&g.reactor, &g.cfg.net, h.addr, key, h.nstreams as usize).map_err(|e| from_core(e, &format!("connecting to {}", h.addr)))?;
+            let n = choose_streams(g, ctx, h.nstreams as usize);
+            let d = Dialer::start(&g.reactor, &g.cfg.net, h.addr, key, n).map_err(|e| from_core(e, &format!("connecting to {}", h.addr)))?;
             Box::new(d)
         }
         // SAFETY: a non-zero stage is the Box<Dialer> an earlier call on this same handle leaked
@@ -287,4 +372,41 @@ pub fn reg_mr(ptr_type: i32) -> Result<*mut std::ffi::c_void> {
     }
     static TOKEN: u8 = 0;
     Ok(&TOKEN as *const u8 as *mut std::ffi::c_void)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ncclNetAttr_t as NCCL's C code lays it out: four int32 per direction, then three uint32.
+    fn from_c_bytes(words: [u32; 11]) -> NetAttr {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(bytes.len(), std::mem::size_of::<NetAttr>());
+        // SAFETY: 44 initialised bytes, read unaligned into a struct of plain integers (any bit
+        // pattern is valid).
+        unsafe { (bytes.as_ptr() as *const NetAttr).read_unaligned() }
+    }
+
+    #[test]
+    fn the_attributes_read_in_the_headers_field_order() {
+        let a = from_c_bytes([4, 1, 2, 1, 8, 1, 3, 1, 0x1f, u32::MAX, 0b100]);
+        assert_eq!(a.sendCommAttr, NetCommAttr { maxConcurrentPeers: 4, minConcurrentPeers: 1, maxFlowsPerPeer: 2, minFlowsPerPeer: 1 });
+        assert_eq!(a.recvCommAttr, NetCommAttr { maxConcurrentPeers: 8, minConcurrentPeers: 1, maxFlowsPerPeer: 3, minFlowsPerPeer: 1 });
+        assert_eq!((a.op, a.algo, a.proto), (0x1f, u32::MAX, 4));
+        assert_eq!(sending(&a), Concurrency { peers: 4, flows: 2 });
+        assert_eq!(describe_hint(&a), "send 1-4 peers x 1-2 flows, recv 1-8 peers x 1-3 flows, op 0x1f algo * proto 0x4");
+    }
+
+    #[test]
+    fn a_context_keeps_the_latest_hint() {
+        let ctx = Ctx::new(7);
+        assert!(ctx.hint.lock().unwrap().is_none());
+        let undef = NetCommAttr { maxConcurrentPeers: -1, minConcurrentPeers: -1, maxFlowsPerPeer: -1, minFlowsPerPeer: -1 };
+        let mut a = NetAttr { sendCommAttr: undef, recvCommAttr: undef, op: u32::MAX, algo: u32::MAX, proto: u32::MAX };
+        set_net_attr(&ctx, a);
+        a.sendCommAttr.maxConcurrentPeers = 2;
+        set_net_attr(&ctx, a);
+        assert_eq!(ctx.hint.lock().unwrap().map(|h| sending(&h)), Some(Concurrency { peers: 2, flows: -1 }));
+        assert_eq!(describe_hint(&a), "send ?-2 peers x ? flows, recv ? peers x ? flows, op * algo * proto *");
+    }
 }
