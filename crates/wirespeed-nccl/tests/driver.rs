@@ -152,6 +152,26 @@ fn a_sender_closing_right_after_its_sends_complete_loses_nothing() {
     pair("early-close", "11", &[], &[]);
 }
 
+/// NCCL v11+ tells the plugin (setNetAttr, before each connect) how many peers and flows per peer
+/// a communicator drives at once; the connection then opens its share of the streams, logged at
+/// INFO once, unless WIRESPEED_NSTREAMS is set. The driver counts the established streams itself.
+#[test]
+fn nccls_hint_sets_the_streams_a_connection_opens() {
+    // 2 peers x 2 flows share the default 12: 3 streams each, on both v11 and v12.
+    for api in ["11", "12"] {
+        let out = pair("attr", api, &["--max-bytes", "4M"], &[]);
+        assert!(out.contains("NCCL's hint (1-2 peers x 1-2 flows) -> 3 streams per connection, as logged and as /proc/net/tcp counts"), "{out}");
+        assert!(out.contains("NCCL's hint: send 1-2 peers x 1-2 flows, recv 1-2 peers x 1-2 flows, op * algo * proto *: 3 streams per connection (the listener's 12 shared among up to 4 connections at once)"), "{out}");
+    }
+    // WIRESPEED_NSTREAMS set: its count, whatever NCCL says, and the log says why.
+    let out = pair("attr", "11", &["--max-bytes", "1M"], &[("WIRESPEED_NSTREAMS", "8")]);
+    assert!(out.contains("-> 8 streams per connection, as logged and as /proc/net/tcp counts"), "{out}");
+    assert!(out.contains("8 streams per connection (WIRESPEED_NSTREAMS=8 is set, so the hint changes nothing)"), "{out}");
+    // Before v11 there is no setNetAttr to call.
+    let o = run(&["pair", "--scenario", "attr", "--api", "10", "--timeout", "60"], &[]);
+    assert!(!o.status.success() && text(&o).contains("needs API v11 or later"), "{}", text(&o));
+}
+
 #[test]
 fn bad_numbers_are_one_line_errors_not_panics_or_wraps() {
     // A panic exits 101; a wrapped size ran a sweep of nothing and printed PASS.

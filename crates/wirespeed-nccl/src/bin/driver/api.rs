@@ -182,6 +182,20 @@ impl Net {
         Ok(())
     }
 
+    /// setNetAttr on this Net's first context, as NCCL's proxy calls it before each connect and
+    /// accept (v11+; None for the versions without it).
+    pub fn set_net_attr(&self, attr: &NetAttr) -> Option<Result<(), Rc>> {
+        let set = match self.t {
+            Table::V11(t) => t.setNetAttr,
+            Table::V12(t) => t.setNetAttr,
+            _ => None,
+        }?;
+        let mut a = *attr;
+        // SAFETY: the plugin's setNetAttr with a context its init returned (not finalized) and
+        // `a`, a local ncclNetAttr_t alive for the call.
+        Some(rc(unsafe { set(self.ctx(), &mut a) }))
+    }
+
     pub fn devices(&self) -> Result<c_int, Rc> {
         let mut n = -1;
         // SAFETY: `n` is a local c_int for the out-parameter.

@@ -11,7 +11,8 @@
 //! byte), `limit` (NULL request once a comm has the maximum in flight), `oversize` (a message
 //! larger than the posted buffer is an error and writes nothing past it), `kill` (a peer killed
 //! mid-transfer: every pending request errors within the timeout), `close` (closing comms with
-//! requests in flight returns at once and leaves the buffers alone), `bench` (throughput).
+//! requests in flight returns at once and leaves the buffers alone), `bench` (throughput),
+//! `attr` (v11+: NCCL's setNetAttr hint before connect sets the streams the connection opens).
 //!
 //! Usage:
 //!   wirespeed-nccl-driver pair --scenario sweep [--api 11] [--lib PATH] [--timeout S]
@@ -34,6 +35,9 @@ pub static LOG_COUNTS: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
 pub static READY_LINES: AtomicUsize = AtomicUsize::new(0);
 /// How many WARN lines reported a refused connection.
 pub static REFUSAL_LINES: AtomicUsize = AtomicUsize::new(0);
+/// How many INFO lines told NCCL's hint and the streams chosen from it, and the last count told.
+pub static HINT_LINES: AtomicUsize = AtomicUsize::new(0);
+pub static HINT_STREAMS: AtomicUsize = AtomicUsize::new(0);
 
 /// Called by logger.c with each formatted line.
 ///
@@ -53,6 +57,12 @@ pub unsafe extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ff
     }
     if level == 2 && text.contains("refused a connection") {
         REFUSAL_LINES.fetch_add(1, Ordering::Relaxed);
+    }
+    // "... NCCL's hint: send 1-2 peers x ...: 3 streams per connection (...)": the word before.
+    if text.contains("NCCL's hint: ") {
+        let n = text.split(" streams per connection").next().and_then(|h| h.rsplit(' ').next()).and_then(|n| n.parse().ok());
+        HINT_LINES.fetch_add(1, Ordering::Relaxed);
+        HINT_STREAMS.store(n.unwrap_or(0), Ordering::Relaxed);
     }
     let tag = match level {
         2 => "WARN",

@@ -5,8 +5,10 @@
 //! return (`?`) is the exception: the buffers go with requests pending, and main.rs then exits
 //! the process (FAIL).
 use crate::api::{Net, Ptr, Rc};
-use crate::{Args, LOG_COUNTS, READY_LINES, REFUSAL_LINES};
-use nccl_net_wirespeed::abi::{NCCL_NET_HANDLE_MAXSIZE, NCCL_NET_MAX_REQUESTS, NCCL_PTR_CUDA, NCCL_PTR_HOST, NCCL_SUCCESS};
+use crate::{Args, HINT_LINES, HINT_STREAMS, LOG_COUNTS, READY_LINES, REFUSAL_LINES};
+use nccl_net_wirespeed::abi::{NetAttr, NetCommAttr, NCCL_NET_ATTR_UNDEF, NCCL_NET_HANDLE_MAXSIZE, NCCL_NET_MAX_REQUESTS, NCCL_PTR_CUDA, NCCL_PTR_HOST, NCCL_SUCCESS};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
@@ -96,6 +98,8 @@ struct Peer {
     listen: Ptr,
     send: Ptr,
     recv: Ptr,
+    /// The other rank's listener, which `send` connected to.
+    theirs: SocketAddr,
     deadline: Instant,
 }
 
@@ -152,6 +156,12 @@ fn setup(a: &Args) -> R<Peer> {
     say(&format!("HANDLE {}", hex(&mine)));
     let line = hear()?;
     let mut theirs = unhex(line.strip_prefix("HANDLE ").ok_or(format!("expected a handle, got {line:?}"))?)?;
+    let their_addr = nccl_net_wirespeed::handle::Handle::decode(&theirs)?.addr;
+    // NCCL (v11+) hands its hint to the plugin before every connect call of a connection.
+    let hint = (a.scenario == "attr").then(attr_hint);
+    if hint.is_some() && a.api < 11 {
+        return Err(format!("the attr scenario needs API v11 or later (setNetAttr), not v{}", a.api));
+    }
 
     // Both connections are made at once, without blocking, as NCCL's proxy does.
     let deadline = Instant::now() + a.timeout;
@@ -160,6 +170,9 @@ fn setup(a: &Args) -> R<Peer> {
     while send.is_none() || recv.is_none() {
         if send.is_none() {
             connect_calls += 1;
+            if let Some(h) = &hint {
+                nccl("setNetAttr", net.set_net_attr(h).ok_or("the v11+ table has no setNetAttr")?)?;
+            }
             send = nccl("connect", net.connect(0, &mut theirs))?;
         }
         if recv.is_none() {
@@ -172,7 +185,7 @@ fn setup(a: &Args) -> R<Peer> {
         std::thread::sleep(Duration::from_micros(100));
     }
     say(&format!("CONNECTED after {connect_calls} connect and {accept_calls} accept calls"));
-    Ok(Peer { net, rank: a.rank, listen, send: send.unwrap(), recv: recv.unwrap(), deadline })
+    Ok(Peer { net, rank: a.rank, listen, send: send.unwrap(), recv: recv.unwrap(), theirs: their_addr, deadline })
 }
 
 /// Load and init only, as NCCL does before deciding whether to use the plugin.
@@ -205,6 +218,7 @@ pub fn peer(a: &Args) -> R<()> {
         "close" => return close_in_flight(&mut p),
         "bench" => bench(&mut p, a)?,
         "early-close" => return early_close(&mut p),
+        "attr" => attr(&mut p, a)?,
         s => return Err(format!("unknown scenario {s}")),
     };
     // Each side closes as soon as its own part is done, as NCCL does (see early_close).
@@ -240,6 +254,61 @@ fn sweep_sizes(max: usize, count: usize) -> Vec<usize> {
         }
     }
     out
+}
+
+/// What NCCL's proxy hands setNetAttr before connecting a 2-rank communicator's collective
+/// connections with 2 channels (populateCommNetAttrs in NCCL's transport/net.cc): up to
+/// min(nRanks, 4) = 2 peers, up to nChannels = 2 flows per peer, each way; op, algo and proto
+/// unsaid.
+fn attr_hint() -> NetAttr {
+    let c = NetCommAttr { maxConcurrentPeers: 2, minConcurrentPeers: 1, maxFlowsPerPeer: 2, minFlowsPerPeer: 1 };
+    let undef = NCCL_NET_ATTR_UNDEF as u32;
+    NetAttr { sendCommAttr: c, recvCommAttr: c, op: undef, algo: undef, proto: undef }
+}
+
+/// The established TCP connections of this network namespace to `to` (/proc/net/tcp, tcp6): the
+/// streams this process dialed to the other rank's listener (the other rank's own streams go to
+/// this rank's listener, and the stranger setup sent has closed).
+fn established_to(to: SocketAddr) -> R<usize> {
+    // The kernel prints each 32-bit word of the address as the hex of its value in memory.
+    let words = |b: &[u8]| b.chunks(4).map(|w| format!("{:08X}", u32::from_ne_bytes(w.try_into().unwrap()))).collect::<String>();
+    let (file, ip) = match to {
+        SocketAddr::V4(a) => ("/proc/net/tcp", words(&a.ip().octets())),
+        SocketAddr::V6(a) => ("/proc/net/tcp6", words(&a.ip().octets())),
+    };
+    let want = format!("{ip}:{:04X}", to.port());
+    let table = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
+    // Columns: sl local_address rem_address st ...; st 01 is ESTABLISHED.
+    Ok(table.lines().skip(1).filter(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[2] == want && f[3] == "01"
+    }).count())
+}
+
+/// setup gave the plugin NCCL's hint (`attr_hint`) before each connect call: the connection must
+/// open the streams the plugin logged at INFO (once), an operation's later hint must leave it
+/// alone, and a sweep must go through it whole.
+fn attr(p: &mut Peer, a: &Args) -> R<String> {
+    let (lines, told) = (HINT_LINES.load(Ordering::Relaxed), HINT_STREAMS.load(Ordering::Relaxed));
+    if lines != 1 || told == 0 {
+        return Err(format!("NCCL's hint and the streams chosen from it were logged at INFO {lines} times (last count {told}), not once"));
+    }
+    let open = established_to(p.theirs)?;
+    if open != told {
+        return Err(format!("the plugin logged {told} streams per connection, but {open} are established to {}", p.theirs));
+    }
+    // An operation's own hint, as NCCL sends before its first isend when the counts differ: exact
+    // counts and the op's bit (all_reduce). The next connect would read it; this one is made.
+    let mut op = attr_hint();
+    op.sendCommAttr = NetCommAttr { maxConcurrentPeers: 1, minConcurrentPeers: 1, maxFlowsPerPeer: 2, minFlowsPerPeer: 2 };
+    op.op = 1 << 4;
+    nccl("setNetAttr (an operation's hint)", p.net.set_net_attr(&op).ok_or("no setNetAttr")?)?;
+    let swept = sweep(p, a)?;
+    let after = established_to(p.theirs)?;
+    if after != told {
+        return Err(format!("{after} streams established after the sweep, {told} before"));
+    }
+    Ok(format!("attr: NCCL's hint (1-2 peers x 1-2 flows) -> {told} streams per connection, as logged and as /proc/net/tcp counts; {swept}"))
 }
 
 struct Posted {
