@@ -7,6 +7,8 @@
 #   benchmarks/gpu_check.sh DIR [OUT]     there, as root: install the wheel (no build, no network),
 #                                         then run every check into OUT/gpu_check.log (OUT: $OUT,
 #                                         else ./gpu_check_out); exit 0 only if every check passed
+#   benchmarks/gpu_check.sh --sharing V   what the runs of two ranks on the one GPU get under
+#                                         NCCL version V (e.g. 2.30.7), and exit
 #
 # OUT gets the log and six JSON-lines files only (the device tool brings back 8 files); the
 # installed package, MPS's pipes and NCCL's per-process logs go under WORK (/tmp/gpu_check_work).
@@ -25,7 +27,39 @@
 # themselves (exit 1 otherwise); both runs are checked here again with `wirespeed plugin-check`.
 # Where the kernel cannot build the emulated cluster, the NCCL runs fall back to --host-per-rank
 # (two host ids on one network, no caps) and the log says so.
+# Two ranks on the one GPU: NCCL 2.30 added NCCL_MULTI_RANK_GPU_ENABLE (off by default), and where
+# torch's NCCL has it every NCCL run gets it. NCCL checks it only for ranks it sees on one host
+# (the same hostname and boot id, or NCCL_HOSTID); the ranks still run as two hosts (emulated,
+# else host ids), because NCCL sends nothing between ranks of one host on one GPU over its network
+# (its topology prefers the GPU's own path), so only two hosts exercise the plugin.
 set -u
+
+# multi_rank_env NCCL_VERSION: NCCL_MULTI_RANK_GPU_ENABLE=1 from NCCL 2.30 on; nothing before, or
+# for a version that is not MAJOR.MINOR[.PATCH].
+multi_rank_env() {
+    local major minor
+    IFS=. read -r major minor _ <<<"${1:-}"
+    [[ $major =~ ^[0-9]+$ && $minor =~ ^[0-9]+$ ]] || return 0
+    if [ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 30 ]; }; then
+        echo NCCL_MULTI_RANK_GPU_ENABLE=1
+    fi
+}
+
+# sharing_line NCCL_VERSION: what the runs of two ranks on the one GPU get, in one line.
+sharing_line() {
+    local env why
+    env=$(multi_rank_env "$1")
+    if [ -n "$env" ]; then why=$env
+    elif [[ $1 =~ ^[0-9]+\.[0-9]+ ]]; then why="no NCCL_MULTI_RANK_GPU_ENABLE (before NCCL 2.30)"
+    else why="no NCCL_MULTI_RANK_GPU_ENABLE (torch's NCCL version is not known)"
+    fi
+    echo "NCCL $1: $why; the ranks share the GPU as two hosts (emulated, else host ids)"
+}
+
+if [ "${1:-}" = "--sharing" ]; then
+    sharing_line "${2:?usage: benchmarks/gpu_check.sh --sharing NCCL_VERSION}"
+    exit 0
+fi
 
 if [ "${1:-}" = "--pack" ]; then
     dir=${2:?usage: benchmarks/gpu_check.sh --pack DIR}
@@ -130,6 +164,11 @@ site="$work/site"
 wheel=$(ls "$pack"/wirespeed-*.whl | head -1)
 check "install $(basename "$wheel")" 120 "$PY" -m pip install -q --no-index --no-deps --no-compile \
     --target "$site" "$wheel" || { echo "gpu_check: cannot install the wheel; stopping"; exit 1; }
+nccl_version=$("$PY" -c 'import torch; v = torch.cuda.nccl.version()
+print(".".join(map(str, v)) if isinstance(v, tuple) else f"{v // 10000}.{v // 100 % 100}.{v % 100}")' 2>/dev/null)
+multi_rank=$(multi_rank_env "$nccl_version")
+[ -n "$multi_rank" ] && export "$multi_rank"
+echo "two ranks on the one GPU: $(sharing_line "${nccl_version:-unknown}")"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export WIRESPEED_NCCL_PLUGIN="$pack/libnccl-net-wirespeed.so"
 

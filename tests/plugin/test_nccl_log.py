@@ -101,6 +101,20 @@ def test_gpu_check_script_parses_and_says_its_usage():
     assert p.returncode != 0 and "usage: benchmarks/gpu_check.sh DIR" in p.stderr
 
 
+@pytest.mark.parametrize("version,multi_rank", [("2.30.7", True), ("2.31.0", True), ("3.0", True),
+                                                ("2.29.7", False), ("2.28.9", False), ("2.3", False),
+                                                ("unknown", False)])
+def test_gpu_check_sets_multi_rank_gpu_enable_from_nccl_2_30(version, multi_rank):
+    import subprocess
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
+    p = subprocess.run(["bash", script, "--sharing", version], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.count("\n") == 1, p.stdout + p.stderr
+    assert p.stdout.startswith(f"NCCL {version}: ")
+    assert ("NCCL_MULTI_RANK_GPU_ENABLE=1;" in p.stdout) == multi_rank, p.stdout
+    assert "as two hosts (emulated, else host ids)" in p.stdout
+
+
 # --- bench --fast-net: each rank reads its own NCCL log after the run ---
 
 class _TwoRanks:
