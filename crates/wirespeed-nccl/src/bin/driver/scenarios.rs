@@ -305,6 +305,8 @@ fn attr(p: &mut Peer, a: &Args) -> R<String> {
     nccl("setNetAttr (an operation's hint)", p.net.set_net_attr(&op).ok_or("no setNetAttr")?)?;
     let swept = sweep(p, a)?;
     let after = established_to(p.theirs)?;
+    // Neither side closes before both have counted.
+    barrier()?;
     if after != told {
         return Err(format!("{after} streams established after the sweep, {told} before"));
     }
