@@ -15,7 +15,7 @@
 //!
 //! Streams per connection: the listening side's WIRESPEED_NSTREAMS travels in the handle; the
 //! connecting side opens that many, or, from API v11 on, fewer when NCCL's `setNetAttr` hint says
-//! it drives several peers and flows at once (`streams_for`), unless WIRESPEED_NSTREAMS is set.
+//! it drives several flows to one peer at once (`streams_for`), unless WIRESPEED_NSTREAMS is set.
 use std::ffi::CString;
 use std::net::IpAddr;
 pub use wirespeed_core::iface::Family;
@@ -97,16 +97,18 @@ pub struct Concurrency {
     pub flows: i32,
 }
 
-/// The streams one connection opens. `base` is what the plugin uses for a lone connection (the
-/// listener's WIRESPEED_NSTREAMS, from the handle). With NCCL's hint and WIRESPEED_NSTREAMS unset,
-/// the `peers x flows` connections NCCL may drive at once share about `base` streams between
-/// them: `base / (peers x flows)`, rounded up so together they never carry fewer than `base`, and
-/// never below 1 or above `base`. Set (`forced`), or without a hint, `base` as it is.
+/// The streams one connection opens. `base` is what the plugin uses for a lone connection to a
+/// peer (the listener's WIRESPEED_NSTREAMS, from the handle), the flows a capped link between two
+/// hosts needs. With NCCL's hint and WIRESPEED_NSTREAMS unset, the `flows` connections NCCL may
+/// drive to one peer at once (its channels) share those `base` streams: `base / flows`, rounded
+/// up so together they never carry fewer than `base`, never below 1 or above `base`. The peer
+/// count is not divided in: different peers are different links (other hosts), each needing its
+/// own flows, so fewer streams per peer would leave a capped link short. Set (`forced`), or
+/// without a hint, `base` as it is.
 pub fn streams_for(base: usize, forced: bool, hint: Option<Concurrency>) -> usize {
     let Some(h) = hint.filter(|_| !forced) else { return base };
-    let count = |v: i32| usize::try_from(v).unwrap_or(0).max(1);
-    let concurrent = count(h.peers).saturating_mul(count(h.flows));
-    base.div_ceil(concurrent).clamp(1, base.max(1))
+    let flows = usize::try_from(h.flows).unwrap_or(0).max(1);
+    base.div_ceil(flows).clamp(1, base.max(1))
 }
 
 /// One network interface offered to NCCL as a device.
@@ -193,22 +195,19 @@ mod tests {
     fn streams_share_the_base_count_among_the_connections_nccl_drives_at_once() {
         // No hint (API v8..v10, or NCCL said nothing yet): the base count.
         assert_eq!(streams_for(12, false, None), 12);
-        // One peer, one flow: a lone connection keeps every stream.
+        // one flow per peer: the lone connection's count, however many peers
         assert_eq!(streams_for(12, false, hint(1, 1)), 12);
-        // 2 peers x 2 flows: 3 streams each, 12 in all.
-        assert_eq!(streams_for(12, false, hint(2, 2)), 3);
-        // Rounded up: 4 peers x 2 flows get 2 each (16 in all), never fewer than 12 together.
-        assert_eq!(streams_for(12, false, hint(4, 2)), 2);
-        assert_eq!(streams_for(12, false, hint(5, 1)), 3);
-        // Never below 1, however many connections.
+        assert_eq!(streams_for(12, false, hint(8, 1)), 12);
+        // 2 flows (channels) to a peer share its 12: 6 each
+        assert_eq!(streams_for(12, false, hint(2, 2)), 6);
+        assert_eq!(streams_for(12, false, hint(4, 5)), 3);   // rounded up: 15 to the peer
         assert_eq!(streams_for(12, false, hint(8, 32)), 1);
         assert_eq!(streams_for(1, false, hint(4, 4)), 1);
         assert_eq!(streams_for(12, false, hint(i32::MAX, i32::MAX)), 1);
-        // NCCL_NET_ATTR_UNDEF (-1) or 0 in a field says nothing: it counts as 1.
+        // unsaid (-1) or 0: one
         assert_eq!(streams_for(12, false, hint(-1, -1)), 12);
-        assert_eq!(streams_for(12, false, hint(0, 4)), 3);
+        assert_eq!(streams_for(12, false, hint(4, 0)), 12);
         assert_eq!(streams_for(12, false, hint(-1, 2)), 6);
-        // WIRESPEED_NSTREAMS set: its count, whatever the hint.
         assert_eq!(streams_for(8, true, hint(4, 2)), 8);
         assert_eq!(streams_for(8, true, None), 8);
     }

@@ -214,7 +214,7 @@ fn choose_streams(g: &Global, ctx: Option<&Ctx>, base: usize) -> usize {
         let why = if g.cfg.nstreams_set {
             format!("WIRESPEED_NSTREAMS={base} is set, so the hint changes nothing")
         } else {
-            format!("the listener's {base} shared among up to {} connections at once", hint.peers.max(1).saturating_mul(hint.flows.max(1)))
+            format!("the listener's {base} shared among up to {} connections to one peer at once", hint.flows.max(1))
         };
         log::info(NCCL_INIT, &format!("communicator {:#x}: NCCL's hint: {}: {n} streams per connection ({why})", ctx.comm_id, describe_hint(&attr)));
     }

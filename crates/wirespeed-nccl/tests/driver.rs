@@ -157,11 +157,11 @@ fn a_sender_closing_right_after_its_sends_complete_loses_nothing() {
 /// INFO once, unless WIRESPEED_NSTREAMS is set. The driver counts the established streams itself.
 #[test]
 fn nccls_hint_sets_the_streams_a_connection_opens() {
-    // 2 peers x 2 flows share the default 12: 3 streams each, on both v11 and v12.
+    // up to 2 flows to a peer share the default 12: 6 streams each, on both v11 and v12.
     for api in ["11", "12"] {
         let out = pair("attr", api, &["--max-bytes", "4M"], &[]);
-        assert!(out.contains("NCCL's hint (1-2 peers x 1-2 flows) -> 3 streams per connection, as logged and as /proc/net/tcp counts"), "{out}");
-        assert!(out.contains("NCCL's hint: send 1-2 peers x 1-2 flows, recv 1-2 peers x 1-2 flows, op * algo * proto *: 3 streams per connection (the listener's 12 shared among up to 4 connections at once)"), "{out}");
+        assert!(out.contains("NCCL's hint (1-2 peers x 1-2 flows) -> 6 streams per connection, as logged and as /proc/net/tcp counts"), "{out}");
+        assert!(out.contains("NCCL's hint: send 1-2 peers x 1-2 flows, recv 1-2 peers x 1-2 flows, op * algo * proto *: 6 streams per connection (the listener's 12 shared among up to 2 connections to one peer at once)"), "{out}");
     }
     // WIRESPEED_NSTREAMS set: its count, whatever NCCL says, and the log says why.
     let out = pair("attr", "11", &["--max-bytes", "1M"], &[("WIRESPEED_NSTREAMS", "8")]);

@@ -58,7 +58,7 @@ pub unsafe extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ff
     if level == 2 && text.contains("refused a connection") {
         REFUSAL_LINES.fetch_add(1, Ordering::Relaxed);
     }
-    // "... NCCL's hint: send 1-2 peers x ...: 3 streams per connection (...)": the word before.
+    // "... NCCL's hint: send 1-2 peers x ...: 6 streams per connection (...)": the word before.
     if text.contains("NCCL's hint: ") {
         let n = text.split(" streams per connection").next().and_then(|h| h.rsplit(' ').next()).and_then(|n| n.parse().ok());
         HINT_LINES.fetch_add(1, Ordering::Relaxed);
