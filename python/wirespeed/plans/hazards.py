@@ -20,11 +20,14 @@ none here has none in any.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from .layout import Span
+
+_RUN = re.compile(r"run \d+")
 
 
 @dataclass
@@ -77,7 +80,8 @@ class HazardTracker:
         self.limit = limit
 
     def report(self, kind, rank, lo, hi, first, second, relaxed=False, between=False, nop=False):
-        key = (kind, first, second)
+        # One line per pair of ops, whichever run met it (the host's accesses name their run).
+        key = (kind, _RUN.sub("run", first), _RUN.sub("run", second))
         into = self.between if between else self.relaxed if relaxed else self.races
         if key in self.seen or len(into) >= self.limit:
             return
