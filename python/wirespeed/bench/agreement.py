@@ -11,7 +11,7 @@ from ..errors import RanksDisagree
 # What decides which collectives run, in which order and with which buffers. Outputs, progress
 # and the timeout may differ between ranks without harm.
 AGREED = ("collectives", "dtypes", "ops", "sizes", "warmup_iters", "iters", "backend", "device",
-          "root", "check")
+          "root", "check", "plan")
 
 
 def fingerprint(cfg) -> list[float]:

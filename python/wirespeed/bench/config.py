@@ -28,4 +28,5 @@ class BenchConfig:
     save_dir: str | None = "runs"
     progress: bool = True
     host_per_rank: bool = False   # each rank its own host id (NCCL_HOSTID, WIRESPEED_HOSTID)
+    plan: str | None = None       # an MSCCL++ execution plan to time instead of the collectives
 

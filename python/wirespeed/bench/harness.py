@@ -44,6 +44,10 @@ class Series:
 
 
 def series_of(cfg: BenchConfig) -> list[Series]:
+    if cfg.plan:
+        # An execution plan is one series: float32, summed where its collective reduces.
+        coll = plan_collective(cfg)
+        return [Series(coll, DTYPES["float32"], "sum" if coll.reduces else None, -1)]
     out = []
     for cname in cfg.collectives:
         coll = COLLECTIVES[cname]
@@ -52,6 +56,19 @@ def series_of(cfg: BenchConfig) -> list[Series]:
             for op in (cfg.ops if coll.reduces else [None]):
                 out.append(Series(coll, dt, op, cfg.root if coll.rooted else -1))
     return out
+
+
+_PLANS: dict[tuple, Collective] = {}
+
+
+def plan_collective(cfg: BenchConfig) -> Collective:
+    """The plan of `bench --plan` as a collective, read once per process."""
+    key = (cfg.plan, cfg.timeout_s)
+    if key not in _PLANS:
+        from .collectives.plan import PlanCollective
+        # The executor's own limit comes just before the watchdog's, so the error names the op.
+        _PLANS[key] = PlanCollective(cfg.plan, max(cfg.timeout_s * 0.5, cfg.timeout_s - 1.0))
+    return _PLANS[key]
 
 
 # How check_something_runs's refusal begins: compare lists such a combination under "no results"
@@ -78,7 +95,7 @@ def check_something_runs(cfg: BenchConfig, backend: Backend, world: int, device:
 
 
 def sizes_for(coll: Collective, cfg: BenchConfig) -> list[int]:
-    return [0] if coll.name == "barrier" else cfg.sizes
+    return [0] if coll.name == "barrier" else coll.sizes(cfg.sizes)
 
 
 def make_case(s: Series, nbytes: int, inplace: bool, info: RankInfo, device: str) -> Case:
@@ -219,8 +236,13 @@ def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
     check_something_runs(cfg, backend, info.world_size, device)  # under an outer launcher too
     watchdog = Watchdog(cfg.timeout_s, info.rank)
     total_wrong = 0
+    begun: list[Collective] = []
     try:
         for s, nbytes in steps(cfg):
+            if s.collective not in begun:
+                watchdog.step(f"setting up {s.collective.name}")
+                begun.append(s.collective)
+                s.collective.begin(backend, info)
             for inplace in s.collective.variants:
                 reason = backend.unsupported(s.collective.name, s.dtype.name, s.op, inplace, device)
                 if reason:
@@ -233,11 +255,14 @@ def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
                          bytes=case.nbytes, count=case.count, inplace=inplace,
                          algbw_gbps=algbw, busbw_gbps=algbw * factor, busbw_factor=factor,
                          checked=cfg.check, iters=cfg.iters, warmup_iters=cfg.warmup_iters)
+                m.update(s.collective.record_fields())
                 total_wrong += m["wrong"]
                 on_result(m)
             on_step()
         watchdog.step("finishing")
         backend.barrier()
+        for c in begun:
+            c.end()
     finally:
         watchdog.close()
     return total_wrong

@@ -32,6 +32,9 @@ def register(sub) -> None:
                        "rank under torchrun/srun/mpirun), check every result, print nccl-tests' table.")
     add(p, "-c", "--collective", default="all_reduce",
         help=f"comma list of {', '.join(COLLECTIVE_NAMES)}, or all")
+    add(p, "--plan", default=None, metavar="PLAN.json",
+        help="time and check this MSCCL++ execution plan, executed by CPU ranks (--backend wirespeed), "
+        "instead of -c")
     add(p, "-b", "--minbytes", default="8", help="smallest size (8, 32K, 128M, 1G; binary units)")
     add(p, "-e", "--maxbytes", default="64M", help="largest size")
     add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
@@ -68,9 +71,11 @@ def config_from_args(args) -> BenchConfig:
     dtypes = [d.name for d in parse_dtypes(args.dtype)]
     ops = parse_ops(args.op)
     sizes = sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+    if args.plan:
+        colls, dtypes, ops = _plan_settings(args, dtypes, ops)
     backend, device = resolve_backend(args.backend, args.device)
     iters, timeout = parse_iters_timeout(args)
-    return BenchConfig(collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
+    return BenchConfig(plan=args.plan, collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
                        warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                        backend=backend, device=device, nproc=default_nproc(args.nproc, device),
                        root=parse_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
@@ -78,6 +83,26 @@ def config_from_args(args) -> BenchConfig:
                        format=args.format, json_path=args.json, csv_path=args.csv,
                        plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
                        progress=not args.no_progress, host_per_rank=args.host_per_rank)
+
+
+def _plan_settings(args, dtypes, ops):
+    """What --plan fixes: the plan's collective, float32, sum; wirespeed's CPU ranks, as many as the
+    plan has (-N must agree)."""
+    from ..bench.collectives.plan import BENCH_NAMES, load_plan
+    plan = load_plan(args.plan)
+    if args.backend is None:
+        args.backend = "wirespeed"
+    if args.backend != "wirespeed" or args.device == "cuda":
+        raise UsageError(f"--plan runs on wirespeed's CPU ranks (--backend wirespeed, --device cpu), "
+                         f"not {args.backend} on {args.device or 'cpu'}")
+    if dtypes != ["float32"] or ops != ["sum"]:
+        raise UsageError("--plan moves float32 data and sums it: leave -d and -o out")
+    if args.nproc is None:
+        args.nproc = str(plan.nranks)
+    elif parse_num(args.nproc, "--nproc") != plan.nranks:
+        raise UsageError(f"{args.plan}: the plan is for {plan.nranks} ranks, -N asks for {args.nproc}: "
+                         f"use -N {plan.nranks}")
+    return [BENCH_NAMES[plan.collective]], dtypes, ops
 
 
 def main(args, argv) -> int:
@@ -145,6 +170,11 @@ def _fast_net_unproven(backend, info) -> bool:
 
 
 def _validate_for_world(cfg: BenchConfig, world: int) -> None:
+    if cfg.plan:
+        from ..bench.harness import plan_collective
+        plan = plan_collective(cfg).plan
+        if plan.nranks != world:
+            raise UsageError(f"{cfg.plan}: the plan is for {plan.nranks} ranks, the job has {world}")
     if cfg.root >= world:
         raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
 
@@ -255,6 +285,16 @@ def _print_header(cfg, info, env, shared=()) -> None:
               "so the backends connect the ranks as nodes of a cluster, over the network stack")
     for line in shared:
         print(line)
+    if cfg.plan:
+        from ..bench.harness import plan_collective
+        coll = plan_collective(cfg)
+        p = coll.plan
+        print(f"# plan {p.name!r} ({cfg.plan}): {p.collective}, {p.protocol}, "
+              f"{'in place' if p.inplace else 'out of place'}, executed by {p.nranks} CPU ranks "
+              "(shared memory on a host, wirespeed's engine for port channels)")
+        coll.sizes(cfg.sizes)   # what it rounds or skips, said once, here
+        for note in coll.notes:
+            print(f"# plan {note}")
     print("#")
     sys.stdout.flush()
 

@@ -22,6 +22,8 @@ WORKLOAD_KINDS = ("model", "batching", "objects")
 
 def series_label(r: dict, with_run: bool) -> str:
     parts = [r["collective"], r["backend"], r["dtype"]]
+    if r.get("plan"):
+        parts.insert(2, f"plan {r['plan']}")   # bench --plan: the plan, beside the library's own
     if r.get("op"):
         parts.append(r["op"])
     parts.append(f"n={r['world_size']}")

@@ -13,8 +13,9 @@ _UNITS = {"time": "(us)", "p50": "(us)", "p99": "(us)", "algbw": "(GB/s)", "busb
 
 
 def series_key(r: dict) -> tuple:
+    # An execution plan's records (bench --plan) are a series of their own beside the library's.
     return (r["collective"], r["backend"], r["device"], r["world_size"], r["dtype"], r.get("op"),
-            r.get("root", -1))
+            r.get("root", -1), r.get("plan"))
 
 
 def group(records) -> "OrderedDict[tuple, dict[int, dict[bool, dict]]]":
@@ -64,9 +65,10 @@ def nccl_table(records, per_op: bool = False) -> str:
     lines = []
     blocks: OrderedDict = OrderedDict()
     for key, sizes in group(records).items():
-        blocks.setdefault(key[:4], []).append((key, sizes))
-    for (coll, backend, device, world), series in blocks.items():
-        lines.append(f"# {coll} | backend {backend} | device {device} | {world} ranks")
+        blocks.setdefault(key[:4] + key[7:], []).append((key, sizes))
+    for (coll, backend, device, world, plan), series in blocks.items():
+        via = f" | plan {plan}" if plan else ""
+        lines.append(f"# {coll} | backend {backend}{via} | device {device} | {world} ranks")
         lines.append(_head(per_op))
         for key, sizes in series:
             dtype, op, root = key[4], key[5], key[6]
@@ -94,7 +96,8 @@ def markdown_table(records) -> str:
     """`| payload | busbw | algbw |` per series, best variant (in- or out-of-place) per size."""
     out = []
     for key, sizes in group(records).items():
-        coll, backend, device, world, dtype, op, _ = key
+        coll, backend, device, world, dtype, op, _, plan = key
+        backend = f"{backend} plan {plan}" if plan else backend
         out.append(f"**{coll}** {dtype}{' ' + op if op else ''}, {backend} on {device}, {world} ranks\n")
         out.append("| payload | busbw | algbw | time | #wrong |")
         out.append("|--------:|------:|------:|-----:|-------:|")

@@ -50,6 +50,22 @@ class Collective:
     def busbw_factor(self, world: int) -> float:
         raise NotImplementedError
 
+    # What a collective that is more than a library call (an execution plan) hooks in; the
+    # library collectives need none of it.
+    def begin(self, backend, info) -> None:
+        """Once per job, on every rank, before its first case."""
+
+    def end(self) -> None:
+        """Once per job, on every rank, after its last case (not after a failure)."""
+
+    def sizes(self, sizes: list[int]) -> list[int]:
+        """The sizes of the sweep this collective runs."""
+        return sizes
+
+    def record_fields(self) -> dict:
+        """Fields its records carry besides (or instead of) the harness's."""
+        return {}
+
     def counts(self, nbytes: int, itemsize: int, world: int) -> tuple[int, int, int]:
         """(count column, send elements, receive elements) for a requested size in bytes."""
         n = nbytes // itemsize
