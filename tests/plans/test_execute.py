@@ -1,0 +1,118 @@
+"""`wirespeed bench --plan`: execution plans run by real rank processes, over shared memory and
+wirespeed's engine, timed and checked by the harness (every element of every checked call).
+
+--host-per-rank gives every rank a host id of its own, so two local ranks are two hosts to the
+executor and to the engine: a port channel then goes over TCP, a memory channel is refused."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from planfiles import allreduce_oneshot, allreduce_port_2r, write
+from wsutil import wirespeed
+
+SMALL = ("-b", "1K", "-e", "64K", "-f", "8", "-w", "2", "-n", "4", "--no-save", "--no-progress")
+
+
+def bench(plan_path, tmp_path, *extra, timeout=90):
+    out = tmp_path / "records.jsonl"
+    p = wirespeed("bench", "--plan", plan_path, *SMALL, "--json", out, "-T", "30", *extra, timeout=timeout)
+    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return p, records
+
+
+def assert_right(p, records, plan_name, ranks, sizes=(1024, 8192, 65536)):
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["bytes"] for r in records] == list(sizes)
+    for r in records:
+        assert (r["collective"], r["backend"], r["world_size"]) == ("all_reduce", "wirespeed", ranks)
+        assert r["plan"] == plan_name and r["plan_file"].endswith(".json")
+        assert r["checked"] and r["wrong"] == 0 and r["time_us"] > 0 and r["busbw_gbps"] > 0
+    assert f"plan {plan_name}" in p.stdout
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("wirespeed-plan-")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("packets", [False, True], ids=["memory-channels", "ll-packets"])
+def test_two_ranks_all_reduce(tmp_path, packets):
+    plan = allreduce_oneshot(2, packets)
+    p, records = bench(write(tmp_path / "plan.json", plan), tmp_path)
+    assert_right(p, records, plan["name"], 2)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("packets", [False, True], ids=["memory-channels", "ll-packets"])
+def test_four_ranks_all_reduce(tmp_path, packets):
+    plan = allreduce_oneshot(4, packets)
+    p, records = bench(write(tmp_path / "plan.json", plan), tmp_path, timeout=150)
+    assert_right(p, records, plan["name"], 4, sizes=(1024, 8192, 65536))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hosts", ["one host", "two hosts"])
+def test_port_channels_over_the_engine(tmp_path, hosts):
+    """One host: the engine's shared-memory path; a host per rank: its TCP path."""
+    extra = ("--host-per-rank",) if hosts == "two hosts" else ()
+    plan = allreduce_port_2r()
+    p, records = bench(write(tmp_path / "plan.json", plan), tmp_path, *extra)
+    assert_right(p, records, plan["name"], 2)
+
+
+@pytest.mark.timeout(90)
+def test_sizes_round_up_to_the_plans_chunks(tmp_path):
+    # 2 ranks x 1 chunk of 16-byte units: 32-byte steps; 100 -> 128, 120 -> 128 (run once)
+    p = wirespeed("bench", "--plan", write(tmp_path / "plan.json", allreduce_oneshot(2)), "--sizes", "100,120,4096",
+                  "-w", "1", "-n", "2", "--no-save", "--no-progress", "-T", "30", timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rounded up to multiples of 32 bytes" in p.stdout and "100->128" in p.stdout
+    rows = [line.split()[0] for line in p.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert rows == ["128", "4096"]
+
+
+@pytest.mark.timeout(90)
+def test_a_wrong_plan_is_counted_wrong(tmp_path):
+    plan = allreduce_oneshot(2)
+    for g in plan["gpus"]:   # each rank "sums" its own input alone: every element wrong
+        g["threadblocks"][0]["ops"][-1]["src_buff"] = g["threadblocks"][0]["ops"][-1]["src_buff"][:1]
+    p, records = bench(write(tmp_path / "plan.json", plan), tmp_path, "-e", "1K")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert records and all(r["wrong"] == 2 * 256 for r in records)
+    assert "wrong elements" in p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_memory_channel_between_hosts_is_refused(tmp_path):
+    p = wirespeed("bench", "--plan", write(tmp_path / "plan.json", allreduce_oneshot(2)), "--host-per-rank",
+                  *SMALL, "-T", "30", timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "rank 0's memory channel 0 leads to rank 1 on another host: memory channels need shared " \
+           "memory; the plan needs a port channel there" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_refusals_before_any_rank_starts(tmp_path):
+    path = write(tmp_path / "plan.json", allreduce_oneshot(2))
+    p = wirespeed("bench", "--plan", path, "-N", "3", "--no-save", timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().endswith("the plan is for 2 ranks, -N asks for 3: use -N 2")
+    p = wirespeed("bench", "--plan", path, "--backend", "gloo", "--no-save", timeout=60)
+    assert p.returncode == 2 and "--plan runs on wirespeed's CPU ranks" in p.stderr
+    p = wirespeed("bench", "--plan", tmp_path / "missing.json", "--no-save", timeout=60)
+    assert p.returncode == 2 and "no such plan file" in p.stderr
+    for err in (p.stderr,):
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_that_never_ends_is_named(tmp_path):
+    plan = allreduce_oneshot(2)
+    ops = plan["gpus"][1]["threadblocks"][0]["ops"]
+    plan["gpus"][1]["threadblocks"][0]["ops"] = [o for o in ops if o["name"] != "signal"]
+    p = wirespeed("bench", "--plan", write(tmp_path / "plan.json", plan), "-b", "1K", "-e", "1K", "-w", "1",
+                  "-n", "2", "--no-save", "--no-progress", "-T", "3", timeout=60)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert ("rank 0: plan 'allreduce_oneshot_2r': no progress for 2 s: rank 0, tb 0, op 4 (wait) (run 1) "
+            "waits for a signal from rank 1 on memory channel 0") in p.stderr
+    assert "Traceback" not in p.stderr
