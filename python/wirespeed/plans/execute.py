@@ -126,6 +126,9 @@ class PortLinks:
         self.rank = rank
         self.targets: dict[int, Target] = {}
         self.lock = threading.Lock()
+        # Set by a receiver after it wrote a counter or flags: the executor's idle wait ends at
+        # once rather than at the end of its sleep (a port round trip is two such waits).
+        self.wake = threading.Event()
         self.error: BaseException | None = None
         self.out = None                  # (group, {peer rank: index in the group})
         self.sends: deque = deque()      # ids of sends not yet seen complete
@@ -188,6 +191,7 @@ class PortLinks:
                         n = count.get((epoch, i), 0) + 1
                         count[(epoch, i)] = n
                         tgt.seg.counters[i] = n
+                        self.wake.set()
                     continue
                 if kind == PUT and tgt is not None:
                     # Straight into the arena: the engine writes the words before recv returns.
@@ -198,8 +202,10 @@ class PortLinks:
                 if kind == PUT_PACKETS and tgt is not None:
                     tgt.seg.f32[where:where + 2 * words:2] = tmp          # data first,
                     tgt.seg.u32[where + 1:where + 2 * words:2] = run      # then the flags
+                    self.wake.set()
         except BaseException as e:  # noqa: BLE001 (handed to the executor's thread, which raises it)
             self.error = e if isinstance(e, Exception) else PeerLost(f"rank {self.rank}: {e}")
+            self.wake.set()
 
     def close(self) -> None:
         """End every receiver (a FIN after each sender's last message), then the groups."""
@@ -271,7 +277,11 @@ class ProcessMachine(Machine):
                 raise self.links.error
             if time.monotonic() - moved_at > self.timeout_s:
                 self.timed_out()
-            time.sleep(idle)
+            if self.links is not None:
+                self.links.wake.wait(idle)
+                self.links.wake.clear()
+            else:
+                time.sleep(idle)
             idle = min(idle * 2, IDLE_MOST_S)
         if self.links is not None:
             self.links.reap()
