@@ -189,9 +189,30 @@ def launch_local(cfg: BenchConfig, args, start) -> int:
     adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_something_runs(cfg, adapter, cfg.nproc, cfg.device)
     _validate_for_world(cfg, cfg.nproc)
+    if cfg.plan:
+        _check_plan_placement(cfg, args)
     check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, args.cluster, args.ranks_per_host))
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
     return start(cfg.nproc)
+
+
+def _check_plan_placement(cfg: BenchConfig, args) -> None:
+    """Where the ranks' hosts are known before they start (--cluster, --host-per-rank), a memory or
+    switch channel between hosts is refused here, once, rather than by every rank."""
+    from ..bench.harness import plan_collective
+    from ..plans.execute import cross_host_channel
+    if cfg.host_per_rank:
+        hosts = [str(r) for r in range(cfg.nproc)]
+    elif args.cluster:
+        from ..launch.cluster import placement
+        from ..netem import cluster as C
+        n_hosts = len(C.require(C.check_name(args.cluster)).hosts)
+        hosts = [str(h) for h in placement(cfg.nproc, n_hosts, args.ranks_per_host)]
+    else:
+        return
+    bad = cross_host_channel(plan_collective(cfg).plan, hosts)
+    if bad:
+        raise UsageError(bad)
 
 
 def _ranks_on_one_host(cfg: BenchConfig, cluster, ranks_per_host) -> int:
