@@ -86,7 +86,14 @@ class Segment:
                              f"{e.strerror}") from None
         try:
             if create:
-                os.ftruncate(fd, size)   # zero-filled: no flag or counter set
+                # Reserved, not just sized: a tmpfs that runs out would otherwise kill the rank with
+                # SIGBUS at the first touch of a missing page. Zero-filled: no flag or counter set.
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    os.unlink(path)
+                    raise UsageError(f"{path}: {size} bytes of shared memory for the rank's arena: {e.strerror} "
+                                     f"(df {SHM_DIR}; use smaller sizes, -e)") from None
             elif os.fstat(fd).st_size < size:
                 raise UsageError(f"{path} holds {os.fstat(fd).st_size} bytes, the plan needs {size}: "
                                  "the ranks disagree about the plan or the size")
