@@ -47,7 +47,7 @@ def series_of(cfg: BenchConfig) -> list[Series]:
     if cfg.plan:
         # An execution plan is one series: float32, summed where its collective reduces.
         coll = plan_collective(cfg)
-        return [Series(coll, DTYPES["float32"], "sum" if coll.reduces else None, -1)]
+        return [Series(coll, DTYPES["float32"], "sum" if coll.reduces else None, cfg.root if coll.rooted else -1)]
     out = []
     for cname in cfg.collectives:
         coll = COLLECTIVES[cname]
