@@ -57,6 +57,30 @@ def allreduce_oneshot(n: int, packets: bool = False) -> dict:
             "inplace": True, "use_double_scratch_buffer": packets, **HEADER, "gpus": gpus}
 
 
+def allgather_direct(n: int) -> dict:
+    """In place: every rank puts its chunk (its slice of the output) into every peer's output."""
+    gpus = []
+    for r in range(n):
+        peers = [p for p in range(n) if p != r]
+        every = list(range(len(peers)))
+        ops = [{"name": "rlxsignal", "channel_ids": every, "channel_type": "memory"},
+               {"name": "rlxwait", "channel_ids": every, "channel_type": "memory"},
+               {"name": "put", "src_buff": [_ref("i", 0)] * len(peers),
+                "dst_buff": [_remote(k, r) for k in every], "channel_type": "memory"},
+               {"name": "signal", "channel_ids": every, "channel_type": "memory"},
+               {"name": "wait", "channel_ids": every, "channel_type": "memory"}]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": n, "scratch_chunks": 0,
+                     "threadblocks": [{"id": 0, "ops": ops,
+                                       "channels": [{"channel_type": "memory", "channel_ids": every}],
+                                       "remote_buffer_refs": [{"access_channel_type": "memory",
+                                                               "remote_buffer_ids": every}]}],
+                     "channels": [{"channel_type": "memory", "connected_to": peers}],
+                     "remote_buffers": [{"rank": p, "type": "o", "access_channel_types": ["memory"]} for p in peers],
+                     "semaphores": []})
+    return {"name": f"allgather_direct_{n}r", "collective": "allgather", "protocol": "Simple", "inplace": True,
+            "use_double_scratch_buffer": False, **HEADER, "gpus": gpus}
+
+
 def allreduce_port_2r() -> dict:
     """Two ranks over port channels (a ring of two): each puts its half to the peer with a signal,
     sums the other half, puts the sum back, and copies the peer's sum into place."""

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from planfiles import allreduce_oneshot, allreduce_port_2r, write
+from planfiles import allgather_direct, allreduce_oneshot, allreduce_port_2r, write
 from wsutil import wirespeed
 
 SMALL = ("-b", "1K", "-e", "64K", "-f", "8", "-w", "2", "-n", "4", "--no-save", "--no-progress")
@@ -23,11 +23,11 @@ def bench(plan_path, tmp_path, *extra, timeout=90):
     return p, records
 
 
-def assert_right(p, records, plan_name, ranks, sizes=(1024, 8192, 65536)):
+def assert_right(p, records, plan_name, ranks, sizes=(1024, 8192, 65536), collective="all_reduce"):
     assert p.returncode == 0, p.stdout + p.stderr
     assert [r["bytes"] for r in records] == list(sizes)
     for r in records:
-        assert (r["collective"], r["backend"], r["world_size"]) == ("all_reduce", "wirespeed", ranks)
+        assert (r["collective"], r["backend"], r["world_size"]) == (collective, "wirespeed", ranks)
         assert r["plan"] == plan_name and r["plan_file"].endswith(".json")
         assert r["checked"] and r["wrong"] == 0 and r["time_us"] > 0 and r["busbw_gbps"] > 0
     assert f"plan {plan_name}" in p.stdout
@@ -48,6 +48,14 @@ def test_four_ranks_all_reduce(tmp_path, packets):
     plan = allreduce_oneshot(4, packets)
     p, records = bench(write(tmp_path / "plan.json", plan), tmp_path, timeout=150)
     assert_right(p, records, plan["name"], 4, sizes=(1024, 8192, 65536))
+
+
+@pytest.mark.timeout(120)
+def test_in_place_all_gather(tmp_path):
+    """The input is the rank's slice of the output: the harness's buffers alias as the plan's."""
+    plan = allgather_direct(2)
+    p, records = bench(write(tmp_path / "plan.json", plan), tmp_path)
+    assert_right(p, records, plan["name"], 2, collective="all_gather")
 
 
 @pytest.mark.timeout(120)

@@ -97,17 +97,19 @@ class PlanCollective(Collective):
         lay, r = m.layout, case.rank
         arena = torch.from_numpy(m.mem[r])
         (ib, iw), (ob, ow) = ((lay.base[r][b], lay.words[r][b]) for b in ("input", "output"))
+        # In place, one buffer is a view into the other, as the harness's own modules lay them out
+        # (all_reduce: the same tensor; all_gather: the input is the output's slice; reduce_scatter:
+        # the output is the input's).
         if (ib, iw) == (ob, ow):
+            send = recv = arena[ob:ob + ow]
+        elif ob <= ib and ib + iw <= ob + ow:
             recv = arena[ob:ob + ow]
-            send = recv
+            send = recv[ib - ob:ib - ob + iw]
+        elif ib <= ob and ob + ow <= ib + iw:
+            send = arena[ib:ib + iw]
+            recv = send[ob - ib:ob - ib + ow]
         else:
-            recv = arena[ob:ob + ow]
-            # An aliased slice (in-place allgather/reducescatter) is a view into the other buffer,
-            # as the harness's own modules lay them out.
-            send = recv[ib - ob:ib - ob + iw] if ob <= ib and ib + iw <= ob + ow else arena[ib:ib + iw]
-            if ib <= ob and ob + ow <= ib + iw:
-                send = arena[ib:ib + iw]
-                recv = send[ob - ib:ob - ib + ow]
+            send, recv = arena[ib:ib + iw], arena[ob:ob + ow]
         if send.numel() != case.send_count or recv.numel() != case.recv_count:
             raise UsageError(f"{self.path}: the plan's buffers ({iw} and {ow} words) are not the "
                              f"{case.collective}'s ({case.send_count} and {case.recv_count})")
