@@ -110,8 +110,11 @@ def test_refusals_before_any_rank_starts(tmp_path):
     assert p.returncode == 2 and "--plan runs on wirespeed's CPU ranks" in p.stderr
     p = wirespeed("bench", "--plan", tmp_path / "missing.json", "--no-save", timeout=60)
     assert p.returncode == 2 and "no such plan file" in p.stderr
-    for err in (p.stderr,):
-        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    small = allreduce_oneshot(2)
+    small["max_message_size"] = 100
+    p = wirespeed("bench", "--plan", write(tmp_path / "small.json", small), "-b", "1K", "--no-save", timeout=60)
+    assert p.returncode == 2 and "no size of the sweep lies within the plan's message sizes (0..100" in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.timeout(60)

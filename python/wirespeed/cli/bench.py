@@ -75,14 +75,21 @@ def config_from_args(args) -> BenchConfig:
         colls, dtypes, ops = _plan_settings(args, dtypes, ops)
     backend, device = resolve_backend(args.backend, args.device)
     iters, timeout = parse_iters_timeout(args)
-    return BenchConfig(plan=args.plan, collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
-                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
-                       backend=backend, device=device, nproc=default_nproc(args.nproc, device),
-                       root=parse_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
-                       per_op=not args.no_per_op, per_op_columns=args.per_op_stats and not args.no_per_op,
-                       format=args.format, json_path=args.json, csv_path=args.csv,
-                       plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
-                       progress=not args.no_progress, host_per_rank=args.host_per_rank)
+    cfg = BenchConfig(plan=args.plan, collectives=colls, dtypes=dtypes, ops=ops, sizes=sizes,
+                      warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
+                      backend=backend, device=device, nproc=default_nproc(args.nproc, device),
+                      root=parse_num(args.root, "--root"), check=not args.no_check, timeout_s=timeout,
+                      per_op=not args.no_per_op, per_op_columns=args.per_op_stats and not args.no_per_op,
+                      format=args.format, json_path=args.json, csv_path=args.csv,
+                      plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
+                      progress=not args.no_progress, host_per_rank=args.host_per_rank)
+    if cfg.plan:
+        from ..bench.harness import plan_collective
+        coll = plan_collective(cfg)
+        if not coll.sizes(cfg.sizes):
+            raise UsageError(f"{cfg.plan}: no size of the sweep lies within the plan's message sizes "
+                             f"({coll.plan.min_size}..{coll.plan.max_size} bytes): choose -b/-e there")
+    return cfg
 
 
 def _plan_settings(args, dtypes, ops):
