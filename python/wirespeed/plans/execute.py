@@ -30,7 +30,9 @@ channels therefore owns a group of its own, in which it only sends and its port 
 receive: rank s's proxy sends a 40-byte header (kind, epoch, where, words, run) and, for a put,
 the words; one receiver thread per sending rank receives headers in order and writes a put's
 words into the arena (straight from the wire, or data then flags for packets) before it bumps
-the channel's counter for a signal, so a signal sent after a put is seen after its data. The
+the channel's counter for a signal, so a signal sent after a put is seen after its data (the
+engine's completion of the receive orders the words, whichever of its threads wrote them, before
+the receiver thread's later counter store; x86 stores are seen in one order by all cores). The
 proxy reads a put's source when it runs (as MSCCL++'s proxy does), into a buffer the engine
 keeps until the receiver took it; `flush` waits for the proxy's queue, which empties each round.
 
