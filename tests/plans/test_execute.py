@@ -115,6 +115,8 @@ def test_refusals_before_any_rank_starts(tmp_path):
     p = wirespeed("bench", "--plan", write(tmp_path / "small.json", small), "-b", "1K", "--no-save", timeout=60)
     assert p.returncode == 2 and "no size of the sweep lies within the plan's message sizes (0..100" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = wirespeed("bench", "--plan", path, "-b", "1M", "-e", "1T", "--no-save", timeout=60)
+    assert p.returncode == 2 and "the plan's arenas need" in p.stderr and "use -e " in p.stderr
 
 
 @pytest.mark.timeout(60)

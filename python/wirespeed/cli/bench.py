@@ -198,6 +198,7 @@ def launch_local(cfg: BenchConfig, args, start) -> int:
     _validate_for_world(cfg, cfg.nproc)
     if cfg.plan:
         _check_plan_placement(cfg, args)
+        _check_plan_fits(cfg)
     check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, args.cluster, args.ranks_per_host))
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
     return start(cfg.nproc)
@@ -220,6 +221,33 @@ def _check_plan_placement(cfg: BenchConfig, args) -> None:
     bad = cross_host_channel(plan_collective(cfg).plan, hosts)
     if bad:
         raise UsageError(bad)
+
+
+def _check_plan_fits(cfg: BenchConfig, free: int | None = None) -> None:
+    """The plan's arenas (input, output and scratch of every rank, scratch often several times the
+    message) must fit /dev/shm and memory at the sweep's largest size, or the sweep is refused
+    here, naming the largest size that fits, rather than failing at that size."""
+    from ..bench.harness import plan_collective
+    from ..launch.memory import buffer_budget
+    from ..plans.execute import SHM_DIR
+    from ..plans.layout import WORD, Layout
+    from ..sizes import format_size
+    coll = plan_collective(cfg)
+    sizes = sorted(coll.sizes(cfg.sizes))
+    if free is None:
+        st = os.statvfs(SHM_DIR)
+        free = min(st.f_bavail * st.f_frsize, buffer_budget("cpu", cfg.nproc)[1])
+
+    def need(size: int) -> int:
+        return sum(Layout(coll.plan, size).arena) * WORD
+
+    if not sizes or need(sizes[-1]) <= free:
+        return
+    fits = [s for s in sizes if need(s) <= free]
+    hint = (f"the largest size that fits is {format_size(fits[-1])}: use -e {format_size(fits[-1])}"
+            if fits else "use smaller sizes")
+    raise UsageError(f"{cfg.plan}: at {format_size(sizes[-1])} the plan's arenas need {need(sizes[-1]) / (1 << 30):.1f} GiB "
+                     f"of shared memory, {max(free, 0) / (1 << 30):.1f} GiB is free ({SHM_DIR}, memory); {hint}")
 
 
 def _ranks_on_one_host(cfg: BenchConfig, cluster, ranks_per_host) -> int:
