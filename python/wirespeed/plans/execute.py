@@ -202,6 +202,8 @@ class PortLinks:
                         tgt.seg.counters[i] = n
                         self.wake.set()
                     continue
+                if not words:
+                    continue   # an empty share of a thread-block group: no words were sent
                 if kind == PUT and tgt is not None:
                     # Straight into the arena: the engine writes the words before recv returns.
                     g.recv(0, (tgt.seg.address + where * WORD, words * WORD), TAG, tgt, True)
