@@ -73,7 +73,9 @@ def write_jsonl(path, records) -> None:
 def write_csv(path, records) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        # bench --plan's records name their plan: columns only where some record has them.
+        extra = tuple(k for k in ("plan", "plan_file") if any(k in r for r in records))
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + extra, extrasaction="ignore")
         w.writeheader()
         for r in records:
             w.writerow(r)
