@@ -114,6 +114,29 @@ def allreduce_port_2r() -> dict:
             "use_double_scratch_buffer": False, **HEADER, "gpus": gpus}
 
 
+def allreduce_port_ll_2r() -> dict:
+    """Two ranks, LL over a port channel: each packs its input into packets in its scratch, the
+    proxy carries them (flags and all) into the peer's scratch, each sums its input and the peer's
+    packets once their flags are this run's. No signal at all."""
+    gpus = []
+    for r in range(2):
+        ops = [{"name": "cpkt", "src_buff": [_ref("i", 0)], "dst_buff": [_ref("s", 0)]},
+               {"name": "ppkt", "src_buff": [_ref("s", 0)], "dst_buff": [_remote(0, 1)], "channel_ids": [0],
+                "channel_type": "port"},
+               {"name": "repkt", "src_buff": [_ref("i", 0), _ref("s", 1)], "dst_buff": [_ref("o", 0)],
+                "reduce_op": "sum"}]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 2,
+                     "threadblocks": [{"id": 0, "ops": ops,
+                                       "channels": [{"channel_type": "port", "channel_ids": [0]}],
+                                       "remote_buffer_refs": [{"access_channel_type": "port",
+                                                               "remote_buffer_ids": [0]}]}],
+                     "channels": [{"channel_type": "port", "connected_to": [1 - r]}],
+                     "remote_buffers": [{"rank": 1 - r, "type": "s", "access_channel_types": ["port"]}],
+                     "semaphores": []})
+    return {"name": "allreduce_port_ll_2r", "collective": "allreduce", "protocol": "LL", "inplace": True,
+            "use_double_scratch_buffer": True, **HEADER, "gpus": gpus}
+
+
 def write(path, plan: dict) -> str:
     with open(path, "w") as f:
         json.dump(plan, f)

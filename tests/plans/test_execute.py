@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from planfiles import allgather_direct, allreduce_oneshot, allreduce_port_2r, write
+from planfiles import allgather_direct, allreduce_oneshot, allreduce_port_2r, allreduce_port_ll_2r, write
 from wsutil import wirespeed
 
 SMALL = ("-b", "1K", "-e", "64K", "-f", "8", "-w", "2", "-n", "4", "--no-save", "--no-progress")
@@ -59,11 +59,15 @@ def test_in_place_all_gather(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("hosts", ["one host", "two hosts"])
-def test_port_channels_over_the_engine(tmp_path, hosts):
-    """One host: the engine's shared-memory path; a host per rank: its TCP path."""
+@pytest.mark.parametrize("make,hosts", [(allreduce_port_2r, "one host"), (allreduce_port_2r, "two hosts"),
+                                        (allreduce_port_ll_2r, "two hosts")], ids=["signals-one-host",
+                                                                                  "signals-two-hosts",
+                                                                                  "ll-packets-two-hosts"])
+def test_port_channels_over_the_engine(tmp_path, make, hosts):
+    """One host: the engine's shared-memory path; a host per rank: its TCP path. Puts with
+    signals, and LL packets whose flags travel with the data."""
     extra = ("--host-per-rank",) if hosts == "two hosts" else ()
-    plan = allreduce_port_2r()
+    plan = make()
     p, records = bench(write(tmp_path / "plan.json", plan), tmp_path, *extra)
     assert_right(p, records, plan["name"], 2)
 
