@@ -22,7 +22,6 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "plans"))
 
 
 def bench(args: list[str], out: str, extra: list[str]) -> list[dict]:
@@ -37,10 +36,15 @@ def bench(args: list[str], out: str, extra: list[str]) -> list[dict]:
 
 
 def default_plans(tmp: str) -> list[str]:
-    from planfiles import allreduce_oneshot, write
-    return [write(os.path.join(tmp, f"{name}.json"), plan) for name, plan in
-            (("oneshot2", allreduce_oneshot(2)), ("oneshot_ll2", allreduce_oneshot(2, True)),
-             ("oneshot4", allreduce_oneshot(4)))]
+    """wirespeed's own one-host all-reduce plans (plans/algorithms.py)."""
+    from wirespeed.plans.algorithms import builtin, dump
+    out = []
+    for name, n in (("allreduce_oneshot", 2), ("allreduce_oneshot_ll", 2), ("allreduce_oneshot", 4)):
+        path = os.path.join(tmp, f"{name}_{n}r.json")
+        with open(path, "w") as f:
+            f.write(dump(builtin(name, n)))
+        out.append(path)
+    return out
 
 
 def main() -> int:

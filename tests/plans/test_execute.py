@@ -10,7 +10,17 @@ import os
 
 import pytest
 
-from planfiles import allgather_direct, allreduce_oneshot, allreduce_port_2r, allreduce_port_ll_2r, write
+from planfiles import allreduce_port_ll_2r, fixture, write
+from wirespeed.plans.format import parse
+from wirespeed.plans.layout import smallest_size
+
+
+def allreduce_oneshot(n, packets=False):
+    return fixture(f"allreduce_oneshot{'_ll' if packets else ''}_{n}r")
+
+
+def allreduce_port_2r():
+    return fixture("allreduce_ring_port_2r_2h")
 from wsutil import wirespeed
 
 SMALL = ("-b", "1K", "-e", "64K", "-f", "8", "-w", "2", "-n", "4", "--no-save", "--no-progress")
@@ -47,13 +57,15 @@ def test_two_ranks_all_reduce(tmp_path, packets):
 def test_four_ranks_all_reduce(tmp_path, packets):
     plan = allreduce_oneshot(4, packets)
     p, records = bench(write(tmp_path / "plan.json", plan), tmp_path, timeout=150)
-    assert_right(p, records, plan["name"], 4, sizes=(1024, 8192, 65536))
+    # The sweep's sizes, rounded up to the plan's chunks (3 thread blocks share each).
+    unit = smallest_size(parse(plan))
+    assert_right(p, records, plan["name"], 4, sizes=tuple(-(-b // unit) * unit for b in (1024, 8192, 65536)))
 
 
 @pytest.mark.timeout(120)
 def test_in_place_all_gather(tmp_path):
     """The input is the rank's slice of the output: the harness's buffers alias as the plan's."""
-    plan = allgather_direct(2)
+    plan = fixture("allgather_direct_2r")
     p, records = bench(write(tmp_path / "plan.json", plan), tmp_path)
     assert_right(p, records, plan["name"], 2, collective="all_gather")
 
@@ -131,6 +143,6 @@ def test_a_wait_that_never_ends_is_named(tmp_path):
     p = wirespeed("bench", "--plan", write(tmp_path / "plan.json", plan), "-b", "1K", "-e", "1K", "-w", "1",
                   "-n", "2", "--no-save", "--no-progress", "-T", "3", timeout=60)
     assert p.returncode == 3, p.stdout + p.stderr
-    assert ("rank 0: plan 'allreduce_oneshot_2r': no progress for 2 s: rank 0, tb 0, op 4 (wait) (run 1) "
+    assert ("rank 0: plan 'allreduce_oneshot_2r': no progress for 2 s: rank 0, tb 0, op 6 (wait) (run 1) "
             "waits for a signal from rank 1 on memory channel 0") in p.stderr
     assert "Traceback" not in p.stderr
