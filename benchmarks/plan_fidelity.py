@@ -78,7 +78,7 @@ def main() -> int:
     rate = parse_rate(args.rate)
     hosts = [int(h) for h in args.hosts.split(",")]
     rows = []
-    c = C.up(max(hosts), rate, name=NAME, measure=True)
+    c, _ = C.up(max(hosts), rate, name=NAME, measure=True)
     try:
         goodput = c.measured["parallel_bps"] / 8          # bytes/s, several flows as the engine uses
         topo = f"cpu-emulated,port={goodput / 1e9:.6f}GB/s:{args.latency_us}us"
