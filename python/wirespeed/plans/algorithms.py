@@ -123,6 +123,18 @@ def allreduce_rsag(nranks: int) -> dict:
     n = nranks
     b = PlanBuilder(_name("allreduce_rsag", n, None), "allreduce", n)
     b.chunks(input=n, output=n)
+    for r, p, tb, ch in _read_reduce_own_chunk(b, n, out=O):
+        tb.put(O(r), Remote(p, "o", r), ch)
+        tb.signal(ch)
+        tb.wait(ch)
+    return b.to_json()
+
+
+def _read_reduce_own_chunk(b: PlanBuilder, n: int, out):
+    """Steps 1-4 of the one-host reduce-scatter both allreduce_rsag and reducescatter_direct
+    start with: per rank r one thread block per peer p, a relaxed handshake with p, then chunk r
+    of every peer's input read and reduced with r's own into `out(r)` (the blocks split it), a
+    barrier on each side. Yields (r, p, block, channel) for the steps each plan adds after."""
     for r in range(n):
         peers = _peers(r, n)
         m = len(peers)
@@ -132,13 +144,10 @@ def allreduce_rsag(nranks: int) -> dict:
             tb.wait(ch, relaxed=True)
             if m > 1:
                 tb.barrier(0, m)
-            tb.read_reduce(I(r), [Remote(q, "i", r) for q in peers], O(r), tbg=(j, m))
+            tb.read_reduce(I(r), [Remote(q, "i", r) for q in peers], out(r), tbg=(j, m))
             if m > 1:
                 tb.barrier(1, m)
-            tb.put(O(r), Remote(p, "o", r), ch)
-            tb.signal(ch)
-            tb.wait(ch)
-    return b.to_json()
+            yield r, p, tb, ch
 
 
 def allreduce_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
@@ -262,20 +271,9 @@ def reducescatter_direct(nranks: int) -> dict:
     n = nranks
     b = PlanBuilder(_name("reducescatter_direct", n, None), "reducescatter", n)
     b.chunks(input=n, output=1)
-    for r in range(n):
-        peers = _peers(r, n)
-        m = len(peers)
-        for j, p in enumerate(peers):
-            tb, ch = b.threadblock(r), b.channel(r, p, "memory")
-            tb.signal(ch, relaxed=True)
-            tb.wait(ch, relaxed=True)
-            if m > 1:
-                tb.barrier(0, m)
-            tb.read_reduce(I(r), [Remote(q, "i", r) for q in peers], O(0), tbg=(j, m))
-            if m > 1:
-                tb.barrier(1, m)
-            tb.signal(ch)
-            tb.wait(ch)
+    for _, _, tb, ch in _read_reduce_own_chunk(b, n, out=lambda r: O(0)):
+        tb.signal(ch)
+        tb.wait(ch)
     return b.to_json()
 
 
