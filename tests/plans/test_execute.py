@@ -122,6 +122,8 @@ def test_refusals_before_any_rank_starts(tmp_path):
     path = write(tmp_path / "plan.json", allreduce_oneshot(2))
     p = wirespeed("bench", "--plan", path, "-N", "3", "--no-save", timeout=60)
     assert p.returncode == 2 and p.stderr.strip().endswith("the plan is for 2 ranks, -N asks for 3: use -N 2")
+    p = wirespeed("bench", "--plan", path, "-c", "all_gather", "--no-save", timeout=60)
+    assert p.returncode == 2 and "the plan is an allreduce plan, -c asks for all_gather" in p.stderr
     p = wirespeed("bench", "--plan", path, "--backend", "gloo", "--no-save", timeout=60)
     assert p.returncode == 2 and "--plan runs on wirespeed's CPU ranks" in p.stderr
     p = wirespeed("bench", "--plan", tmp_path / "missing.json", "--no-save", timeout=60)

@@ -104,6 +104,10 @@ def _plan_settings(args, dtypes, ops):
                          f"not {args.backend} on {args.device or 'cpu'}")
     if dtypes != ["float32"] or ops != ["sum"]:
         raise UsageError("--plan moves float32 data and sums it: leave -d and -o out")
+    from ..flagvalues import given
+    if given(args.collective) and str(args.collective) != BENCH_NAMES.get(plan.collective):
+        raise UsageError(f"{args.plan}: the plan is an {plan.collective} plan, -c asks for "
+                         f"{args.collective}: --plan fixes the collective, leave -c out")
     if args.nproc is None:
         args.nproc = str(plan.nranks)
     elif parse_num(args.nproc, "--nproc") != plan.nranks:
