@@ -3,16 +3,21 @@
     sudo .venv/bin/python benchmarks/plan_fidelity.py                          # 2 and 4 hosts
     sudo .venv/bin/python benchmarks/plan_fidelity.py --hosts 2 --rate 400mbit --sizes 1M,4M
 
-Builds an emulated cluster (capped links, 1 Gbit/s by default), measures the link's TCP goodput
-with several flows (what a port channel's bytes really get), and for each of wirespeed's own
+Builds an emulated cluster (capped links, 1 Gbit/s by default) and for each of wirespeed's own
 port-channel plans (plans/algorithms.py) at each host count:
 - measures it: `wirespeed bench --plan` on the cluster, one rank per host, every call checked,
   the loop's time per call;
-- predicts it: `wirespeed plan simulate --topology cpu-emulated,port=<goodput>:<latency>` with the
-  same plan and sizes.
-Prints predicted / measured per plan, host count and size, and tears the cluster down, even on
-error. The simulator is not fitted to these runs: its only inputs are the preset and the link's
-measured goodput.
+- predicts it twice with `wirespeed plan simulate` on the same plan and sizes:
+  - "link only": `cpu-emulated,port=<goodput>:50us`, the preset with the link's goodput (one
+    pair of hosts, several flows);
+  - "machine": the machine measured independently of the plans' runs, at this host count:
+    `port=` the mean goodput per link while every host sends to the next at once (a ring of
+    TCP flows, 4 each), its latency from one small run (a 4 KiB sendrecv plan over the same
+    hosts, the simulator's critical path at that size solved for the latency: the alpha of an
+    alpha-beta model; the predicted rows are 1 MiB and up), `copy=` numpy's copy rate here, and
+    `cores=` this machine's CPUs, shared by all the emulated hosts' ranks.
+Prints both predictions / measured per plan, host count and size, and tears the cluster down,
+even on error. Nothing is fitted to the rows it predicts.
 """
 from __future__ import annotations
 
@@ -22,8 +27,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+
+import numpy as np
 
 from wirespeed.netem import cluster as C
+from wirespeed.netem.measure import tcp_throughput_many
 from wirespeed.netem.units import parse_rate
 from wirespeed.plans.algorithms import builtin, dump
 
@@ -37,11 +46,11 @@ def wirespeed(*args, env=None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
-def measured(path: str, hosts: int, args) -> dict[int, float]:
+def measured(path: str, hosts: int, args, sizes: str | None = None, iters: int | None = None) -> dict[int, float]:
     """bytes -> seconds per call, the loop's time (slowest rank), checked."""
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
         p = wirespeed("bench", "--plan", path, "--cluster", NAME, "-N", hosts, "--ranks-per-host", 1,
-                      "--backend", "wirespeed", "--sizes", args.sizes, "-n", args.iters, "-w", 1,
+                      "--backend", "wirespeed", "--sizes", sizes or args.sizes, "-n", iters or args.iters, "-w", 1,
                       "--no-per-op", "--no-save", "--no-progress", "-T", 300, "--json", f.name)
         if p.returncode != 0:
             raise SystemExit(f"bench --plan {path} on {hosts} hosts failed:\n{p.stderr[-2000:]}")
@@ -65,12 +74,49 @@ def predicted(path: str, topology: str, sizes: list[int]) -> dict[int, float]:
     return {r["size"]: r["time_us"] * 1e-6 for r in recs}
 
 
+def copy_rate() -> float:
+    """Bytes copied per second by numpy here (a proxy's copy, a local copy): best of 20 copies of
+    16 MiB, between buffers already touched."""
+    a = np.ones(1 << 22, dtype=np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(20):
+        t = time.perf_counter()
+        b[:] = a
+        best = min(best, time.perf_counter() - t)
+    return a.nbytes / best
+
+
+def ring_goodput(c, hosts: int) -> float:
+    """Mean bytes/s per link while each of the first `hosts` hosts sends to the next at once."""
+    h = c.hosts[:hosts]
+    pairs = [(h[i].netns, h[(i + 1) % hosts].netns, h[(i + 1) % hosts].addr) for i in range(hosts)]
+    bps = tcp_throughput_many(pairs, streams=4, seconds=1.0)
+    return sum(bps) / len(bps) / 8
+
+
+LATENCY_PLAN, LATENCY_SIZE = "sendrecv_ring_port", 4096
+
+
+def port_latency(tmp: str, hosts: int, base: str, args) -> tuple[float, float]:
+    """The port latency that makes the simulator's time of a 4 KiB sendrecv plan the measured one:
+    simulated time is linear in the latency (the latency hops on its critical path), so two
+    simulations solve it. Returns (latency s, measured s)."""
+    path = os.path.join(tmp, f"latency_{hosts}h.json")
+    with open(path, "w") as f:
+        f.write(dump(builtin(LATENCY_PLAN, hosts, 1)))
+    meas = min(measured(path, hosts, args, sizes=str(LATENCY_SIZE), iters=50).values())
+    s0 = predicted(path, f"{base}:0us", [LATENCY_SIZE])[LATENCY_SIZE]
+    s1 = predicted(path, f"{base}:1000us", [LATENCY_SIZE])[LATENCY_SIZE]
+    return max(0.0, (meas - s0) / (s1 - s0) * 1e-3), meas
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="2,4")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--sizes", default="1M,4M,16M")
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--latency-us", type=float, default=50.0,
                     help="port-channel latency given to the simulator (the preset's)")
@@ -78,31 +124,46 @@ def main() -> int:
     rate = parse_rate(args.rate)
     hosts = [int(h) for h in args.hosts.split(",")]
     rows = []
+    notes = []
+    cores = os.cpu_count() or 1
+    copy = copy_rate()
     c, _ = C.up(max(hosts), rate, name=NAME, measure=True)
     try:
         goodput = c.measured["parallel_bps"] / 8          # bytes/s, several flows as the engine uses
-        topo = f"cpu-emulated,port={goodput / 1e9:.6f}GB/s:{args.latency_us}us"
+        link_only = f"cpu-emulated,port={goodput / 1e9:.6f}GB/s:{args.latency_us}us"
+        notes.append(f"# link only: {link_only} (h0 -> h1 with 4 flows, {goodput * 8 / 1e9:.3f} Gbit/s)")
         with tempfile.TemporaryDirectory(prefix="planfid-") as tmp:
             for h in hosts:
+                ring = ring_goodput(c, h)
+                base = f"cpu-emulated,copy={copy / 1e9:.3f}GB/s,cores={cores},port={ring / 1e9:.6f}GB/s"
+                lat, small = port_latency(tmp, h, base, args)
+                machine = f"{base}:{lat * 1e6:.0f}us"
+                notes.append(f"# machine, {h} hosts: {machine} (ring goodput {ring * 8 / 1e9:.3f} Gbit/s per "
+                             f"link; numpy copy {copy / 1e9:.2f} GB/s; {cores} cores; latency from "
+                             f"{LATENCY_PLAN} at {LATENCY_SIZE} B measured {small * 1e3:.2f} ms)")
                 for name in args.plans.split(","):
                     path = os.path.join(tmp, f"{name}_{h}h.json")
                     with open(path, "w") as f:
                         f.write(dump(builtin(name, h, 1)))
                     meas = measured(path, h, args)
-                    pred = predicted(path, topo, sorted(meas))
+                    p0 = predicted(path, link_only, sorted(meas))
+                    p1 = predicted(path, machine, sorted(meas))
                     for b in sorted(meas):
-                        if b in pred:
-                            rows.append((name, h, b, pred[b], meas[b]))
+                        if b in p0 and b in p1:
+                            rows.append((name, h, b, p0[b], p1[b], meas[b]))
     finally:
         C.down(NAME)
-    print(f"# {rate / 1e9:g} Gbit/s links, TCP goodput with several flows {goodput * 8 / 1e9:.3f} Gbit/s; "
-          f"topology {topo}; {args.iters} calls per loop; 1 rank per host")
-    print("| plan | hosts | size | simulated (ms) | measured (ms) | simulated / measured |")
-    print("|---|---|---|---|---|---|")
-    for name, h, b, p, m in rows:
-        print(f"| {name} | {h} | {b} | {p * 1e3:.2f} | {m * 1e3:.2f} | {p / m:.2f} |")
-    far = [r for r in rows if r[2] >= 1 << 20 and abs(r[3] / r[4] - 1) > 0.2]
-    print(f"# {len(rows) - len(far)} of {len(rows)} within 20 % at 1 MiB and above")
+    print(f"# {rate / 1e9:g} Gbit/s links; {args.iters} calls per loop; 1 rank per host")
+    print("\n".join(notes))
+    print("| plan | hosts | size | measured (ms) | link only (ms) | link only / measured | machine (ms) | "
+          "machine / measured |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, h, b, p0, p1, m in rows:
+        print(f"| {name} | {h} | {b >> 20} MiB | {m * 1e3:.2f} | {p0 * 1e3:.2f} | {p0 / m:.2f} | "
+              f"{p1 * 1e3:.2f} | {p1 / m:.2f} |")
+    for label, k in (("link only", 3), ("machine", 4)):
+        far = [r for r in rows if r[2] >= 1 << 20 and abs(r[k] / r[5] - 1) > 0.2]
+        print(f"# {label}: {len(rows) - len(far)} of {len(rows)} within 20 % at 1 MiB and above")
     return 0
 
 

@@ -111,6 +111,34 @@ def test_two_puts_through_one_nic_take_twice_the_bytes_time_of_one():
     assert apart.time == pytest.approx(one, rel=1e-12)
 
 
+def test_a_copying_proxy_delays_the_wire_by_its_first_piece():
+    # proxy-copy=256K: the proxy copies S in 4 pieces at COPY; the wire starts after the first.
+    piece = 256 << 10
+    r = simulate(one_put(), parse_topology(TOPO + ",proxy-copy=256K"), S)
+    assert r.time == pytest.approx(OP + piece / COPY + S / BW + LAT, rel=1e-12)
+    # a copy slower than the wire: the last piece leaves after all the copying
+    slow = 0.5e9
+    r = simulate(one_put(), parse_topology(TOPO + ",proxy-copy=256K,copy=0.5GB/s"), S)
+    assert r.time == pytest.approx(OP + S / slow + piece / BW + LAT, rel=1e-12)
+
+
+def test_ranks_beyond_the_cores_slow_their_cpu_work_not_the_wire():
+    # 2 ranks on 1 core: each op's issue and the proxy's copy take twice as long; the wire does not.
+    piece = 256 << 10
+    r = simulate(one_put(), parse_topology(TOPO + ",proxy-copy=256K,cores=1"), S)
+    assert r.time == pytest.approx(2 * OP + 2 * piece / COPY + S / BW + LAT, rel=1e-12)
+    # as many cores as ranks (or more): nothing changes
+    for cores in (2, 8):
+        r = simulate(one_put(), parse_topology(TOPO + f",proxy-copy=256K,cores={cores}"), S)
+        assert r.time == pytest.approx(OP + piece / COPY + S / BW + LAT, rel=1e-12)
+
+
+def test_the_nvlink_preset_has_no_cpu_share_and_no_proxy_copy():
+    assert NVLINK_IB.cores is None and NVLINK_IB.proxy_copy == 0
+    assert NVLINK_IB.cpu_slowdown(64) == 1.0
+    assert PRESETS["cpu-emulated"].proxy_copy == 1 << 20
+
+
 def packet_put():
     """LL: rank 0 copies its input into packets in its scratch, its proxy puts them into rank
     1's scratch, rank 1 unpacks them into its output (the packets' flags are the sync)."""
@@ -232,6 +260,7 @@ def test_topology_from_a_json_file(tmp_path):
 @pytest.mark.parametrize("text,says", [("memory=fast", "a rate is"), ("op=3parsecs", "a time is"),
                                        ("nvlink", "unknown preset"), ("links=2", "unknown key"),
                                        ("ranks-per-host=0", ">= 1"), ("op=1us,nvlink-ib", "not key=value"),
+                                       ("cores=0", ">= 1"), ("proxy-copy=lots", "a size in bytes"),
                                        ("/nonexistent/box.json", "no such file")])
 def test_bad_topologies_are_one_line(text, says):
     with pytest.raises(UsageError, match=says):

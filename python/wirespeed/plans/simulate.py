@@ -15,7 +15,9 @@ gives the model and where it stops being right. In short:
   signal after a put, or the packets an LL write leaves, reach the peer a latency later;
 - a port-channel put costs its thread block only the issue: the channel's proxy moves the bytes,
   one task after another, over the NICs (or over the memory path when both ranks share a host);
-- LL packets are 8 bytes on the wire per 4 of data.
+- LL packets are 8 bytes on the wire per 4 of data;
+- with `cores`, ranks beyond the machine's cores slow their CPU work (issue, copies) by their
+  share; with `proxy-copy`, a proxy copies a put's source in pieces before the wire carries them.
 """
 from __future__ import annotations
 
@@ -62,8 +64,13 @@ def fit_size(plan: Plan, size: int) -> int:
 class Timing:
     """Prices ops and proxy tasks on a topology; keeps when each resource is next free."""
 
-    def __init__(self, topo: Topology):
+    def __init__(self, topo: Topology, nranks: int = 1):
         self.topo = topo
+        # Ranks that outnumber the machine's cores each get a share of one: their CPU work (an
+        # op's issue, a local copy, a proxy's copy) takes this much longer.
+        self.slow = topo.cpu_slowdown(nranks)
+        self.op_cost = topo.op * self.slow
+        self.copy_rate = topo.copy / self.slow
         self.free: dict[tuple, float] = defaultdict(float)    # resource -> when it is next free
         self.busy: dict[tuple, float] = defaultdict(float)    # resource -> seconds it carried bytes
         self.moved: dict[str, float] = defaultdict(float)     # resource kind -> bytes carried
@@ -125,13 +132,24 @@ class Timing:
         s, d, op, packets, run = arg
         nbytes = s.words * 4 * (2 if packets else 1)
         path, rate = self.port_path(p.rank, d.rank)
-        return self.reserve(path, nbytes, rate, p.now) - p.now
+        piece = self.topo.proxy_copy
+        if not piece or nbytes <= 0:
+            return self.reserve(path, nbytes, rate, p.now) - p.now
+        # A copying proxy (wirespeed's executor): a piece leaves once copied, so the wire starts
+        # after the first piece's copy, and the last piece leaves after all of the copying. The
+        # source's words are copied (4 bytes each, packets' flags being added by the receiver).
+        data = s.words * 4
+        first = min(data, piece) / self.copy_rate
+        all_copied = data / self.copy_rate
+        last_wire = min(nbytes, piece) / rate
+        end = max(self.reserve(path, nbytes, rate, p.now + first), p.now + all_copied + last_wire)
+        return end - p.now
 
     def op(self, m: Machine, t: Thread, op, offset: int, unit) -> float:
-        t0 = t.now + self.topo.op
+        t0 = t.now + self.op_cost
         n = op.name
         if n in SYNC_OPS or (op.channel_type == "port" and n in ("put", "pws", "pwsf", "ppkt", "rppkt")):
-            return self.topo.op      # no bytes here: the proxy moves a port channel's
+            return self.op_cost      # no bytes here: the proxy moves a port channel's
         if n in ("glres", "gstore", "gstorepkt"):
             return self.switch_op(m, t, op, offset, unit, t0) - t.now
         reads, writes = op_spans(m, t, op, offset, unit)
@@ -155,7 +173,7 @@ class Timing:
         end = t0
         if local:
             # A copy reads and writes each byte: `copy` is bytes copied per second.
-            end = max(end, self.reserve((("local", me),), local / 2, self.topo.copy, t0))
+            end = max(end, self.reserve((("local", me),), local / 2, self.copy_rate, t0))
         for (src, dst), b in remote.items():
             path, rate = self.memory_path(src, dst)
             end = max(end, self.reserve(path, b, rate, t0))
@@ -482,7 +500,7 @@ def simulate(plan: Plan, topo: Topology, size: int, requested: int | None = None
     if ops > MAX_STEPS:
         raise PlanError(f"{plan.source}: at {size} bytes the plan's pipelines unroll into {ops} ops, more "
                         f"than the {MAX_STEPS} the simulator runs in about half a minute: use smaller sizes")
-    timing = Timing(topo)
+    timing = Timing(topo, plan.nranks)
     m = SimMachine(plan, layout, timing)
     m.run()
     end = max((r["time"] for r in m.results), default=0.0)

@@ -8,7 +8,11 @@ Per channel type a bandwidth and a latency, as docs/plans-simulate.md describes:
   `nics-per-host` NICs per host, a rank using NIC (its index on the host) mod nics-per-host;
 - switch: each rank's port to the multimem switch, per direction;
 - copy: local copies and reductions (a rank's memory bandwidth, shared by its thread blocks);
-- op: what issuing one operation costs a thread block, whatever it moves.
+- op: what issuing one operation costs a thread block, whatever it moves;
+- cores: the cores of the one machine every rank runs on (an emulated cluster); with more ranks
+  than cores each rank gets cores/ranks of one, and its CPU work (op, copy) slows by as much;
+- proxy-copy: a port proxy that copies a put's source before sending it, in pieces of this many
+  bytes (wirespeed's executor); the first piece's copy delays the wire, the rest overlap it.
 
 Written inline (`ranks-per-host=4,memory=150GB/s:0.8us,port=12.5GB/s:5us,op=0.2us`), optionally
 after a preset's name that the keys then override (`nvlink-ib,ranks-per-host=4`), or as a JSON
@@ -47,6 +51,12 @@ class Topology:
     op: float                 # seconds a thread block spends issuing one op
     fabric: float | None = None   # bytes/s of each rank's memory-channel port, per direction
     nics_per_host: int = 1
+    cores: int | None = None      # cores shared by all ranks (one machine); None: a core per rank
+    proxy_copy: int = 0           # bytes per piece a port proxy copies before sending; 0: none
+
+    def cpu_slowdown(self, nranks: int) -> float:
+        """How much longer a rank's CPU work takes when nranks share the machine's cores."""
+        return max(1.0, nranks / self.cores) if self.cores else 1.0
 
     def host(self, rank: int) -> int:
         return rank // self.ranks_per_host
@@ -59,10 +69,12 @@ class Topology:
         nics = f"{n} NICs" if n > 1 else "one NIC"
         fabric = f", fabric port {self.fabric / GB:.4g} GB/s per rank and direction" if self.fabric else ""
         ranks = f"{self.ranks_per_host} rank{'s' if self.ranks_per_host > 1 else ''}"
+        cpu = f"; {self.cores} cores shared by all ranks" if self.cores else ""
+        proxy = f"; port proxies copy in pieces of {self.proxy_copy} B" if self.proxy_copy else ""
         return (f"topology {self.name}: {ranks} per host, {nics} per host; memory "
                 f"channels {self.memory.text()} per pair and direction{fabric}; port channels "
                 f"{self.port.text()} per NIC and direction; switch {self.switch.text()} per rank and "
-                f"direction; local copy {self.copy / GB:.4g} GB/s; {self.op * 1e6:.3g} us per op")
+                f"direction; local copy {self.copy / GB:.4g} GB/s; {self.op * 1e6:.3g} us per op{cpu}{proxy}")
 
     def as_dict(self) -> dict:
         return {"name": self.name, "ranks_per_host": self.ranks_per_host, "nics_per_host": self.nics_per_host,
@@ -70,7 +82,7 @@ class Topology:
                 "fabric": self.fabric,
                 "port": {"bandwidth": self.port.bandwidth, "latency": self.port.latency},
                 "switch": {"bandwidth": self.switch.bandwidth, "latency": self.switch.latency},
-                "copy": self.copy, "op": self.op}
+                "copy": self.copy, "op": self.op, "cores": self.cores, "proxy_copy": self.proxy_copy}
 
 
 # ---- presets: every number says where it comes from ----
@@ -102,8 +114,12 @@ NVLINK_IB = Topology("nvlink-ib", ranks_per_host=8, memory=Link(450 * GB, 0.7e-6
 # - op: 20 us of Python per op. Measured lower bound: the in-process interpreter (interpret.py,
 #   data mode) runs 2.4-17 us per op on this 2-core machine (8-rank plans, 2026-11-26); a
 #   multi-process executor adds polling shared counters and sockets, TO BE CALIBRATED.
+# - proxy-copy: 1 MiB, the executor's piece (plans/execute.py PIECE_WORDS): its proxy copies a
+#   put's source piece by piece into the message it sends.
+# - cores: not set here (the machine the plan will run on is not known); give `cores=N` when the
+#   whole emulated cluster runs on N cores.
 CPU_EMULATED = Topology("cpu-emulated", ranks_per_host=1, memory=Link(10 * GB, 2e-6), port=Link(0.119 * GB, 50e-6),
-                        switch=Link(10 * GB, 2e-6), copy=30 * GB, op=20e-6)
+                        switch=Link(10 * GB, 2e-6), copy=30 * GB, op=20e-6, proxy_copy=1 << 20)
 
 PRESETS = {t.name: t for t in (NVLINK_IB, CPU_EMULATED)}
 
@@ -114,7 +130,8 @@ _RATE_UNITS = {"b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
                # tc's bit rates (netem/units.py), decimal
                "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-_KEYS = ("ranks-per-host", "nics-per-host", "memory", "fabric", "port", "switch", "copy", "op")
+_KEYS = ("ranks-per-host", "nics-per-host", "memory", "fabric", "port", "switch", "copy", "op", "cores",
+         "proxy-copy")
 
 
 def parse_rate(text: str, key: str) -> float:
@@ -169,8 +186,23 @@ def _apply(topo: Topology, key: str, value) -> Topology:
         return replace(topo, copy=parse_rate(value, k))
     if k == "op":
         return replace(topo, op=parse_time(value, k))
+    if k == "cores":
+        return replace(topo, cores=None if str(value).lower() in ("none", "off") else _positive_int(value, k))
+    if k == "proxy-copy":
+        return replace(topo, proxy_copy=_size(value, k))
     raise UsageError(f"--topology: unknown key {key!r} (known: {', '.join(_KEYS)}, or a preset: "
                      f"{', '.join(PRESETS)})")
+
+
+def _size(text, key: str) -> int:
+    """'1MiB', '256K' or a number of bytes; 0 (or none) is allowed."""
+    from ..sizes import parse_size
+    if str(text).strip().lower() in ("0", "none", "off"):
+        return 0
+    try:
+        return parse_size(str(text))
+    except UsageError:
+        raise UsageError(f"--topology {key}={text!r}: a size in bytes, e.g. 1M or 262144, or 0") from None
 
 
 def _preset(name: str) -> Topology:
