@@ -5,6 +5,7 @@ wirespeed's engine, timed and checked by the harness (every element of every che
 executor and to the engine: a port channel then goes over TCP, a memory channel is refused."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 
@@ -148,3 +149,37 @@ def test_a_wait_that_never_ends_is_named(tmp_path):
     assert ("rank 0: plan 'allreduce_oneshot_2r': no progress for 2 s: rank 0, tb 0, op 6 (wait) (run 1) "
             "waits for a signal from rank 1 on memory channel 0") in p.stderr
     assert "Traceback" not in p.stderr
+
+
+class _Wire:
+    """Stands in for an engine group: keeps what each send carried."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, to, buf, tag, keep):
+        ptr, n = buf
+        self.sent.append(ctypes.string_at(ptr, n))   # copied now, as the engine would send it
+        return len(self.sent)
+
+
+def test_a_big_put_crosses_in_pieces_each_with_its_own_header(monkeypatch):
+    import numpy as np
+    from collections import deque
+    from wirespeed.plans import execute as ex
+    monkeypatch.setattr(ex, "PIECE_WORDS", 4)
+    links = ex.PortLinks.__new__(ex.PortLinks)
+    wire = _Wire()
+    links.out, links.sends = {1: wire}, {1: deque()}
+    words = np.arange(10, dtype=np.float32)
+    # LL packets: every data word takes two words at the destination, so the pieces' places step by 8
+    links.send(1, [ex.PUT_PACKETS, 7, 100, 10, 3], words, stride=2)
+    headers = [np.frombuffer(m, dtype=np.uint64).tolist() for m in wire.sent[0::2]]
+    assert headers == [[ex.PUT_PACKETS, 7, 100, 4, 3], [ex.PUT_PACKETS, 7, 108, 4, 3],
+                       [ex.PUT_PACKETS, 7, 116, 2, 3]]
+    data = np.concatenate([np.frombuffer(m, dtype=np.float32) for m in wire.sent[1::2]])
+    assert data.tolist() == words.tolist()
+    # a signal is one header, no words
+    wire.sent.clear()
+    links.send(1, [ex.SIGNAL, 7, 0, 0, 0])
+    assert len(wire.sent) == 1 and len(wire.sent[0]) == ex.HEADER * 8
