@@ -25,16 +25,17 @@ every data word of a range before any of its flags, a reader checks every flag b
 
 Port channels go over wirespeed's own engine (`_native.Group`). The engine runs a group's ops in
 order and a receive blocks its group until a message comes, so a group in which a rank both sends
-and receives could stall its own sends behind a receive that waits for them. Each rank with port
-channels therefore owns a group of its own, in which it only sends and its port peers only
-receive: rank s's proxy sends a 40-byte header (kind, epoch, where, words, run) and, for a put,
-the words; one receiver thread per sending rank receives headers in order and writes a put's
+and receives could stall its own sends behind a receive that waits for them. Each ordered pair
+(s, r) that a port channel joins therefore has a group of its own, in which s only sends and r
+only receives (one per pair, not per sender, so puts to different peers cross side by side):
+rank s's proxy sends a 40-byte header (kind, epoch, where, words, run) and, for a put, the words
+in pieces of at most 1 MiB, each behind a header of its own; one receiver thread per sending rank receives headers in order and writes a put's
 words into the arena (straight from the wire, or data then flags for packets) before it bumps
 the channel's counter for a signal, so a signal sent after a put is seen after its data (the
 engine's completion of the receive orders the words, whichever of its threads wrote them, before
 the receiver thread's later counter store; x86 stores are seen in one order by all cores). The
-proxy reads a put's source when it runs (as MSCCL++'s proxy does), into a buffer the engine
-keeps until the receiver took it; `flush` waits for the proxy's queue, which empties each round.
+proxy reads a put's source when it runs (as MSCCL++'s proxy does), into buffers the engine
+keeps until the receiver took them; `flush` waits for the proxy's queue, which empties each round.
 
 Thread blocks run cooperatively in one Python thread, round-robin as Machine.run does; a round
 in which nothing could move sleeps, 10 us growing to 1 ms, so oversubscribed ranks leave each
