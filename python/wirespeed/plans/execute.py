@@ -29,8 +29,8 @@ and receives could stall its own sends behind a receive that waits for them. Eac
 (s, r) that a port channel joins therefore has a group of its own, in which s only sends and r
 only receives (one per pair, not per sender, so puts to different peers cross side by side):
 rank s's proxy sends a 40-byte header (kind, epoch, where, words, run) and, for a put, the words
-in pieces of at most 1 MiB, each behind a header of its own; one receiver thread per sending rank receives headers in order and writes a put's
-words into the arena (straight from the wire, or data then flags for packets) before it bumps
+in pieces of at most 1 MiB, each behind a header of its own; one receiver thread per sending
+rank receives headers in order and writes a put's words into the arena (straight from the wire, or data then flags for packets) before it bumps
 the channel's counter for a signal, so a signal sent after a put is seen after its data (the
 engine's completion of the receive orders the words, whichever of its threads wrote them, before
 the receiver thread's later counter store; x86 stores are seen in one order by all cores). The
