@@ -55,6 +55,19 @@ def _check_hosts(nranks: int, ranks_per_host: int):
 # -- allreduce ---------------------------------------------------------------------------
 
 
+def _ring_block(b: PlanBuilder, r: int, n: int):
+    """Rank r's thread block of a port-channel ring, past its handshake: port channels to the
+    next and previous ranks; it signals prev (r is in this run, so prev may put into it) and waits
+    for next's signal (next is in, so r may put into it). Returns (next rank, block, channel to
+    next, channel to prev)."""
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    tb = b.threadblock(r)
+    cn, cp = b.channel(r, nxt, "port"), b.channel(r, prv, "port")
+    tb.signal(cp)
+    tb.wait(cn)
+    return nxt, tb, cn, cp
+
+
 def allreduce_oneshot(nranks: int) -> dict:
     """One-shot allreduce on one host over memory channels (Simple protocol).
 
@@ -243,11 +256,7 @@ def allgather_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     b = PlanBuilder(_name("allgather_ring_port", n, ranks_per_host), "allgather", n)
     b.chunks(input=1, output=n)
     for r in range(n):
-        nxt, prv = (r + 1) % n, (r - 1) % n
-        tb = b.threadblock(r)
-        cn, cp = b.channel(r, nxt, "port"), b.channel(r, prv, "port")
-        tb.signal(cp)
-        tb.wait(cn)
+        nxt, tb, cn, cp = _ring_block(b, r, n)
         for s in range(n - 1):
             c = (r - s) % n
             tb.put(I(0) if s == 0 else O(c), Remote(nxt, "o", c), cn, signal=True, flush=s == n - 2)
@@ -295,11 +304,7 @@ def reducescatter_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     b = PlanBuilder(_name("reducescatter_ring_port", n, ranks_per_host), "reducescatter", n)
     b.chunks(input=n, output=1, scratch=n - 1)
     for r in range(n):
-        nxt, prv = (r + 1) % n, (r - 1) % n
-        tb = b.threadblock(r)
-        cn, cp = b.channel(r, nxt, "port"), b.channel(r, prv, "port")
-        tb.signal(cp)
-        tb.wait(cn)
+        nxt, tb, cn, cp = _ring_block(b, r, n)
         for s in range(n - 1):
             tb.put(I((r - 1) % n) if s == 0 else S(s - 1), Remote(nxt, "s", s), cn, signal=True,
                    flush=s == n - 2)
@@ -377,11 +382,7 @@ def sendrecv_ring_port(nranks: int, ranks_per_host: int = 1) -> dict:
     b = PlanBuilder(_name("sendrecv_ring_port", n, ranks_per_host), "sendrecv", n, inplace=False)
     b.chunks(input=1, output=1)
     for r in range(n):
-        nxt, prv = (r + 1) % n, (r - 1) % n
-        tb = b.threadblock(r)
-        cn, cp = b.channel(r, nxt, "port"), b.channel(r, prv, "port")
-        tb.signal(cp)
-        tb.wait(cn)
+        nxt, tb, cn, cp = _ring_block(b, r, n)
         tb.put(I(0), Remote(nxt, "o", 0), cn, signal=True, flush=True)
         tb.wait(cp)
     return b.to_json()

@@ -185,18 +185,24 @@ class Plan:
                     yield from op.inner
 
 
-def load(path: str) -> Plan:
-    """Read a plan file; a missing file, bad JSON or a plan wirespeed cannot read is a PlanError."""
+def read_json(path: str, label: str, what: str = "file", error=None):
+    """The JSON object in `path`; a missing file, bad JSON or an unreadable one is one line
+    (`error`, a PlanError unless given) starting with `label`."""
+    error = error or PlanError
     try:
         with open(path) as f:
-            obj = json.load(f)
+            return json.load(f)
     except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan file") from None
+        raise error(f"{label}: no such {what}") from None
     except json.JSONDecodeError as e:
-        raise PlanError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        raise error(f"{label}: not JSON ({e.msg} at line {e.lineno})") from None
     except OSError as e:
-        raise PlanError(f"{path}: cannot read it ({e.strerror})") from None
-    return parse(obj, source=path)
+        raise error(f"{label}: cannot read it ({e.strerror})") from None
+
+
+def load(path: str) -> Plan:
+    """Read a plan file; a missing file, bad JSON or a plan wirespeed cannot read is a PlanError."""
+    return parse(read_json(path, path, "plan file"), source=path)
 
 
 def parse(obj, source: str = "plan") -> Plan:

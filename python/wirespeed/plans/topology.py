@@ -20,7 +20,6 @@ file with the same keys (`{"preset": "nvlink-ib", "port": "25GB/s:3us"}`).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, replace
@@ -237,15 +236,8 @@ def parse_topology(text: str | None) -> Topology:
 
 
 def _from_file(path: str) -> Topology:
-    try:
-        with open(path) as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"--topology {path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"--topology {path}: not JSON ({e.msg} at line {e.lineno})") from None
-    except OSError as e:
-        raise UsageError(f"--topology {path}: cannot read it ({e.strerror})") from None
+    from .format import read_json
+    obj = read_json(path, f"--topology {path}", error=UsageError)
     if not isinstance(obj, dict):
         raise UsageError(f"--topology {path}: expected a JSON object of keys ({', '.join(_KEYS)})")
     topo = _preset(str(obj.get("preset", NVLINK_IB.name)))
