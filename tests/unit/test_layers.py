@@ -18,6 +18,10 @@ FORBIDDEN = {
     "native": {"backends", "bench", "cli", "compare", "launch", "tune", "workloads"},
     "bench": {"cli", "compare", "tune", "workloads"},
     "netem": {"backends", "bench", "cli", "compare", "tune", "workloads", "native"},
+    # MSCCL++ plans: read, checked, simulated by themselves; executed over the native engine; the
+    # harness (bench) and the CLI use them, never the other way round.
+    "plans": {"backends", "bench", "cli", "compare", "tune", "workloads", "explain", "launch", "report",
+              "netem"},
 }
 
 
