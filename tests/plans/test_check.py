@@ -288,3 +288,14 @@ def test_wirespeeds_own_algorithms_check_by_name_at_any_rank_count(run_cli):
     assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
     out = run_cli("plan", "check", "wirespeed:ring")
     assert out.returncode == 2 and "built in: allgather_direct" in out.stderr
+
+
+def test_a_put_into_a_rank_its_channel_does_not_lead_to_is_named():
+    """Rank 0 of a port ring puts into rank 3's output (a rank it has a channel to) through its
+    channel to rank 1: the proxy would carry the bytes to the wrong host."""
+    obj = json.loads((FIXTURES[0].parent / "allgather_ring_port_4r_4h.json").read_text())
+    obj["gpus"][0]["remote_buffers"][0]["rank"] = 3
+    r = check(parse(obj))
+    assert not r.ok
+    assert "puts into rank 3's output through port channel 0, which leads to rank 1" in r.error
+    assert r.error.startswith("rank 0, tb 0, op ")
