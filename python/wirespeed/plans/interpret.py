@@ -353,8 +353,10 @@ class Machine:
     def packet_reads(self, t: Thread, op: Op) -> list[Span]:
         """The packet ranges `op` reads, each of which must carry this run's flag first."""
         n = op.name
-        if n in ("rppkt", "upkt", "gstorepkt") or (n == "ppkt" and op.channel_type == "port"):
-            return [self.pspan(t, op, op.src[0], scratch=n != "gstorepkt" or op.src[0].buffer == "scratch")]
+        if n in ("rppkt", "upkt"):      # the executor reads these from scratch, whatever the type says
+            return [self.pspan(t, op, op.src[0], force_scratch=True)]
+        if n == "gstorepkt" or (n == "ppkt" and op.channel_type == "port"):
+            return [self.pspan(t, op, op.src[0])]
         if n in ("respkt", "repkt", "recpkt", "recspkt"):
             return [self.pspan(t, op, ref, force_scratch=True, size_of=op.src[0]) for ref in op.src[1:]]
         return []
@@ -386,7 +388,7 @@ class Machine:
         recs[:] = [r for r in recs if not (r[0] >= span.start and r[1] <= span.end)]
         recs.append([span.start, span.end, t.run if run is None else run, tok])
 
-    def pspan(self, t, op, ref, scratch=True, force_scratch=False, size_of=None, owner=None):
+    def pspan(self, t, op, ref, force_scratch=False, size_of=None, owner=None):
         """The packet range of `ref` as the executor addresses it: doubled offsets, plus the run's
         scratch half when the executor adds it."""
         if force_scratch and ref.buffer != "scratch":
@@ -397,7 +399,7 @@ class Machine:
             ref = replace(ref, count=size_of.count)
         owner = ref.rank if owner is None else owner
         # The executor adds its own run's scratch half, to remote addresses too.
-        so = self.layout.scratch_offset(t.rank, t.run) if ref.buffer == "scratch" and scratch else 0
+        so = self.layout.scratch_offset(t.rank, t.run) if ref.buffer == "scratch" else 0
         return self.layout.span(t.rank, ref, op.tbg, owner=owner, packets=True, scratch_offset=so, where=op.where)
 
     # ---- memory ----
@@ -641,7 +643,7 @@ class Machine:
             raise BufferMisuse(f"{op.where}: puts into rank {dst_ref.rank}'s {dst_ref.buffer} through port "
                                f"channel {c}, which leads to rank {ch.peer}")
         if packets:
-            s = self.pspan(t, op, src_ref, scratch=True)
+            s = self.pspan(t, op, src_ref)
             d = self.pspan(t, op, dst_ref, force_scratch=True, owner=dst_ref.rank)
         else:
             s = self.span(t, op, src_ref, offset, unit, scratch_half=False)
@@ -653,7 +655,7 @@ class Machine:
     def proxy_step(self, p: Thread) -> None:
         kind, tok, arg = p.queue.popleft()
         self.join(p, tok)
-        p.run = arg[4] if kind == "put" else tok_run(arg)
+        p.run = arg[-1]       # the run of the block that queued it (put and signal both end with it)
         if self.timing:
             p.now += self.timing.proxy(self, p, kind, arg)
         if kind == "signal":
@@ -678,10 +680,6 @@ class Machine:
 
 class BufferMisuse(PlanError):
     """An op reaches a buffer its channel cannot: a put through a channel to one rank into another's."""
-
-
-def tok_run(arg) -> int:
-    return arg[1]
 
 
 def _merge(a: Token, b: Token) -> Token:
