@@ -157,19 +157,15 @@ class Timing:
         local = 0.0
         remote: dict[tuple, float] = defaultdict(float)   # (src, dst) -> bytes
         read_remote = False
-        for s in reads:
-            b = s.words * (8 if s.packets else 4)
-            if s.rank == me:
-                local += b
-            else:
-                remote[(s.rank, me)] += b
-                read_remote = True
-        for s in writes:
-            b = s.words * (8 if s.packets else 4)
-            if s.rank == me:
-                local += b
-            else:
-                remote[(me, s.rank)] += b
+        for spans, read in ((reads, True), (writes, False)):
+            for s in spans:
+                b = s.words * (8 if s.packets else 4)
+                if s.rank == me:
+                    local += b
+                else:
+                    # bytes flow from the rank that holds them to the one that gets them
+                    remote[(s.rank, me) if read else (me, s.rank)] += b
+                    read_remote |= read
         end = t0
         if local:
             # A copy reads and writes each byte: `copy` is bytes copied per second.
