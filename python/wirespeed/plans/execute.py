@@ -324,11 +324,8 @@ class ProcessMachine(Machine):
             self.links.reap()
 
     def timed_out(self):
-        lines = [f"{t.steps[t.pc][0].where} (run {t.run}) waits for {t.blocked_on or 'its turn'}"
-                 for t in self.live]
-        more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
         raise PeerTimeout(f"rank {self.rank}: plan {self.plan.name!r}: no progress for {self.timeout_s:g} s: "
-                          + "; ".join(lines[:3]) + more)
+                          + self.waiting(3))
 
     # ---- memory ----
     def load(self, t, span: Span, where) -> np.ndarray:

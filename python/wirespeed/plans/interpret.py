@@ -248,13 +248,15 @@ class Machine:
         virtual time); any order gives the same synchronisation (see the module's docstring)."""
         return threads
 
+    def waiting(self, most: int) -> str:
+        """The live threads' blocked ops and what each waits for, the first `most` of them."""
+        lines = [f"{t.steps[t.pc][0].where} (run {t.run}) waits for {t.blocked_on or 'its turn'}"
+                 for t in self.live]
+        more = f" (and {len(lines) - most} more)" if len(lines) > most else ""
+        return "; ".join(lines[:most]) + more
+
     def deadlock(self):
-        lines = []
-        for t in self.live:
-            op = t.steps[t.pc][0]
-            lines.append(f"{op.where} (run {t.run}) waits for {t.blocked_on}")
-        more = f" (and {len(lines) - 6} more)" if len(lines) > 6 else ""
-        raise Deadlock(f"{self.plan.source}: deadlock: no thread block can move: " + "; ".join(lines[:6]) + more
+        raise Deadlock(f"{self.plan.source}: deadlock: no thread block can move: {self.waiting(6)}"
                        + self.unbalanced())
 
     def unbalanced(self) -> str:
