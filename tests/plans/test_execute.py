@@ -183,3 +183,15 @@ def test_a_big_put_crosses_in_pieces_each_with_its_own_header(monkeypatch):
     wire.sent.clear()
     links.send(1, [ex.SIGNAL, 7, 0, 0, 0])
     assert len(wire.sent) == 1 and len(wire.sent[0]) == ex.HEADER * 8
+
+
+def test_port_groups_open_few_streams_unless_the_user_says(monkeypatch):
+    from wirespeed.plans import execute as ex
+    monkeypatch.delenv("WIRESPEED_NSTREAMS", raising=False)
+    with ex.port_streams():
+        assert os.environ["WIRESPEED_NSTREAMS"] == str(ex.PORT_STREAMS)
+    assert "WIRESPEED_NSTREAMS" not in os.environ     # the job's own groups keep the default
+    monkeypatch.setenv("WIRESPEED_NSTREAMS", "5")
+    with ex.port_streams():
+        assert os.environ["WIRESPEED_NSTREAMS"] == "5"
+    assert os.environ["WIRESPEED_NSTREAMS"] == "5"

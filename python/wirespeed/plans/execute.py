@@ -52,6 +52,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from datetime import timedelta
 
 import numpy as np
@@ -73,6 +74,15 @@ IDLE_FIRST_S, IDLE_MOST_S = 10e-6, 1e-3
 # wire time of the ones before it; larger pieces hide less, smaller ones pay more per-message
 # cost (two engine sends and two receiver wake-ups each, tens of us in Python).
 PIECE_WORDS = (1 << 20) // 4
+# TCP streams per port-channel pair, unless WIRESPEED_NSTREAMS says otherwise. The engine's
+# default (12) is for one group carrying a whole collective over a link whose flows are capped
+# one by one; a plan has a group per pair already, and a piece (1 MiB) is two of the engine's
+# 512 KiB chunks, so 2 streams carry every piece whole. With 12, each stream may hold up to
+# tcp_limit_output_bytes (4 MiB here) in the host's egress queue: on the emulated cluster (a
+# 2.5 MB queue per link) 4-host runs dropped 40-1,100 segments per 10 calls, and a loop caught
+# a ~200 ms retransmission stall (alltoall 16 MiB on 4 hosts 256 ms a call; 2 streams 141 ms,
+# no drops; benchmarks/README.md, plan_fidelity.py).
+PORT_STREAMS = 2
 
 
 def _counter_offset(arena_words: int) -> int:
@@ -123,6 +133,20 @@ def n_counters(plan: Plan, rank: int) -> int:
     return len(plan.ranks[rank].channels["memory"]) + len(plan.ranks[rank].channels["port"])
 
 
+@contextmanager
+def port_streams():
+    """WIRESPEED_NSTREAMS=PORT_STREAMS while a port group is made (the engine reads it there and
+    in the rank's fd room, on every rank alike), unless the user set it; restored after."""
+    if "WIRESPEED_NSTREAMS" in os.environ:
+        yield
+        return
+    os.environ["WIRESPEED_NSTREAMS"] = str(PORT_STREAMS)
+    try:
+        yield
+    finally:
+        os.environ.pop("WIRESPEED_NSTREAMS", None)
+
+
 class Target:
     """What a receiver thread writes into for one epoch: a rank's segment."""
 
@@ -159,7 +183,8 @@ class PortLinks:
                 if rank not in (s, p):
                     continue
                 sub = dist.PrefixStore(f"wirespeed-plan/{token}/port/{s}/{p}/", store)
-                g = rendezvous(sub, 0 if rank == s else 1, 2, timedelta(seconds=PORT_GROUP_TIMEOUT_S))
+                with port_streams():
+                    g = rendezvous(sub, 0 if rank == s else 1, 2, timedelta(seconds=PORT_GROUP_TIMEOUT_S))
                 if s == rank:
                     self.out[p] = g
                     self.sends[p] = deque()
