@@ -12,7 +12,10 @@ port-channel plans (plans/algorithms.py) at each host count:
     pair of hosts, several flows);
   - "machine": the machine measured independently of the plans' runs, at this host count:
     `port=` the mean goodput per link while every host sends to the next at once (a ring of
-    TCP flows, 4 each), its latency from one small run (a 4 KiB sendrecv plan over the same
+    TCP flows, as many per pair as the executor's port groups open: execute.PORT_STREAMS),
+    `port-fanin=` the mean goodput into one host's link while every other host sends to it at
+    once (every host to every other, the same flows per pair; with 2 hosts there is no fan-in
+    and it is left out), its latency from one small run (a 4 KiB sendrecv plan over the same
     hosts, the simulator's critical path at that size solved for the latency: the alpha of an
     alpha-beta model; the predicted rows are 1 MiB and up), `copy=` numpy's copy rate here, and
     `cores=` this machine's CPUs, shared by all the emulated hosts' ranks.
@@ -35,6 +38,7 @@ from wirespeed.netem import cluster as C
 from wirespeed.netem.measure import tcp_throughput_many
 from wirespeed.netem.units import parse_rate
 from wirespeed.plans.algorithms import builtin, dump
+from wirespeed.plans.execute import PORT_STREAMS
 
 NAME = "planfid"
 PLANS = ("allreduce_ring_port", "allgather_ring_port", "reducescatter_ring_port", "alltoall_port",
@@ -91,8 +95,20 @@ def ring_goodput(c, hosts: int) -> float:
     """Mean bytes/s per link while each of the first `hosts` hosts sends to the next at once."""
     h = c.hosts[:hosts]
     pairs = [(h[i].netns, h[(i + 1) % hosts].netns, h[(i + 1) % hosts].addr) for i in range(hosts)]
-    bps = tcp_throughput_many(pairs, streams=4, seconds=1.0)
+    bps = tcp_throughput_many(pairs, streams=PORT_STREAMS, seconds=1.0)
     return sum(bps) / len(bps) / 8
+
+
+def fanin_goodput(c, hosts: int) -> float:
+    """Mean bytes/s into one host's link while each of the first `hosts` hosts sends to every
+    other at once (hosts - 1 senders into every link): the incast a plan's alltoall makes, with
+    no plan and no engine in it."""
+    h = c.hosts[:hosts]
+    pairs = [(i, j) for i in range(hosts) for j in range(hosts) if i != j]
+    bps = tcp_throughput_many([(h[i].netns, h[j].netns, h[j].addr) for i, j in pairs],
+                              streams=PORT_STREAMS, seconds=1.0)
+    into = [sum(b for (_, j), b in zip(pairs, bps) if j == d) for d in range(hosts)]
+    return sum(into) / len(into) / 8
 
 
 LATENCY_PLAN, LATENCY_SIZE = "sendrecv_ring_port", 4096
@@ -135,11 +151,15 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="planfid-") as tmp:
             for h in hosts:
                 ring = ring_goodput(c, h)
+                fanin = fanin_goodput(c, h) if h > 2 else None
                 base = f"cpu-emulated,copy={copy / 1e9:.3f}GB/s,cores={cores},port={ring / 1e9:.6f}GB/s"
                 lat, small = port_latency(tmp, h, base, args)
                 machine = f"{base}:{lat * 1e6:.0f}us"
+                if fanin:
+                    machine += f",port-fanin={fanin / 1e9:.6f}GB/s"
+                fan = f"fan-in goodput {fanin * 8 / 1e9:.3f} Gbit/s per link; " if fanin else ""
                 notes.append(f"# machine, {h} hosts: {machine} (ring goodput {ring * 8 / 1e9:.3f} Gbit/s per "
-                             f"link; numpy copy {copy / 1e9:.2f} GB/s; {cores} cores; latency from "
+                             f"link; {fan}numpy copy {copy / 1e9:.2f} GB/s; {cores} cores; latency from "
                              f"{LATENCY_PLAN} at {LATENCY_SIZE} B measured {small * 1e3:.2f} ms)")
                 for name in args.plans.split(","):
                     path = os.path.join(tmp, f"{name}_{h}h.json")

@@ -133,6 +133,35 @@ def test_ranks_beyond_the_cores_slow_their_cpu_work_not_the_wire():
         assert r.time == pytest.approx(OP + piece / COPY + S / BW + LAT, rel=1e-12)
 
 
+def fan_in():
+    """Ranks 0 and 1 (hosts 0 and 1) each put S into rank 2 (host 2) at once, rank 1 into rank 2's
+    scratch; rank 2 waits for both."""
+    r1 = gpu(1, [put_signal()], peers=[2])
+    r1["remote_buffers"][0]["type"] = "s"
+    sink = gpu(2, [wait(0) + wait(1)], peers=[0, 1], scratch=1)
+    return plan([gpu(0, [put_signal()], peers=[2]), r1, sink])
+
+
+def test_a_nic_fed_by_two_hosts_at_once_carries_the_later_transfer_at_the_fanin_rate():
+    fan = 0.5e9
+    # without the term the NIC in queues both puts at the port rate
+    assert simulate(fan_in(), parse_topology(TOPO), S).time == pytest.approx(OP + 2 * S / BW + LAT, rel=1e-12)
+    # with it, the put that finds the NIC busy with the other host's crosses it at the fan-in rate
+    r = simulate(fan_in(), parse_topology(TOPO + ",port-fanin=0.5GB/s"), S)
+    assert r.time == pytest.approx(OP + S / BW + S / fan + LAT, rel=1e-12)
+    # one sender into a NIC, or a fan-in rate above the port's, changes nothing
+    assert simulate(one_put(), parse_topology(TOPO + ",port-fanin=0.5GB/s"), S).time == \
+        pytest.approx(OP + S / BW + LAT, rel=1e-12)
+    assert simulate(fan_in(), parse_topology(TOPO + ",port-fanin=5GB/s"), S).time == \
+        pytest.approx(OP + 2 * S / BW + LAT, rel=1e-12)
+
+
+def test_the_fanin_rate_parses_and_can_be_unset():
+    assert parse_topology("cpu-emulated,port-fanin=0.1GB/s").port_fanin == pytest.approx(0.1e9)
+    assert parse_topology("cpu-emulated,port-fanin=0.1GB/s,port-fanin=none").port_fanin is None
+    assert PRESETS["cpu-emulated"].port_fanin is None
+
+
 def test_the_nvlink_preset_has_no_cpu_share_and_no_proxy_copy():
     assert NVLINK_IB.cores is None and NVLINK_IB.proxy_copy == 0
     assert NVLINK_IB.cpu_slowdown(64) == 1.0

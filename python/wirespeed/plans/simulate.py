@@ -74,23 +74,26 @@ class Timing:
         self.free: dict[tuple, float] = defaultdict(float)    # resource -> when it is next free
         self.busy: dict[tuple, float] = defaultdict(float)    # resource -> seconds it carried bytes
         self.moved: dict[str, float] = defaultdict(float)     # resource kind -> bytes carried
+        self.last_from: dict[tuple, tuple] = {}                # NIC in -> the NIC that last sent into it
 
     # ---- resources ----
-    def reserve(self, path: tuple, nbytes: float, rate: float, t0: float) -> float:
+    def reserve(self, path: tuple, nbytes: float, rate: float, t0: float, rates: dict | None = None) -> float:
         """Carry nbytes over every resource of `path`, each first come first served from t0 at
         `rate`; returns when the last of them is done. Each resource is queued on by itself
         rather than all held at once: holding them together leaves a resource idle while the
         transfer waits for another, and with many transfers in flight those gaps, not the
-        bandwidth, would set the time (a 64 MiB 8-rank allreduce ran 4x slower for it)."""
+        bandwidth, would set the time (a 64 MiB 8-rank allreduce ran 4x slower for it).
+        `rates`: a resource's own rate for this transfer, where it differs (port_fanin)."""
         if nbytes <= 0:
             return t0
         free, busy = self.free, self.busy
         dur = nbytes / rate
         end = t0
         for r in path:
-            e = max(t0, free[r]) + dur
+            d = nbytes / rates[r] if rates and r in rates else dur
+            e = max(t0, free[r]) + d
             free[r] = e
-            busy[r] += dur
+            busy[r] += d
             if e > end:
                 end = e
         self.moved[path[0][0]] += nbytes
@@ -110,6 +113,22 @@ class Timing:
         if t.host(src) == t.host(dst):
             return self.memory_path(src, dst)
         return (("nic-out",) + t.nic(src), ("nic-in",) + t.nic(dst)), t.port.bandwidth
+
+    def fanin_rates(self, path: tuple, t0: float) -> dict | None:
+        """With `port_fanin`: a transfer into a NIC that is still carrying another host's
+        transfer when this one could start shares that link with it (in reality both flows run
+        at once, here they queue) and both lose goodput to the incast, so it crosses the NIC at
+        the fan-in rate. Traffic from the NIC that is already sending into it, or into an idle
+        NIC, keeps the port rate."""
+        fanin = self.topo.port_fanin
+        if not fanin or path[0][0] != "nic-out":
+            return None
+        src, dst = path[0][1:], path[1]
+        last = self.last_from.get(dst)
+        self.last_from[dst] = src
+        if last is not None and last != src and self.free[dst] > t0:
+            return {dst: min(fanin, self.topo.port.bandwidth)}
+        return None
 
     def arrival_latency(self, src: int, dst: int, via: str) -> float:
         """How long after a write from rank src ends it is visible on rank dst."""
@@ -134,7 +153,7 @@ class Timing:
         path, rate = self.port_path(p.rank, d.rank)
         piece = self.topo.proxy_copy
         if not piece or nbytes <= 0:
-            return self.reserve(path, nbytes, rate, p.now) - p.now
+            return self.reserve(path, nbytes, rate, p.now, self.fanin_rates(path, p.now)) - p.now
         # A copying proxy (wirespeed's executor): a piece leaves once copied, so the wire starts
         # after the first piece's copy, and the last piece leaves after all of the copying. The
         # source's words are copied (4 bytes each, packets' flags being added by the receiver).
@@ -142,7 +161,9 @@ class Timing:
         first = min(data, piece) / self.copy_rate
         all_copied = data / self.copy_rate
         last_wire = min(nbytes, piece) / rate
-        end = max(self.reserve(path, nbytes, rate, p.now + first), p.now + all_copied + last_wire)
+        start = p.now + first
+        end = max(self.reserve(path, nbytes, rate, start, self.fanin_rates(path, start)),
+                  p.now + all_copied + last_wire)
         return end - p.now
 
     def op(self, m: Machine, t: Thread, op, offset: int, unit) -> float:

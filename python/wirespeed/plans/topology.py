@@ -11,6 +11,9 @@ Per channel type a bandwidth and a latency, as docs/plans-simulate.md describes:
 - op: what issuing one operation costs a thread block, whatever it moves;
 - cores: the cores of the one machine every rank runs on (an emulated cluster); with more ranks
   than cores each rank gets cores/ranks of one, and its CPU work (op, copy) slows by as much;
+- port-fanin: a NIC's inbound rate while port traffic from another host queues behind the
+  transfer it carries (several hosts sending into one link at once: TCP incast loses goodput
+  to the shared queue); unset, the `port` rate;
 - proxy-copy: a port proxy that copies a put's source before sending it, in pieces of this many
   bytes (wirespeed's executor); the first piece's copy delays the wire, the rest overlap it.
 
@@ -52,6 +55,7 @@ class Topology:
     nics_per_host: int = 1
     cores: int | None = None      # cores shared by all ranks (one machine); None: a core per rank
     proxy_copy: int = 0           # bytes per piece a port proxy copies before sending; 0: none
+    port_fanin: float | None = None   # bytes/s into a NIC while several hosts send to it; None: port's
 
     def cpu_slowdown(self, nranks: int) -> float:
         """How much longer a rank's CPU work takes when nranks share the machine's cores."""
@@ -70,6 +74,8 @@ class Topology:
         ranks = f"{self.ranks_per_host} rank{'s' if self.ranks_per_host > 1 else ''}"
         cpu = f"; {self.cores} cores shared by all ranks" if self.cores else ""
         proxy = f"; port proxies copy in pieces of {self.proxy_copy} B" if self.proxy_copy else ""
+        if self.port_fanin:
+            proxy += f"; a NIC {self.port_fanin / GB:.4g} GB/s in while several hosts send to it"
         return (f"topology {self.name}: {ranks} per host, {nics} per host; memory "
                 f"channels {self.memory.text()} per pair and direction{fabric}; port channels "
                 f"{self.port.text()} per NIC and direction; switch {self.switch.text()} per rank and "
@@ -81,7 +87,8 @@ class Topology:
                 "fabric": self.fabric,
                 "port": {"bandwidth": self.port.bandwidth, "latency": self.port.latency},
                 "switch": {"bandwidth": self.switch.bandwidth, "latency": self.switch.latency},
-                "copy": self.copy, "op": self.op, "cores": self.cores, "proxy_copy": self.proxy_copy}
+                "copy": self.copy, "op": self.op, "cores": self.cores, "proxy_copy": self.proxy_copy,
+                "port_fanin": self.port_fanin}
 
 
 # ---- presets: every number says where it comes from ----
@@ -130,7 +137,7 @@ _RATE_UNITS = {"b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
                "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _KEYS = ("ranks-per-host", "nics-per-host", "memory", "fabric", "port", "switch", "copy", "op", "cores",
-         "proxy-copy")
+         "proxy-copy", "port-fanin")
 
 
 def parse_rate(text: str, key: str) -> float:
@@ -187,6 +194,8 @@ def _apply(topo: Topology, key: str, value) -> Topology:
         return replace(topo, op=parse_time(value, k))
     if k == "cores":
         return replace(topo, cores=None if str(value).lower() in ("none", "off") else _positive_int(value, k))
+    if k == "port-fanin":
+        return replace(topo, port_fanin=None if str(value).lower() in ("none", "off") else parse_rate(value, k))
     if k == "proxy-copy":
         return replace(topo, proxy_copy=_size(value, k))
     raise UsageError(f"--topology: unknown key {key!r} (known: {', '.join(_KEYS)}, or a preset: "
