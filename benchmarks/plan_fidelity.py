@@ -7,7 +7,8 @@ Builds an emulated cluster (capped links, 1 Gbit/s by default) and for each of w
 port-channel plans (plans/algorithms.py) at each host count:
 - measures it: `wirespeed bench --plan` on the cluster, one rank per host, every call checked,
   the loop's time per call;
-- predicts it twice with `wirespeed plan simulate` on the same plan and sizes:
+- predicts it twice with `wirespeed plan simulate` on the same plan and sizes, as many runs back
+  to back as the loop has calls (`--runs`):
   - "link only": `cpu-emulated,port=<goodput>:50us`, the preset with the link's goodput (one
     pair of hosts, several flows);
   - "machine": the machine measured independently of the plans' runs, at this host count:
@@ -68,9 +69,10 @@ def measured(path: str, hosts: int, args, sizes: str | None = None, iters: int |
     return {b: min(ts) for b, ts in out.items()}   # in place and not: the better loop
 
 
-def predicted(path: str, topology: str, sizes: list[int]) -> dict[int, float]:
+def predicted(path: str, topology: str, sizes: list[int], runs: int = 1) -> dict[int, float]:
+    """bytes -> simulated seconds per run, `runs` back to back as the measured loop makes them."""
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
-        p = wirespeed("plan", "simulate", path, "--topology", topology,
+        p = wirespeed("plan", "simulate", path, "--topology", topology, "--runs", runs,
                       "--sizes", ",".join(map(str, sizes)), "--json", f.name)
         if p.returncode != 0:
             raise SystemExit(f"plan simulate {path} failed:\n{p.stderr[-2000:]}")
@@ -111,7 +113,7 @@ def fanin_goodput(c, hosts: int) -> float:
     return sum(into) / len(into) / 8
 
 
-LATENCY_PLAN, LATENCY_SIZE = "sendrecv_ring_port", 4096
+LATENCY_PLAN, LATENCY_SIZE, LATENCY_ITERS = "sendrecv_ring_port", 4096, 50
 
 
 def port_latency(tmp: str, hosts: int, base: str, args) -> tuple[float, float]:
@@ -121,9 +123,9 @@ def port_latency(tmp: str, hosts: int, base: str, args) -> tuple[float, float]:
     path = os.path.join(tmp, f"latency_{hosts}h.json")
     with open(path, "w") as f:
         f.write(dump(builtin(LATENCY_PLAN, hosts, 1)))
-    meas = min(measured(path, hosts, args, sizes=str(LATENCY_SIZE), iters=50).values())
-    s0 = predicted(path, f"{base}:0us", [LATENCY_SIZE])[LATENCY_SIZE]
-    s1 = predicted(path, f"{base}:1000us", [LATENCY_SIZE])[LATENCY_SIZE]
+    meas = min(measured(path, hosts, args, sizes=str(LATENCY_SIZE), iters=LATENCY_ITERS).values())
+    s0 = predicted(path, f"{base}:0us", [LATENCY_SIZE], LATENCY_ITERS)[LATENCY_SIZE]
+    s1 = predicted(path, f"{base}:1000us", [LATENCY_SIZE], LATENCY_ITERS)[LATENCY_SIZE]
     return max(0.0, (meas - s0) / (s1 - s0) * 1e-3), meas
 
 
@@ -166,8 +168,8 @@ def main() -> int:
                     with open(path, "w") as f:
                         f.write(dump(builtin(name, h, 1)))
                     meas = measured(path, h, args)
-                    p0 = predicted(path, link_only, sorted(meas))
-                    p1 = predicted(path, machine, sorted(meas))
+                    p0 = predicted(path, link_only, sorted(meas), args.iters)
+                    p1 = predicted(path, machine, sorted(meas), args.iters)
                     for b in sorted(meas):
                         if b in p0 and b in p1:
                             rows.append((name, h, b, p0[b], p1[b], meas[b]))

@@ -162,6 +162,18 @@ def test_the_fanin_rate_parses_and_can_be_unset():
     assert PRESETS["cpu-emulated"].port_fanin is None
 
 
+def test_back_to_back_runs_overlap_as_a_loop_does():
+    # rank 0's next run starts once its thread block has issued the put and the signal (2 OP),
+    # not when rank 1 has its data: its proxy queues the next put on the NIC right behind the
+    # last, so two runs take S/BW each plus one issue and one latency, not twice a single run.
+    one = simulate(one_put(), parse_topology(TOPO), S)
+    two = simulate(one_put(), parse_topology(TOPO), S, runs=2)
+    assert one.runs == 1 and two.runs == 2
+    assert two.time == pytest.approx((OP + 2 * S / BW + LAT) / 2, rel=1e-12)
+    assert two.time < one.time
+    assert two.steps == 2 * one.steps
+
+
 def test_the_nvlink_preset_has_no_cpu_share_and_no_proxy_copy():
     assert NVLINK_IB.cores is None and NVLINK_IB.proxy_copy == 0
     assert NVLINK_IB.cpu_slowdown(64) == 1.0
@@ -322,6 +334,12 @@ def test_the_command_prints_a_table_and_writes_records(tmp_path, capsys):
     recs = [json.loads(x) for x in out_json.read_text().splitlines()]
     assert len(recs) == 4 and {r["schema"] for r in recs} == {"wirespeed.plan_simulate/1"}
     assert recs[0]["requested_size"] == 1000 and recs[0]["size"] == 992
+    assert {r["runs"] for r in recs} == {1}
+    # --runs: back-to-back runs, the time per run
+    assert main(["plan", "simulate", str(a), "--topology", TOPO, "--sizes", "64M", "--runs", "3",
+                 "--json", str(out_json)]) == 0
+    rec = json.loads(out_json.read_text())
+    assert rec["runs"] == 3 and rec["steps"] == 3 * recs[2]["steps"]
 
 
 @pytest.mark.parametrize("args,says", [(["--topology", "memory=fast"], "a rate is"),

@@ -51,6 +51,10 @@ def register(sub) -> None:
     add(s, "--sizes", dest="plan_sizes", default=None, twin="WIRESPEED_PLAN_SIZES",
         help="comma list of message sizes (1K,1M,...; default 1K..1G by x4); each is rounded to the "
         "nearest the plan's chunks allow, and the table says so")
+    add(s, "--runs", dest="sim_runs", default="1", type=positive_int("--runs", 1),
+        help="runs back to back per rank, as a benchmark loop makes them (each rank starts its next "
+        "run when its last ends); the time shown is their total / runs (default 1: one run from a "
+        "common start)")
     plan_shape(s)
     flags.output(s, "--json", default=None, help="write one JSON record per plan and size here")
     s.set_defaults(func=simulate_main)
@@ -130,7 +134,7 @@ def simulate_main(args, argv) -> int:
     plans = [(path, load_plan(path, args.ranks, args.ranks_per_host)) for path in args.plans]
     stems = [os.path.splitext(os.path.basename(path))[0] for path, _ in plans]
     labels = stems if len(set(stems)) == len(stems) else [path for path, _ in plans]
-    rows = compare(plans, topo, sizes)
+    rows = compare(plans, topo, sizes, int(args.sim_runs))
     for line in table([(lab, p) for lab, (_, p) in zip(labels, plans)], rows, topo):
         print(line)
     if args.json:

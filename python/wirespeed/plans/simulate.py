@@ -300,13 +300,23 @@ class SimMachine(Machine):
     passed, a proxy drained), so a step costs a few heap operations, not a scan of every thread.
     Tokens are never earlier than the step that made them, so steps happen in time order."""
 
-    def __init__(self, plan: Plan, layout: Layout, timing: Timing):
-        super().__init__(plan, layout, runs=1, data=False, timing=timing)
+    def __init__(self, plan: Plan, layout: Layout, timing: Timing, runs: int = 1):
         self._heap: list = []
         self._seq = 0
         self._queued: set[int] = set()
         self._parked: dict[tuple, list[Thread]] = defaultdict(list)
+        self._running = False
         self.steps_run = 0
+        super().__init__(plan, layout, runs=runs, data=False, timing=timing)
+
+    def start_run(self, rank: int) -> None:
+        # A rank's next run (runs > 1) starts as its last ends, as a benchmark loop's calls do
+        # (Machine.finish_run): its thread blocks join the heap at once.
+        n = len(self.live)
+        super().start_run(rank)
+        if self._running:
+            for t in self.live[n:]:
+                self._push(t, t.now)
 
     # ---- the heap ----
     def _push(self, th: Thread, key: float) -> None:
@@ -412,6 +422,7 @@ class SimMachine(Machine):
             self.start_run(r.id)
         for t in self.live:
             self._push(t, t.now)
+        self._running = True
         heap, queued = self._heap, self._queued
         woke_all = False
         while True:
@@ -467,11 +478,12 @@ class SimResult:
     plan: Plan
     requested: int          # the size asked for
     size: int               # the size simulated (the nearest the plan's chunks allow)
-    time: float             # seconds from every rank starting to the last rank finishing
+    time: float             # seconds from every rank starting to the last rank finishing, per run
     factor: float | None
     steps: int = 0
     busiest: str = ""       # the resource that carried bytes longest, and for how much of the time
     moved: dict = field(default_factory=dict)
+    runs: int = 1           # back-to-back runs simulated; time is their total / runs
 
     @property
     def algbw(self) -> float:
@@ -487,7 +499,7 @@ class SimResult:
                 "protocol": self.plan.protocol, "requested_size": self.requested, "size": self.size,
                 "time_us": self.time * 1e6, "algbw_gbps": self.algbw, "busbw_gbps": self.busbw,
                 "busbw_factor": self.factor, "busiest": self.busiest, "bytes_moved": self.moved,
-                "steps": self.steps}
+                "steps": self.steps, "runs": self.runs}
 
 
 # About 6 us per op on the development VM: 5 million ops is half a minute, and the unrolled
@@ -510,23 +522,26 @@ def op_count(plan: Plan, layout: Layout) -> int:
     return n
 
 
-def simulate(plan: Plan, topo: Topology, size: int, requested: int | None = None) -> SimResult:
-    """Run the plan once at `size` bytes on `topo`, every rank starting at time 0."""
+def simulate(plan: Plan, topo: Topology, size: int, requested: int | None = None, runs: int = 1) -> SimResult:
+    """Run the plan at `size` bytes on `topo`, every rank starting at time 0, `runs` times back
+    to back per rank (a benchmark loop: each rank starts its next run when its own last one
+    ends); the time is from the start to the last rank's last run ending, divided by `runs`."""
     layout = Layout(plan, size)
-    ops = op_count(plan, layout)
+    ops = op_count(plan, layout) * runs
     if ops > MAX_STEPS:
-        raise PlanError(f"{plan.source}: at {size} bytes the plan's pipelines unroll into {ops} ops, more "
+        raise PlanError(f"{plan.source}: at {size} bytes{f' x {runs} runs' if runs > 1 else ''} the plan's "
+                        f"pipelines unroll into {ops} ops, more "
                         f"than the {MAX_STEPS} the simulator runs in about half a minute: use smaller sizes")
     timing = Timing(topo, plan.nranks)
-    m = SimMachine(plan, layout, timing)
+    m = SimMachine(plan, layout, timing, runs)
     m.run()
     end = max((r["time"] for r in m.results), default=0.0)
     busiest = ""
     if timing.busy and end > 0:
         res, busy = max(timing.busy.items(), key=lambda kv: kv[1])
         busiest = f"{_resource_name(res, min(topo.nics_per_host, topo.ranks_per_host))} {min(1.0, busy / end):.0%}"
-    return SimResult(plan, requested or size, size, end, busbw_factor(plan), m.steps_run, busiest,
-                     dict(timing.moved))
+    return SimResult(plan, requested or size, size, end / runs, busbw_factor(plan), m.steps_run, busiest,
+                     dict(timing.moved), runs)
 
 
 def _resource_name(res: tuple, nics: int = 1) -> str:
@@ -542,12 +557,12 @@ def _resource_name(res: tuple, nics: int = 1) -> str:
     return f"rank {res[1]} local copy"
 
 
-def compare(plans: list[tuple[str, Plan]], topo: Topology, sizes: list[int]) -> list[list[SimResult]]:
+def compare(plans: list[tuple[str, Plan]], topo: Topology, sizes: list[int], runs: int = 1) -> list[list[SimResult]]:
     """Per requested size, each plan's result (at the size nearest it that the plan allows)."""
     if len({(p.collective, p.nranks) for _, p in plans}) > 1:
         seen = ", ".join(f"{path}: {p.collective} on {p.nranks} ranks" for path, p in plans)
         raise PlanError(f"plans side by side must do one collective on one number of ranks ({seen})")
-    return [[simulate(p, topo, fit_size(p, s), requested=s) for _, p in plans] for s in sizes]
+    return [[simulate(p, topo, fit_size(p, s), requested=s, runs=runs) for _, p in plans] for s in sizes]
 
 
 def table(plans: list[tuple[str, Plan]], rows: list[list[SimResult]], topo: Topology) -> list[str]:
