@@ -51,6 +51,9 @@ pub struct Config {
     pub wake_worker: bool,
     /// WIRESPEED_HOSTID as set (`host_id`).
     pub hostid: Option<String>,
+    /// WIRESPEED_NSTREAMS is set: every opened stream is used, where unset a probe at setup
+    /// chooses how many (hosts/probe.rs).
+    pub nstreams_set: bool,
     /// The variables of LISTEN_VARS that are set, for `listen_var`.
     listen: Vec<(&'static str, String)>,
 }
@@ -70,6 +73,7 @@ impl Config {
             spin_us: var("WIRESPEED_SPIN_US").and_then(|v| v.parse().ok()),
             wake_worker: var("WIRESPEED_WORKER").as_deref() != Some("0"),
             hostid: hostid(var),
+            nstreams_set: var("WIRESPEED_NSTREAMS").is_some(),
             listen: LISTEN_VARS.iter().filter_map(|&name| var(name).map(|v| (name, v))).collect(),
         })
     }

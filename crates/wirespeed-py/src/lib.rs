@@ -66,6 +66,9 @@ struct Group {
     spans_hosts: bool,
     /// Whether async ops wake the engine's worker (`Config::wake_worker`), for `connect`.
     wake_worker: bool,
+    /// Across hosts, the TCP streams per peer chosen at setup, as a line (`StreamChoice::describe`)
+    /// and the count used; None on one host or before `connect`.
+    streams: Option<(String, usize, usize)>,
 }
 
 impl Group {
@@ -153,7 +156,7 @@ impl Group {
         let cfg = Config::from_env().map_err(to_py)?;
         let rooms = rooms.unwrap_or_default().iter().enumerate().map(|(r, t)| FdRoom::parse(t, r)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
         let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &rooms, &cfg).map_err(to_py)?;
-        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker })
+        Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker, streams: None })
     }
 
     /// (pid, memfd number, host id, TCP address or ""): what peers need to connect to this rank.
@@ -169,6 +172,7 @@ impl Group {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
         let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
+        self.streams = group.stream_choice().map(|c| (c.describe(), c.used, c.opened));
         self.engine = Some(Engine::with(group, self.wake_worker).map_err(to_py)?);
         Ok(())
     }
@@ -176,6 +180,12 @@ impl Group {
     #[getter]
     fn rank(&self) -> usize {
         self.rank
+    }
+    /// Across hosts, (line, streams used, streams opened) per bandwidth peer as chosen at
+    /// setup (the core's hosts/probe.rs); None for a group on one host.
+    #[getter]
+    fn streams(&self) -> Option<(String, usize, usize)> {
+        self.streams.clone()
     }
     #[getter]
     fn world(&self) -> usize {

@@ -216,12 +216,17 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     group.connect(infos)
     _check_claims(store, rank, n)
     _LAST.clear()
+    # Across hosts, the TCP streams per peer the core chose at setup (a probe between the first
+    # two hosts, or WIRESPEED_NSTREAMS): (line, used, opened), else None.
+    streams = group.streams
     _LAST.update(rank=rank, world=size, records_read=len(want), seconds=time.monotonic() - t0,
-                 **store.counts())
+                 streams_used=streams[1] if streams else None,
+                 streams_opened=streams[2] if streams else None, **store.counts())
     if os.environ.get("WIRESPEED_SETUP_STATS") == "1":
         c = _LAST
         print(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
               f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "
-              f"records), {c['requests']} requests, {c['bytes_read']} bytes read",
+              f"records), {c['requests']} requests, {c['bytes_read']} bytes read"
+              + (f"; {streams[0]}" if streams else ""),
               file=sys.stderr, flush=True)
     return group

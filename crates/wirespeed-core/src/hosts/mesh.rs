@@ -246,6 +246,24 @@ impl Mesh {
         self.conns.get(r).and_then(|c| c.as_ref()).map_or(0, |c| c.nstreams())
     }
 
+    /// Streams this rank sends on to rank `r` (0: none; `Conn::active`).
+    pub fn active_to(&self, r: usize) -> usize {
+        self.conns.get(r).and_then(|c| c.as_ref()).map_or(0, |c| c.active())
+    }
+
+    /// Send on at most `k` streams to rank `r` (`Conn::set_active`).
+    pub fn set_active(&self, r: usize, k: usize) -> Result<()> {
+        self.conn(r)?.set_active(k);
+        Ok(())
+    }
+
+    /// Send on at most `k` streams to every rank: pairs with fewer streams keep all of theirs.
+    pub fn use_streams(&self, k: usize) {
+        for c in self.conns.iter().flatten() {
+            c.set_active(k);
+        }
+    }
+
     fn conn(&self, r: usize) -> Result<&Conn> {
         self.conns.get(r).and_then(|c| c.as_ref()).ok_or_else(|| Error::Unsupported(format!("rank {r} is not reached over TCP")))
     }

@@ -37,6 +37,7 @@
 pub mod fds;
 pub mod hier;
 pub mod mesh;
+pub mod probe;
 
 use crate::config::Config;
 use crate::plan::{NetAlgo, Tuning};
@@ -104,6 +105,10 @@ pub struct HostsSetup {
     streams: Vec<usize>,
     /// The planner's knobs (`Config::tuning`), for the connected group.
     tuning: Tuning,
+    /// Streams opened to each bandwidth peer, and whether WIRESPEED_NSTREAMS set them (no
+    /// probe; probe.rs).
+    nstreams: usize,
+    forced: bool,
 }
 
 impl HostsSetup {
@@ -134,7 +139,7 @@ impl HostsSetup {
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
         let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, net.nstreams)).collect();
         let listener = Listener::bind(ip, rank, world, token, net, &dialers, &streams)?;
-        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams, tuning: cfg.tuning })
+        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams, tuning: cfg.tuning, nstreams: net.nstreams, forced: cfg.nstreams_set })
     }
 
     pub fn info(&self) -> RankInfo {
@@ -144,7 +149,7 @@ impl HostsSetup {
     }
 
     pub fn connect(self, infos: &[RankInfo]) -> Result<HostsComm> {
-        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, streams, tuning } = self;
+        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, streams, tuning, nstreams, forced } = self;
         if infos.len() != world {
             return Err(Error::Mismatch(format!("{} rank infos for a world of {world}", infos.len())));
         }
@@ -153,7 +158,9 @@ impl HostsSetup {
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
         let mesh = Mesh::connect(listener, rank, &addrs, &streams, token, timeout)?;
-        Ok(HostsComm { rank, world, lay, local, mesh, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new() })
+        let mut comm = HostsComm { rank, world, lay, local, mesh, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new(), streams: probe::StreamChoice::default() };
+        comm.streams = probe::choose_streams(&mut comm, nstreams, forced)?;
+        Ok(comm)
     }
 }
 
@@ -169,6 +176,8 @@ pub struct HostsComm {
     scratch: Vec<u8>,
     /// Operations posted through the Transport interface and not yet waited.
     pend: Vec<Pend>,
+    /// The streams each rank sends on, chosen at setup (probe.rs).
+    streams: probe::StreamChoice,
 }
 
 /// A posted operation of the Transport interface. Shared-memory receives read the sender's
@@ -214,6 +223,16 @@ impl HostsComm {
     /// TCP streams of the connection with rank `r` (0 for a rank on this host).
     pub fn streams_to(&self, r: usize) -> usize {
         self.mesh.streams_to(r)
+    }
+
+    /// Of those, the streams this rank sends on (probe.rs).
+    pub fn active_to(&self, r: usize) -> usize {
+        self.mesh.active_to(r)
+    }
+
+    /// The stream count chosen at setup and how (the same on every rank).
+    pub fn stream_choice(&self) -> &probe::StreamChoice {
+        &self.streams
     }
     pub(crate) fn my_host(&self) -> usize {
         self.lay.host_of[self.rank]
@@ -574,6 +593,9 @@ impl Collectives for HostsComm {
     }
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
+    }
+    fn stream_choice(&self) -> Option<probe::StreamChoice> {
+        Some(self.streams.clone())
     }
     // SAFETY: unsafe to call: `recv` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::recv`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {

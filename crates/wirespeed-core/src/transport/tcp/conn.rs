@@ -115,6 +115,10 @@ struct RecvSide {
 
 pub(super) struct ConnInner {
     streams: Vec<Arc<Stream>>,
+    /// Streams this side sends on: the first `active` of them pull chunks, the others stay idle
+    /// (set_active). The receiver reads every stream whatever this is, and a chunk's frame says
+    /// where it goes, so the sender alone chooses and the peer need not agree.
+    active: AtomicUsize,
     chunk: usize,
     pub(super) spin: Duration,
     next_send: Mutex<u64>,
@@ -275,6 +279,12 @@ impl ConnInner {
             }
             if tx.cur.is_none() {
                 let mut q = self.sendq.lock().unwrap();
+                // A stream beyond the active count takes no new chunk; it stays marked idle so
+                // that isend kicks it if the count grows again.
+                if s.idx >= self.active.load(Relaxed) {
+                    q.idle[s.idx] = true;
+                    return;
+                }
                 match q.chunks.pop_front() {
                     Some(c) => {
                         q.idle[s.idx] = false;
@@ -454,6 +464,18 @@ impl Conn {
         self.inner.streams.len()
     }
 
+    /// Streams this side sends on (`set_active`; all of them until set).
+    pub fn active(&self) -> usize {
+        self.inner.active.load(Relaxed)
+    }
+
+    /// Send on the first `k` streams only (clamped to 1..=nstreams); later sends are cut into
+    /// chunks for `k` streams. A stream that is mid-chunk finishes it. For a link that one flow
+    /// fills, fewer flows queue less (hosts/probe.rs chooses `k`).
+    pub fn set_active(&self, k: usize) {
+        self.inner.active.store(k.clamp(1, self.inner.streams.len()), Relaxed);
+    }
+
     /// Queue `len` bytes at `data` for the peer, tagged `tag`.
     ///
     /// # Safety
@@ -465,7 +487,7 @@ impl Conn {
         if let Some(e) = c.error() {
             return Err(e);
         }
-        let n = c.streams.len();
+        let n = c.active.load(Relaxed);
         let per = len.div_ceil(n).clamp(MIN_SPLIT, c.chunk.max(MIN_SPLIT));
         let nchunks = len.div_ceil(per).max(1);
         let req = Arc::new(ReqState { done: AtomicBool::new(false), left: AtomicUsize::new(nchunks), bytes: AtomicUsize::new(len), error: Mutex::new(None) });
@@ -486,8 +508,9 @@ impl Conn {
                 let ptr = if clen == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8 } else { unsafe { data.add(off) } };
                 q.chunks.push_back(TxChunk { head, ptr, len: clen, sent: 0, req: req.clone() });
             }
-            // Idle streams get no socket event: wake as many as there are new chunks.
-            for (i, idle) in q.idle.iter_mut().enumerate() {
+            // Idle streams get no socket event: wake as many as there are new chunks, of the
+            // active ones.
+            for (i, idle) in q.idle.iter_mut().enumerate().take(n) {
                 if kick.len() == nchunks {
                     break;
                 }
@@ -617,6 +640,7 @@ pub(super) fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpS
             .collect();
         ConnInner {
             streams,
+            active: AtomicUsize::new(nstreams),
             chunk: cfg.chunk,
             spin: cfg.spin,
             next_send: Mutex::new(0),
