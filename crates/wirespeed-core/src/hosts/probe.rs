@@ -9,15 +9,20 @@
 //! to know which link they have.
 //!
 //! What the probe measures. Both ends send to each other at once (as an all_reduce loads the
-//! link) on 1 stream, then 2, 4, 8, ... up to the streams opened, each step the same bytes per
-//! stream, and rank 0 times each step (its send written and the peer's message received). The
-//! first step is repeated with twice the bytes until it lasts PHASE_MIN, so a step is not
-//! TCP's slow start (and a fast link gets a large enough step). Growth stops at the first step
-//! that does not help (less than 30% more for twice the streams: the flows are no longer what
-//! limits), at the streams opened, or after BUDGET. The streams used are then the best rate over
-//! one flow's rate, times HEADROOM (a capped link's flows do not all get their full cap: 8 flows
-//! of 250 Mbit/s carried 0.83-0.86 of a 2 Gbit/s link, 12 carried 0.88-0.89), at most the
-//! streams opened: 2 on a link one flow fills, all 12 on the capped link above.
+//! link): first a little on every opened stream (so that no step times a stream's first bytes),
+//! then steps on 1 stream, 2, 4, 8, ... up to the streams opened. A step is MSGS messages queued
+//! at once each way, so streams pull chunks as their flows allow, as in a collective; rank 0
+//! times it from announcing it to its last byte sent and received, and takes bytes over time as
+//! the step's rate. The one-stream step is repeated with twice the bytes until it lasts
+//! PHASE_MIN (so a fast link gets a long enough step), and later steps give each stream at least
+//! STREAM_MIN (a flow that has idled needs a few round trips to get going), so no step is only
+//! TCP's slow start. A step helps if it carries 30%
+//! more than the best of fewer streams for twice the streams (the flows are still what limits);
+//! growth stops after two steps in a row that did not help, at the streams opened, or after
+//! BUDGET. The streams used are twice the most that helped (a capped link's flows do not all get
+//! their full cap: 8 flows of 250 Mbit/s carried 0.83-0.86 of a 2 Gbit/s link, 12 carried
+//! 0.88-0.89), at most the streams opened: 2 on a link one flow fills, all 12 on the capped
+//! link above.
 //!
 //! Only the sender's count changes: every stream stays open and is read (a chunk's frame says
 //! where its bytes go), so the receiving side need not know, and the open-file budget (fds.rs)
@@ -45,9 +50,8 @@ const WARM: usize = 64 << 10;
 const STREAM_MIN: usize = 256 << 10;
 /// No new step starts after this: a slow link's probe stays bounded.
 const BUDGET: Duration = Duration::from_millis(250);
-/// Streams per flow's worth of the best rate (see the module's opening).
-const HEADROOM: f64 = 1.5;
-/// A step helps if its rate exceeds the last by this share of the added streams' ideal gain.
+/// A step helps if its rate exceeds the best of fewer streams by this share of the added
+/// streams' ideal gain (30% for twice the streams).
 const GAIN: f64 = 0.3;
 
 /// The streams chosen, and what chose them (the same on every rank).
@@ -102,17 +106,21 @@ const MAX_STEPS: usize = 8;
 const ENCODED: usize = 8 * (5 + 2 * MAX_STEPS);
 
 /// The streams to use from the probe's steps (in the order run; the first is one stream) and
-/// the streams opened: the best rate over one flow's, times HEADROOM, within 1..=opened.
+/// the streams opened: twice the most streams that still helped (`helps`, against the best rate
+/// of fewer streams), within 1..=opened. Twice: flows sharing a link do not all get their cap
+/// (htb, a switch's queue), and a spare flow costs little where one flow fills the link.
 pub fn choose(steps: &[(usize, f64)], opened: usize) -> usize {
-    let Some(&(_, one)) = steps.first() else { return opened };
-    let best = steps.iter().map(|s| s.1).fold(one, f64::max);
-    if one <= 0.0 || !best.is_finite() {
-        return opened;
+    let Some(&(k0, r0)) = steps.first() else { return opened };
+    let (mut bk, mut br) = (k0, r0);
+    for &(k, r) in &steps[1..] {
+        if helps(bk, br, k, r) {
+            (bk, br) = (k, r);
+        }
     }
-    ((best / one * HEADROOM).ceil() as usize).clamp(1, opened.max(1))
+    (2 * bk).clamp(1, opened.max(1))
 }
 
-/// Whether the step to `k` streams at rate `r` helped over the last, at `k0` streams and `r0`.
+/// Whether the step to `k` streams at rate `r` helped over the best before it, `k0` streams at `r0`.
 fn helps(k0: usize, r0: f64, k: usize, r: f64) -> bool {
     r >= r0 * (1.0 + GAIN * (k as f64 / k0 as f64 - 1.0))
 }
@@ -204,15 +212,18 @@ fn lead(c: &mut HostsComm, peer: usize, opened: usize, forced: bool) -> Result<S
             one = step(c, 1, per)?;
         }
         steps.push((1, one));
-        let (mut k, mut last) = (1, one);
-        while k < opened && t0.elapsed() < BUDGET {
-            let next = (k * 2).min(opened);
-            let r = step(c, next, (per.max(STREAM_MIN) * next).min(MOST))?;
-            steps.push((next, r));
-            if !helps(k, last, next, r) {
-                break;
+        // Twice as many streams each step, until two steps in a row did not help (one step
+        // alone may read low) or every opened stream was tried.
+        let (mut k, mut best, mut misses) = (1, (1, one), 0);
+        while k < opened && misses < 2 && t0.elapsed() < BUDGET {
+            k = (k * 2).min(opened);
+            let r = step(c, k, (per.max(STREAM_MIN) * k).min(MOST))?;
+            steps.push((k, r));
+            if helps(best.0, best.1, k, r) {
+                (best, misses) = ((k, r), 0);
+            } else {
+                misses += 1;
             }
-            (k, last) = (next, r);
         }
     }
     send_ctl(c, peer, 0, 0)?;
@@ -251,13 +262,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn choice_scales_with_what_more_flows_gave() {
+    fn choice_is_twice_the_most_streams_that_helped() {
         // A link one flow fills: two streams.
-        assert_eq!(choose(&[(1, 100.0), (2, 101.0)], 12), 2);
-        // Flows capped at an eighth of the link: all 12 opened.
+        assert_eq!(choose(&[(1, 100.0), (2, 101.0), (4, 99.0)], 12), 2);
+        // Flows capped at an eighth of the link: all 12 opened (8 helped).
         assert_eq!(choose(&[(1, 31.0), (2, 62.0), (4, 124.0), (8, 220.0), (12, 235.0)], 12), 12);
-        // Capped at a quarter: six.
-        assert_eq!(choose(&[(1, 25.0), (2, 50.0), (4, 98.0), (8, 100.0)], 12), 6);
+        // Capped at a quarter: 4 helped, 8 did not: eight.
+        assert_eq!(choose(&[(1, 25.0), (2, 50.0), (4, 98.0), (8, 100.0), (12, 101.0)], 12), 8);
+        // A step that read low does not hide a later one that helped against the best before it.
+        assert_eq!(choose(&[(1, 25.0), (2, 26.0), (4, 90.0), (8, 95.0), (12, 96.0)], 16), 8);
         // Never more than opened, never fewer than one; no probe keeps every stream.
         assert_eq!(choose(&[(1, 10.0), (2, 20.0), (4, 40.0)], 4), 4);
         assert_eq!(choose(&[(1, 10.0)], 1), 1);
