@@ -172,7 +172,7 @@ impl Group {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
         let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
-        self.streams = group.stream_choice().map(|c| (c.describe(), c.used, c.opened));
+        self.streams = group.stream_choice();
         self.engine = Some(Engine::with(group, self.wake_worker).map_err(to_py)?);
         Ok(())
     }
