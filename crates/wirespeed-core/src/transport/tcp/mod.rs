@@ -118,8 +118,10 @@ impl Default for NetConfig {
     ///   2 Gbit/s link). 8 such flows can carry at most 0.89 of that link (TCP's headers, and htb
     ///   never quite gives every class its full share), 10-12 carry 0.94; the all_reduce reached
     ///   0.83-0.86 with 8 and 0.88-0.89 with 12. The price: on a link one flow fills, flows
-    ///   share one queue and 12 gave 0.86-0.88 where 4 gave 0.94 (set 4 there); CPU-bound on
-    ///   a 40 Gbit/s link, 12 cost nothing against 8 (docs/transport.md has the runs).
+    ///   share one queue and 12 gave 0.86-0.88 where 4 gave 0.94; so a multi-host group sends
+    ///   on only as many as a probe at setup finds useful (hosts/probe.rs: 2 there), unless
+    ///   WIRESPEED_NSTREAMS is set. CPU-bound on a 40 Gbit/s link, 12 cost nothing against 8
+    ///   (docs/transport.md has the runs).
     /// - 512 KiB chunks: a header and a system call per chunk are noise, and a 4 MiB piece still
     ///   spreads over every stream.
     /// - 1 reactor thread up to 4 CPUs, 2 above: the callers move most bytes themselves, and a
