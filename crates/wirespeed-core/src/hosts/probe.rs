@@ -4,9 +4,9 @@
 //!
 //! Why. Streams are there for links that cap each flow (clouds do: a 2 Gbit/s link whose flows
 //! get 250 Mbit/s each needs 8 flows to fill, in practice 10-12). On a link that one flow fills,
-//! the same 12 flows only share one queue and lose a few percent (0.94 of the link against 0.97
-//! with 1 or 2, benchmarks/README.md). No stream count serves both, and the user cannot be asked
-//! to know which link they have.
+//! the same 12 flows only share one queue and lose a few percent (0.92-0.95 of the link's TCP
+//! ceiling against 0.95-0.97 with 2, benchmarks/README.md). No stream count serves both, and the
+//! user cannot be asked to know which link they have.
 //!
 //! What the probe measures. Both ends send to each other at once (as an all_reduce loads the
 //! link): first a little on every opened stream (so that no step times a stream's first bytes),
