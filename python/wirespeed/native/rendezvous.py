@@ -224,9 +224,10 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
                  streams_opened=streams[2] if streams else None, **store.counts())
     if os.environ.get("WIRESPEED_SETUP_STATS") == "1":
         c = _LAST
-        print(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
-              f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "
-              f"records), {c['requests']} requests, {c['bytes_read']} bytes read"
-              + (f"; {streams[0]}" if streams else ""),
-              file=sys.stderr, flush=True)
+        # One write with its newline: ranks sharing a pipe otherwise run their lines together.
+        sys.stderr.write(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
+                         f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "
+                         f"records), {c['requests']} requests, {c['bytes_read']} bytes read"
+                         + (f"; {streams[0]}" if streams else "") + "\n")
+        sys.stderr.flush()
     return group
