@@ -352,8 +352,9 @@ def test_links_under_torchrun_names_the_slowed_host(cluster_name, tmp_path):
     """`wirespeed links` across 4 hosts, one torchrun agent and one rank on each, h2's link at a
     fifth of the others': the verdict names h2 and only it. Four hosts, not three: on three, half
     of all links touch the slow host and the median rule cannot single it out. gloo, the library
-    most torchrun jobs use (wirespeed's own backend at its default 12 streams per peer loses
-    2 MiB messages to drops on these shallow-queued 400 Mbit/s links: issue 25's streams per link)."""
+    most torchrun jobs use. (wirespeed's own backend once read a fifth of these links here: all 12
+    streams per peer dropped 2 MiB messages in the shallow host queues; the stream probe at setup,
+    hosts/probe.rs, now picks 4 and it names h2 too.)"""
     if (why := _why_not("torchrun")) is not None:
         pytest.skip(why)
     from wirespeed.netem import cluster as C
