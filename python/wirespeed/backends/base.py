@@ -6,6 +6,9 @@ rather than emulating a missing variant with extra copies, so a timed figure is 
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
 from ..launch.environment import RankInfo  # noqa: F401 - adapters and callers name it here
@@ -37,6 +40,19 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for the device to finish queued work, so a host timer covers the whole collective."""
+
+    def start_line(self) -> None:
+        """Every rank at one point: the harness's barrier before (and at the start of) a timed
+        loop, whose clock counts it once per loop. The library's barrier, called as directly as
+        the adapter can (the `barrier` collective, timed as such, stays the user's call)."""
+        self.barrier()
+
+    def bind(self, name: str, *args) -> Callable[[], object]:
+        """One call of collective `name` (a method below) on these arguments, as a callable with no
+        arguments: what a timed loop calls again and again. An adapter resolves here once what its
+        method would translate on every call (the op's enum, MPI's buffer views), so the loop pays
+        the library's call alone. Valid while the tensors in `args` live."""
+        return functools.partial(getattr(self, name), *args)
 
     # The collectives.
     def all_reduce(self, send, recv, op): raise NotImplementedError

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 
 import torch
 
@@ -177,6 +178,63 @@ class MpiBackend(Backend):
     @staticmethod
     def _aliases(send: torch.Tensor, recv: torch.Tensor) -> bool:
         return send.untyped_storage().data_ptr() == recv.untyped_storage().data_ptr()
+
+    # -- bound calls (a timed loop's) -------------------------------------------------------------
+
+    def bind(self, name, *args):
+        """mpi4py's call with its buffer views, op and MPI_IN_PLACE resolved once (each method below
+        looks them up per call: ~0.5 us, a tenth of a small shared-memory allreduce). The tensors
+        ride on the bound call, so its raw views never outlive the memory they point at."""
+        make = getattr(self, "_bind_" + name, None)
+        if make is None:
+            return super().bind(name, *args)
+        call = make(*args)
+        call.keep = args
+        return call
+
+    def _averaged(self, call, recv, op):
+        if op != "avg":
+            return call
+
+        def then_average():
+            call()
+            self._average(recv, op)
+        return then_average
+
+    def _bind_all_reduce(self, send, recv, op):
+        first = self._MPI.IN_PLACE if send is recv else self._spec(send)
+        return self._averaged(partial(self._comm.Allreduce, first, self._spec(recv), self._op(recv, op)),
+                              recv, op)
+
+    def _bind_all_gather(self, send, recv):
+        first = self._MPI.IN_PLACE if self._aliases(send, recv) else self._spec(send)
+        return partial(self._comm.Allgather, first, self._spec(recv))
+
+    def _bind_reduce_scatter(self, send, recv, op):
+        return self._averaged(partial(self._comm.Reduce_scatter_block, self._spec(send), self._spec(recv),
+                                      self._op(recv, op)), recv, op)
+
+    def _bind_broadcast(self, send, recv, root):
+        return partial(self._comm.Bcast, self._spec(recv), root)
+
+    def _bind_reduce(self, send, recv, op, root):
+        mop, me = self._op(recv, op), self._comm.Get_rank()
+        if send is recv:
+            args = (self._MPI.IN_PLACE if me == root else self._spec(send),
+                    self._spec(recv) if me == root else None, mop, root)
+        else:
+            args = (self._spec(send), self._spec(recv), mop, root)
+        call = partial(self._comm.Reduce, *args)
+        return self._averaged(call, recv, op) if me == root else call
+
+    def _bind_all_to_all(self, send, recv):
+        return partial(self._comm.Alltoall, self._spec(send), self._spec(recv))
+
+    def _bind_send_recv(self, send, recv, to, frm):
+        return partial(self._comm.Sendrecv, self._spec(send), to, 0, self._spec(recv), frm, 0)
+
+    def _bind_barrier(self):
+        return partial(self._comm.Barrier)
 
     # -- the collectives -------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ class AllGather(Collective):
         poison(bufs.recv)
         fill(bufs.send, case.rank, 0, case.dtype, None, case.world)
 
-    def run(self, backend, case, bufs):
-        backend.all_gather(bufs.send, bufs.recv)
+    def call(self, case, bufs):
+        return "all_gather", (bufs.send, bufs.recv)
 
     def repeat_keeps_result(self, case):
         return True  # each rank's slice is its own input, which the gather writes back unchanged

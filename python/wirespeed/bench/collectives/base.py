@@ -7,6 +7,7 @@ element count handed to the library.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -82,8 +83,21 @@ class Collective:
     def fill_inputs(self, case: Case, bufs: Buffers) -> None:
         raise NotImplementedError
 
-    def run(self, backend, case: Case, bufs: Buffers) -> None:
+    def call(self, case: Case, bufs: Buffers) -> tuple[str, tuple]:
+        """One call of the collective: the adapter's method (backends/base.py) and its arguments."""
         raise NotImplementedError
+
+    def run(self, backend, case: Case, bufs: Buffers) -> None:
+        """One call, through the adapter's method."""
+        name, args = self.call(case, bufs)
+        getattr(backend, name)(*args)
+
+    def bind(self, backend, case: Case, bufs: Buffers) -> Callable[[], object]:
+        """The same call as `run`'s with everything that stays the same from call to call (the
+        method, the arguments, the adapter's translation of them) resolved once: what the harness
+        calls, so a timed call costs the library's call and nothing of ours beside it."""
+        name, args = self.call(case, bufs)
+        return backend.bind(name, *args)
 
     def wrong(self, case: Case, bufs: Buffers) -> int:
         """Wrong elements on this rank after one call on freshly filled inputs."""

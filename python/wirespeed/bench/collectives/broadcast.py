@@ -15,8 +15,8 @@ class Broadcast(Collective):
         if case.rank == case.root:
             fill(bufs.send, case.root, 0, case.dtype, None, case.world)
 
-    def run(self, backend, case, bufs):
-        backend.broadcast(bufs.send, bufs.recv, case.root)
+    def call(self, case, bufs):
+        return "broadcast", (bufs.send, bufs.recv, case.root)
 
     def repeat_keeps_result(self, case):
         return True  # the root's buffer is never written; the others get the same copy again

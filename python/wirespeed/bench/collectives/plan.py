@@ -127,5 +127,8 @@ class PlanCollective(Collective):
     def run(self, backend, case, bufs):
         self.job.machine.execute_once()
 
+    def bind(self, backend, case, bufs):
+        return self.job.machine.execute_once   # the case's machine: alloc (prepare) has set it
+
     def wrong(self, case, bufs):
         return self.inner.wrong(case, bufs)

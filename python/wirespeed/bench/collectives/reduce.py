@@ -17,8 +17,8 @@ class Reduce(Collective):
         if bufs.recv is not bufs.send:
             poison(bufs.recv)
 
-    def run(self, backend, case, bufs):
-        backend.reduce(bufs.send, bufs.recv, case.op, case.root)
+    def call(self, case, bufs):
+        return "reduce", (bufs.send, bufs.recv, case.op, case.root)
 
     def wrong(self, case, bufs):
         if case.rank != case.root:

@@ -28,8 +28,8 @@ class ReduceScatter(Collective):
             poison(bufs.recv)
         fill(bufs.send, case.rank, 0, case.dtype, case.op, case.world)
 
-    def run(self, backend, case, bufs):
-        backend.reduce_scatter(bufs.send, bufs.recv, case.op)
+    def call(self, case, bufs):
+        return "reduce_scatter", (bufs.send, bufs.recv, case.op)
 
     def wrong(self, case, bufs):
         base = case.rank * case.recv_count

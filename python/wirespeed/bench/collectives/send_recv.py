@@ -15,9 +15,8 @@ class SendRecv(Collective):
         poison(bufs.recv)
         fill(bufs.send, case.rank, 0, case.dtype, None, case.world)
 
-    def run(self, backend, case, bufs):
-        backend.send_recv(bufs.send, bufs.recv, (case.rank + 1) % case.world,
-                          (case.rank - 1) % case.world)
+    def call(self, case, bufs):
+        return "send_recv", (bufs.send, bufs.recv, (case.rank + 1) % case.world, (case.rank - 1) % case.world)
 
     def wrong(self, case, bufs):
         src = (case.rank - 1) % case.world
