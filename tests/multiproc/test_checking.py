@@ -8,7 +8,7 @@ import torch.distributed as dist
 from wirespeed.backends.base import RankInfo
 from wirespeed.backends.torch_dist import TorchDistBackend
 from wirespeed.bench.config import BenchConfig
-from wirespeed.bench.harness import run_rank
+from wirespeed.bench.harness import LOOPS, run_rank
 
 
 class CorruptingGloo(TorchDistBackend):
@@ -62,11 +62,11 @@ class CorruptsOneCall(TorchDistBackend):
 
 
 @pytest.mark.timeout(60)
-def test_the_last_call_of_the_timed_loop_is_checked(tmp_path):
-    # 1 warm-up call, then the loop's 3 calls (calls 2..4): corrupting call 4 only must be caught,
-    # since an out-of-place all_gather's buffers still hold what the last timed call wrote.
+def test_the_last_call_of_the_timed_loops_is_checked(tmp_path):
+    # 1 warm-up call, then LOOPS loops of 3 calls (calls 2..16): corrupting the last only must be
+    # caught, since an out-of-place all_gather's buffers still hold what the last timed call wrote.
     info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
-    backend = CorruptsOneCall("gloo", bad_call=4)
+    backend = CorruptsOneCall("gloo", bad_call=1 + LOOPS * 3)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=30))
     try:
@@ -77,4 +77,5 @@ def test_the_last_call_of_the_timed_loop_is_checked(tmp_path):
     finally:
         dist.destroy_process_group()
     oop = [r for r in results if not r["inplace"]][0]
-    assert oop["wrong"] == 2 and oop["time_method"] == "loop-slowest" and "time_p50_us" not in oop
+    assert oop["loops"] == LOOPS  # so the corrupted call was the last timed one
+    assert oop["wrong"] == 2 and oop["time_method"] == "loops-median" and "time_p50_us" not in oop

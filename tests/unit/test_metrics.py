@@ -52,9 +52,27 @@ def test_cli_help_names_every_collective_in_registry_order():
 
 def test_loop_time_is_elapsed_over_iters_of_the_slowest_rank():
     from wirespeed.bench.harness import summarize_loop
-    s = summarize_loop([0.010, 0.030], iters=10)  # rank 0: 1 ms per call, rank 1: 3 ms
+    s = summarize_loop([[0.010], [0.030]], iters=10)  # one loop; rank 0: 1 ms per call, rank 1: 3 ms
     assert s["time_us"] == pytest.approx(3000.0)
     assert s["time_rank_mean_us"] == pytest.approx(2000.0)
+    assert s["loops"] == 1
+
+
+def test_the_time_is_the_median_loop_of_each_loops_slowest_rank():
+    from wirespeed.bench.harness import summarize_loop
+    # Three loops of 10 calls; the slowest rank differs from loop to loop. Per loop (us per call):
+    # slowest 5000 (cold first loop), 2000, 2500; means 3000, 1500, 2000.
+    s = summarize_loop([[0.050, 0.010, 0.025], [0.010, 0.020, 0.015]], iters=10)
+    assert s["time_us"] == pytest.approx(2500.0)
+    assert s["time_rank_mean_us"] == pytest.approx(2000.0)
+    assert s["loops"] == 3 and s["time_loops_us"] == pytest.approx([5000.0, 2000.0, 2500.0])
+
+
+@pytest.mark.parametrize("first_s,loops", [(1e-5, 5), (0.09, 5), (0.11, 3), (0.2, 1), (0.4, 1), (3.0, 1)])
+def test_a_case_gets_fewer_loops_when_its_first_one_is_long(first_s, loops):
+    from wirespeed.bench.harness import LOOPS, LOOPS_WITHIN_S, loops_for
+    assert (LOOPS, LOOPS_WITHIN_S) == (5, 0.5)  # the figures below are for these
+    assert loops_for(first_s) == loops
 
 
 def test_single_calls_keep_the_slowest_rank_distribution():

@@ -4,12 +4,19 @@ Timing has two parts (docs/metrics.md says when each is the right figure):
 
 - the loop (the `time_us` of records and the table's time column), as nccl-tests times: after the
   warm-up and a barrier, `iters` calls back to back with one device sync at the end; a rank's time is
-  elapsed / iters, and the figure is the slowest rank's (nccl-tests' mean over ranks is kept beside
-  it in records). Calls may overlap (launches pipeline on a
+  elapsed / iters, and a loop's is the slowest rank's (nccl-tests' mean over ranks is kept beside
+  it in records). Up to LOOPS such loops run back to back and the figure is the median loop's: the
+  first loop after the warm-up and the refill of the inputs is colder than the library's steady
+  state (a 4 KiB all_reduce on two ranks: 7-10 us against 5.5-6), and one loop of a few
+  microseconds is one sample of a shared machine. Calls may overlap (launches pipeline on a
   GPU, a fast rank runs ahead), as they do in a training loop;
 - single calls (`time_p50_us`, `time_p99_us`, `time_min_us`, `time_max_us`): each call timed on its
   own, closed by a device sync; a call's time is the slowest rank's; percentiles over calls. This is
   the latency of one isolated collective, skew between ranks included. `--no-per-op` skips it.
+
+A timed call is the library's call and nothing else of ours: the collective's call is bound once
+per case (Collective.bind, Backend.bind: the op's enum, MPI's buffer views resolved ahead), and the
+loop around it only counts calls for the watchdog.
 
 Every timed call works on verifiable data and is checked: where several calls in a row leave the
 result of one (out of place, copies, min/max), the buffers the last timed call wrote are checked as
@@ -19,6 +26,7 @@ count of wrong elements is summed into the `wrong` field.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -30,9 +38,20 @@ from .config import BenchConfig
 from .dtypes import DTYPES, DType
 from .watchdog import Watchdog
 
-# records' time_method: the loop's time is its slowest rank's ("loop" in records before that: the
-# mean over ranks)
-LOOP_SLOWEST = "loop-slowest"
+# records' time_method: the median over `loops` loops of each loop's slowest rank ("loop-slowest"
+# in records before that: one loop; "loop" before that: one loop's mean over ranks)
+LOOPS_MEDIAN = "loops-median"
+# At most this many timed loops per case, while they take at most about LOOPS_WITHIN_S together:
+# a loop of a big message is long enough to be its own steady state, and the sweep's time stays.
+LOOPS = 5
+LOOPS_WITHIN_S = 0.5
+
+
+def loops_for(first_loop_s: float) -> int:
+    """How many timed loops a case gets, from its first loop's time (the slowest rank's, so every
+    rank decides alike): an odd count, so the median is one loop's."""
+    n = min(LOOPS, max(1, int(LOOPS_WITHIN_S / first_loop_s) if first_loop_s > 0 else LOOPS))
+    return n if n % 2 else n - 1
 
 
 @dataclass(frozen=True)
@@ -127,13 +146,17 @@ def summarize(per_rank_times_s: list[list[float]]) -> dict:
             "time_max_us": slowest[-1] * 1e6, "time_p99_us": percentile(slowest, 99) * 1e6}
 
 
-def summarize_loop(per_rank_elapsed_s: list[float], iters: int) -> dict:
-    """The loop: each rank's elapsed / iters; the figure is the slowest rank's (the loop is done
-    when the last rank's last call is), the mean over ranks (nccl-tests' default, `-a 1`) beside
-    it, in us. Not the mean: a root whose sends complete into socket buffers finishes early, and a
+def summarize_loop(per_rank_elapsed_s: list[list[float]], iters: int) -> dict:
+    """The loops (per rank, each loop's elapsed): a loop's time is its slowest rank's elapsed /
+    iters (the loop is done when the last rank's last call is), and the figure is the median over
+    loops; the mean over ranks (nccl-tests' default, `-a 1`) beside it, its median over loops too,
+    in us. Not the mean: a root whose sends complete into socket buffers finishes early, and a
     mean with it claims more than the wire carried (broadcast at 1.2x a capped link)."""
-    per_call = [e / iters for e in per_rank_elapsed_s]
-    return {"time_us": max(per_call) * 1e6, "time_rank_mean_us": sum(per_call) / len(per_call) * 1e6}
+    loops = list(zip(*per_rank_elapsed_s))
+    slowest = [max(loop) / iters for loop in loops]
+    mean = [sum(loop) / len(loop) / iters for loop in loops]
+    return {"time_us": statistics.median(slowest) * 1e6, "time_rank_mean_us": statistics.median(mean) * 1e6,
+            "loops": len(loops), "time_loops_us": [t * 1e6 for t in slowest]}
 
 
 def summarize_ops(per_rank_times_s: list[list[float]]) -> dict:
@@ -159,45 +182,71 @@ def _start_timed(backend: Backend, coll: Collective, case: Case, bufs) -> None:
     coll.fill_inputs(case, bufs)
     coll.poison_outputs(case, bufs)
     backend.synchronize()
-    backend.barrier()
+    backend.start_line()
+
+
+def timed_loops(backend: Backend, call: Callable[[], object], iters: int, watchdog: Watchdog,
+                label: str, sent_bytes: Callable[[], int] | None = None) -> tuple[list[float], float]:
+    """The loops of one case, every rank at the start line already: this rank's elapsed seconds
+    per loop, and what its host sent during them (-1 where unknown). The first loop's time sets
+    how many follow (loops_for); between two loops the ranks meet at an untimed barrier, so a
+    loop's clock never runs while a peer is still finishing the previous loop."""
+    clock = time.perf_counter
+    progress = watchdog.progress
+    elapsed: list[float] = []
+    sent = 0
+    loops = 1
+    while len(elapsed) < loops:
+        if elapsed:
+            backend.start_line()
+        watchdog.step(f"running {label} (loop {len(elapsed) + 1}: {iters} calls back to back)")
+        # The clock starts before a second barrier, which no rank leaves before every rank has
+        # started its clock: so no byte of the loop can cross before any rank's start, and the
+        # slowest rank's elapsed covers the whole loop. Started after the barrier, a rank that left
+        # it late (it learns last that everyone arrived) misses the bytes sent before it looked,
+        # and small loops claimed up to 1.4x a capped link. The price is one barrier per loop
+        # (1/iters of one per call: 0.03 us of a 4 KiB all_reduce's ~5 us on two wirespeed ranks,
+        # whose start line is the engine's barrier), on the side of never claiming more than was
+        # moved; the untimed one before it has the ranks arrive together, so it costs the
+        # barrier's latency, not the skew between ranks.
+        s0 = sent_bytes() if sent_bytes else 0
+        t0 = clock()
+        backend.start_line()
+        for _ in range(iters):
+            call()
+            progress()  # each call must end within the timeout; the loop may take longer
+        backend.synchronize()
+        elapsed.append(clock() - t0)
+        if sent_bytes:
+            sent += sent_bytes() - s0
+        if len(elapsed) == 1:
+            loops = loops_for(max(r[0] for r in backend.allgather_floats([elapsed[0]])))
+    return elapsed, (float(sent) if sent_bytes else -1.0)
 
 
 def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
-            watchdog: Watchdog, sent_bytes: Callable[[], int] | None = None) -> dict:
-    """Time one case on this rank (the loop, then single calls) and check it; returns the
+            watchdog: Watchdog, sent_bytes: Callable[[], int] | None = None, bufs=None) -> dict:
+    """Time one case on this rank (the loops, then single calls) and check it; returns the
     aggregate over all ranks. `sent_bytes`, where the rank's host link is known (the emulated
-    cluster), reads what the host has sent over it: the loop's share of it per second becomes
-    `link_sent_gbps`, what really crossed beside what busbw assumes."""
+    cluster), reads what the host has sent over it: the loops' share of it per second becomes
+    `link_sent_gbps`, what really crossed beside what busbw assumes. `bufs`: the case's buffers
+    where the caller has them (alloc's otherwise)."""
     label = f"{case.collective} {case.nbytes} B {case.dtype.name}{' ' + case.op if case.op else ''}"
     clock = time.perf_counter
     watchdog.step(f"allocating {label}")
-    bufs = coll.alloc(case)
+    if bufs is None:
+        bufs = coll.alloc(case)
+    call = coll.bind(backend, case, bufs)
     coll.fill_inputs(case, bufs)
     watchdog.step(f"warming up {label}")
     for _ in range(cfg.warmup_iters):
-        coll.run(backend, case, bufs)
+        call()
         watchdog.progress()
     _start_timed(backend, coll, case, bufs)
-    watchdog.step(f"running {label} ({cfg.iters} calls back to back)")
-    # The clock starts before a second barrier, which no rank leaves before every rank has
-    # started its clock: so no byte of the loop can cross before any rank's start, and the
-    # slowest rank's elapsed covers the whole loop. Started after the barrier, a rank that left
-    # it late (it learns last that everyone arrived) misses the bytes sent before it looked, and
-    # small loops claimed up to 1.4x a capped link. The price is one barrier per loop (1/iters of
-    # a small call per call), on the side of never claiming more than was moved.
-    sent0 = sent_bytes() if sent_bytes else 0
-    t0 = clock()
-    backend.barrier()
-    for _ in range(cfg.iters):
-        coll.run(backend, case, bufs)
-        watchdog.progress()  # each call must end within the timeout; the loop may take longer
-    backend.synchronize()
-    loop_s = clock() - t0
-    # Every rank of a host reads the same counter: a host's figure is any of its ranks'.
-    sent = float(sent_bytes() - sent0) if sent_bytes else -1.0
+    elapsed, sent = timed_loops(backend, call, cfg.iters, watchdog, label, sent_bytes)
     wrong_loop = wrong_ops = 0
     if cfg.check:
-        watchdog.step(f"checking {label} (after the loop)")
+        watchdog.step(f"checking {label} (after the loops)")
         wrong_loop = check_last(backend, coll, case, bufs)
     times = []
     if cfg.per_op:
@@ -205,26 +254,28 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
         for i in range(cfg.iters):
             watchdog.step(f"running {label} (single call {i + 1} of {cfg.iters})")
             t0 = clock()
-            coll.run(backend, case, bufs)
+            call()
             backend.synchronize()
             times.append(clock() - t0)
         if cfg.check:
             watchdog.step(f"checking {label} (after the single calls)")
             wrong_ops = check_last(backend, coll, case, bufs)
     watchdog.step(f"gathering results of {label}")
-    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), loop_s, sent] + times)
-    del bufs
-    out = summarize_loop([r[2] for r in rows], cfg.iters)
+    n = len(elapsed)
+    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), sent] + elapsed + times)
+    del bufs, call
+    out = summarize_loop([r[3:3 + n] for r in rows], cfg.iters)
     if sent >= 0:
-        # The barrier inside the timed region and the header bytes count too: a figure of what
-        # the wire carried, never more than the link, for the busiest host.
-        out["link_sent_gbps"] = max(r[3] for r in rows) / (out["time_us"] * cfg.iters * 1e-6) / 1e9
+        # The barriers inside the timed regions and the header bytes count too: a figure of what
+        # the wire carried, never more than the link, for the busiest host, over the loops' time.
+        loops_s = sum(max(r[3 + k] for r in rows) for k in range(n))
+        out["link_sent_gbps"] = max(r[2] for r in rows) / loops_s / 1e9
     if times:
-        out.update(summarize_ops([r[4:] for r in rows]))
+        out.update(summarize_ops([r[3 + n:] for r in rows]))
     # The worse of the two checked results, each summed over ranks (not their sum: one broken
     # element found twice is one wrong element).
     out["wrong"] = int(max(sum(r[0] for r in rows), sum(r[1] for r in rows)))
-    out["time_method"] = LOOP_SLOWEST
+    out["time_method"] = LOOPS_MEDIAN
     return out
 
 

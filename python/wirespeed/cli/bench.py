@@ -360,8 +360,9 @@ def _print_header(cfg, info, env, shared=()) -> None:
 
 
 def time_method_text(cfg: BenchConfig) -> str:
-    text = (f"time = {cfg.iters} calls back to back, one sync, elapsed / {cfg.iters}, slowest rank "
-            "(nccl-tests' mean over ranks in records)")
+    from ..bench.harness import LOOPS
+    text = (f"time = median of up to {LOOPS} loops of {cfg.iters} calls back to back (a loop: one sync, "
+            f"elapsed / {cfg.iters}, slowest rank; nccl-tests' mean over ranks in records)")
     if cfg.per_op_columns:
         text += "; p50/p99 = of single calls, each synced, slowest rank per call"
     return text

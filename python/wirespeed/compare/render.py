@@ -70,7 +70,7 @@ def tables(records, variant: str = "best") -> str:
             lines.append(row)
         lines.append("")
     if lines:
-        lines.append("# time: bench's time (calls back to back, elapsed / calls, slowest rank; the "
+        lines.append("# time: bench's time (calls back to back, elapsed / calls, slowest rank, median loop; the "
                      "median over repeats with --repeat); sprd: (slowest - fastest repeat) / median; "
                      "busbw in GB/s (1e9 B/s); * fastest at that size; *~ fastest but within the "
                      "spread of the next")

@@ -58,7 +58,7 @@ def record(kind: str, fields: dict) -> dict:
 
 # Column order for CSV: required fields first, then the rest as they come.
 CSV_FIELDS = ("schema", "run_id", "collective", "backend", "dtype", "op", "device", "world_size",
-              "root", "bytes", "count", "inplace", "time_us", "time_method", "time_rank_mean_us",
+              "root", "bytes", "count", "inplace", "time_us", "time_method", "loops", "time_rank_mean_us",
               "time_p50_us", "time_p99_us", "time_min_us", "time_max_us", "algbw_gbps", "busbw_gbps", "busbw_factor", "wrong", "checked",
               "iters", "warmup_iters")
 
