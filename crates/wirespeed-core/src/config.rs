@@ -13,6 +13,7 @@
 //! - the TCP engine's (`transport::tcp::NetConfig`): WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES,
 //!   WIRESPEED_IO_THREADS, WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT,
 //!   WIRESPEED_JOB_SECRET;
+//! - when a multi-host group connects its ranks: WIRESPEED_CONNECT (`lazy_connect`);
 //! - the shared-memory waits' WIRESPEED_SPIN_US and the engine's WIRESPEED_WORKER;
 //! - where a rank is: WIRESPEED_HOSTID (its host id), and the variables
 //!   `transport::iface::listen_ip` chooses a listening address from (WIRESPEED_IFNAME,
@@ -44,6 +45,10 @@ pub struct Config {
     /// The TCP engine's knobs, or why they are invalid: only a group that spans hosts uses them,
     /// so only such a group fails on them (`HostsSetup::new`), and a one-host group never does.
     pub net: Result<NetConfig>,
+    /// WIRESPEED_CONNECT: `lazy` (unset: the default) connects a pair of ranks on different hosts
+    /// on its first message, `eager` every such pair at setup (so an unreachable peer fails setup
+    /// on every rank, as before). Kept as `net` is: only a group across hosts fails on a bad value.
+    pub lazy_connect: Result<bool>,
     /// How long a shared-memory wait spins before it sleeps, in us (WIRESPEED_SPIN_US; unset or
     /// not a number: `SpinPolicy`'s default).
     pub spin_us: Option<u64>,
@@ -70,6 +75,11 @@ impl Config {
         Ok(Config {
             tuning: tuning(var)?,
             net: net(var),
+            lazy_connect: match var("WIRESPEED_CONNECT").as_deref().map(str::trim) {
+                None | Some("") | Some("lazy") => Ok(true),
+                Some("eager") => Ok(false),
+                Some(v) => Err(Error::Unsupported(format!("WIRESPEED_CONNECT={v:?} is not a connection mode: choose lazy (on first use, the default) or eager (every remote pair at setup)"))),
+            },
             spin_us: var("WIRESPEED_SPIN_US").and_then(|v| v.parse().ok()),
             wake_worker: var("WIRESPEED_WORKER").as_deref() != Some("0"),
             hostid: hostid(var),

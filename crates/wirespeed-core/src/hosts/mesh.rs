@@ -9,6 +9,15 @@
 //! for another rank, with another stream count, from a rank that is not expected to dial, or any
 //! connection after setup, so a stranger or a port scan never reaches a collective.
 //!
+//! Lazy connections (WIRESPEED_CONNECT=lazy, the default; docs/transport.md "Connections on
+//! first use"). Setup dials nothing: every remote rank gets a `Conn` with no streams yet, and
+//! the first send or receive posted toward a rank starts a dial that the reactor drives
+//! (transport/tcp/dial.rs), while what was posted waits in the `Conn`'s queues. Either rank of a
+//! pair may dial first; when both do, the lower rank's dial wins: the lower rank alone decides,
+//! in its listener's vetting, under the pair's lock (`Link`), so exactly one connection is made.
+//! An accepted connection attaches to the waiting `Conn` on the reactor's thread (`route`).
+//! No step waits for a thread of the application, here or at the peer.
+//!
 //! Messages between a pair are matched in order; every receive states its exact length and tag,
 //! and a message of another length or tag is a `Mismatch` (a rank that called another
 //! collective), never silent data.
@@ -17,12 +26,12 @@
 //! a peer on another host straight to it; `send` also gives a send its own ticket, for a
 //! `Collectives::send_post` that outlives the op that posted it.
 use crate::error::{Error, Result};
-use crate::transport::tcp::{Conn, Dialer, NetConfig, Reactor, Request};
+use crate::transport::tcp::{dial, Attacher, Conn, Dialer, NetConfig, Reactor, Request};
 use crate::transport::{Handle, Transport};
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 const KEY_MAGIC: [u8; 4] = *b"WSG1";
@@ -53,6 +62,87 @@ struct Expect {
     sealed: AtomicBool,
 }
 
+/// When the connections are made (WIRESPEED_CONNECT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connect {
+    /// At setup, every pair of ranks on different hosts: a peer that cannot be reached fails
+    /// setup, on every rank.
+    Eager,
+    /// On first use, toward the peers the algorithms and the user's sends really use.
+    Lazy,
+}
+
+/// Where the connection with one remote rank stands, in lazy mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Nothing yet.
+    Idle,
+    /// This rank's dial is under way.
+    Dialing,
+    /// The peer's dial was vetted here; its streams are coming.
+    Accepting,
+    /// The streams are attached (`dialled`: by this rank's dial).
+    Up { dialled: bool },
+}
+
+struct Link {
+    state: State,
+    /// The `Conn` waiting for the streams, once `Mesh::connect` made it.
+    attacher: Option<Attacher>,
+    /// Streams accepted before `Mesh::connect` made the `Conn` (a fast peer's first send).
+    early: Option<Vec<TcpStream>>,
+}
+
+/// Every remote rank's `Link`, shared by the rank's thread (first posts), its listener's vetting
+/// and routing, and its dials' ends (reactor threads).
+struct Links {
+    links: Vec<Mutex<Link>>,
+    /// Set by `Mesh::shutdown`: dials stop, and nothing new attaches.
+    closed: AtomicBool,
+}
+
+impl Links {
+    /// The lazy vetting of a dial from rank `from` to `me`, with the pair's lock: the lower rank
+    /// of the pair decides which of two crossing dials is kept, so exactly one connection is made.
+    fn vet(&self, me: usize, from: usize) -> std::result::Result<(), String> {
+        let mut l = self.links[from].lock().unwrap();
+        match (l.state, me < from) {
+            (State::Idle, _) => {
+                l.state = State::Accepting;
+                Ok(())
+            }
+            // The other streams of the connection vetted, and each stream's proof (job secret).
+            (State::Accepting, _) => Ok(()),
+            // This rank is the lower one and dialled first: its dial wins, the peer's is
+            // dropped quietly (its owner sees the refusal and stops once this dial arrives).
+            (State::Dialing | State::Up { dialled: true }, true) => Err(String::new()),
+            // The lower rank dialled: its dial wins; this rank's own dial stops (dial.rs asks
+            // `wanted`, which now says no, and the lower rank refuses what is in flight).
+            (State::Dialing, false) => {
+                l.state = State::Accepting;
+                Ok(())
+            }
+            (State::Up { .. }, _) => Err(format!("rank {from} is connected already (a duplicate)")),
+        }
+    }
+
+    /// An accepted connection from `from`, all streams in: attach it to the waiting `Conn`.
+    fn route(&self, from: usize, socks: Vec<TcpStream>) {
+        let mut l = self.links[from].lock().unwrap();
+        if l.state != State::Accepting || self.closed.load(Acquire) {
+            return; // dropped: its streams close
+        }
+        l.state = State::Up { dialled: false };
+        match &l.attacher {
+            // An error fails that Conn, whose requests then say why.
+            Some(a) => {
+                let _ = a.attach(socks);
+            }
+            None => l.early = Some(socks),
+        }
+    }
+}
+
 /// This rank's listening socket; the engine's reactor vets every connection made to it.
 pub struct Listener {
     pub addr: SocketAddr,
@@ -61,15 +151,23 @@ pub struct Listener {
     reactor: Arc<Reactor>,
     /// The engine's knobs, for the connections this rank dials (`Mesh::connect`).
     cfg: NetConfig,
+    /// Lazy mode's pair states; None when eager.
+    links: Option<Arc<Links>>,
 }
 
 impl Listener {
-    /// Listen on `ip` for the connections of the ranks in `dialers`; `streams[r]` is how many
-    /// streams rank r's connection must have; `cfg` the engine's knobs for every connection.
-    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize]) -> Result<Listener> {
+    /// Listen on `ip` for the connections of the ranks in `dialers` (eager; lazily, of any rank
+    /// with streams); `streams[r]` is how many streams rank r's connection must have; `cfg` the
+    /// engine's knobs for every connection.
+    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize], mode: Connect) -> Result<Listener> {
         let reactor = Reactor::global(&cfg)?;
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
         let e = expect.clone();
+        let links = (mode == Connect::Lazy).then(|| {
+            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, attacher: None, early: None })).collect();
+            Arc::new(Links { links, closed: AtomicBool::new(false) })
+        });
+        let lv = links.clone();
         let streams = streams.to_vec();
         let vet = Box::new(move |k: &[u8; 32]| -> std::result::Result<(), String> {
             let (t, from, to, w, n) = parse_key(k).ok_or("not a wirespeed group's hello")?;
@@ -80,13 +178,24 @@ impl Listener {
             if to != rank || w != world || n != want {
                 return Err(format!("hello from rank {from} for rank {to} of {w} with {n} streams; this is rank {rank} of {world}, expecting {want} streams from it"));
             }
+            if let Some(links) = &lv {
+                return links.vet(rank, from);
+            }
             if e.sealed.load(Acquire) || !e.waiting.lock().unwrap().contains(&from) {
                 return Err(format!("rank {from} is not expected here (a duplicate, or after setup)"));
             }
             Ok(())
         });
-        let inner = crate::transport::tcp::Listener::bind_vetted(&reactor, &cfg, SocketAddr::new(ip, 0), vet, format!("rank {rank}"), None)?;
-        Ok(Listener { addr: inner.local_addr(), inner, expect, reactor, cfg })
+        let route = links.as_ref().map(|l| {
+            let l = Arc::downgrade(l);
+            Box::new(move |k: &[u8; 32], socks: Vec<TcpStream>, _from: SocketAddr| {
+                if let (Some(links), Some((_, from, ..))) = (l.upgrade(), parse_key(k)) {
+                    links.route(from, socks);
+                }
+            }) as crate::transport::tcp::Route
+        });
+        let inner = crate::transport::tcp::Listener::bind_routed(&reactor, &cfg, SocketAddr::new(ip, 0), vet, format!("rank {rank}"), None, route)?;
+        Ok(Listener { addr: inner.local_addr(), inner, expect, reactor, cfg, links })
     }
 }
 
@@ -143,6 +252,8 @@ pub struct Mesh {
     conns: Vec<Option<Conn>>,
     listener: Listener,
     timeout: Duration,
+    /// Lazy mode: what a first post needs to dial.
+    lazy: Option<Lazy>,
     /// What was posted through `Transport` and not yet waited, by handle; None once waited.
     posted: Vec<Option<Posted>>,
 }
@@ -152,11 +263,21 @@ enum Posted {
     Recv(RecvTicket),
 }
 
+struct Lazy {
+    links: Arc<Links>,
+    addrs: Vec<Option<SocketAddr>>,
+    streams: Vec<usize>,
+    token: [u8; 16],
+}
+
 impl Mesh {
     /// Dial the remote ranks above this one and accept those below; `addrs[r]` is rank r's
     /// listening address ("ip:port"), `streams[r]` the streams of the connection with r (0: r is
     /// on this host, no connection).
     pub fn connect(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
+        if listener.links.is_some() {
+            return Mesh::lazy(listener, rank, addrs, streams, token, timeout);
+        }
         let remote: Vec<bool> = streams.iter().map(|&n| n > 0).collect();
         let world = addrs.len();
         let deadline = Instant::now() + timeout;
@@ -233,12 +354,80 @@ impl Mesh {
             }
         }
         listener.expect.sealed.store(true, Release);
-        Ok(Mesh { rank, conns, listener, timeout, posted: Vec::new() })
+        Ok(Mesh { rank, conns, listener, timeout, lazy: None, posted: Vec::new() })
+    }
+
+    /// Lazy mode: a `Conn` with no streams for every remote rank, attached to what its peer
+    /// already sent; nothing dialled.
+    fn lazy(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
+        let links = listener.links.clone().expect("lazy");
+        let world = addrs.len();
+        let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
+        let mut parsed = vec![None; world];
+        for r in (0..world).filter(|&r| streams[r] > 0) {
+            let addr: SocketAddr = addrs[r].parse().map_err(|_| Error::Unsupported(format!("rank {r} published a bad address {:?}", addrs[r])))?;
+            let c = Conn::pending(&listener.reactor, &listener.cfg, addr, streams[r]);
+            c.set_peer_rank(r);
+            let mut l = links.links[r].lock().unwrap();
+            l.attacher = Some(c.attacher());
+            if let Some(socks) = l.early.take() {
+                let _ = c.attacher().attach(socks);
+            }
+            drop(l);
+            conns[r] = Some(c);
+            parsed[r] = Some(addr);
+        }
+        let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token };
+        Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), posted: Vec::new() })
+    }
+
+    /// Lazy mode: the first post toward `r` dials it (unless `r` dialled first). Returns at once:
+    /// the reactor makes the connection, and the post waits in the `Conn` meanwhile.
+    fn touch(&self, r: usize) -> Result<()> {
+        let Some(lz) = &self.lazy else { return Ok(()) };
+        let (Some(addr), Some(l)) = (lz.addrs.get(r).copied().flatten(), lz.links.links.get(r)) else { return Ok(()) };
+        let mut g = l.lock().unwrap();
+        if g.state != State::Idle {
+            return Ok(());
+        }
+        g.state = State::Dialing;
+        let attacher = g.attacher.clone().expect("made in Mesh::lazy");
+        let me = self.rank;
+        let world = self.conns.len();
+        let n = lz.streams[r];
+        let weak: Weak<Links> = Arc::downgrade(&lz.links);
+        let wanted = {
+            let weak = weak.clone();
+            Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().state == State::Dialing)) as dial::Wanted
+        };
+        let done = Box::new(move |res: Result<Vec<TcpStream>>| {
+            let Some(ls) = weak.upgrade() else { return };
+            let mut g = ls.links[r].lock().unwrap();
+            if g.state != State::Dialing {
+                return; // the peer's dial won meanwhile: these streams (if any) close
+            }
+            match res {
+                Ok(socks) => {
+                    g.state = State::Up { dialled: true };
+                    let _ = attacher.attach(socks);
+                }
+                Err(e) => attacher.fail(dial_error(e, me, r)),
+            }
+        }) as dial::DialDone;
+        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key(&lz.token, me, r, world, n), n, self.timeout, wanted, done).map_err(|e| {
+            g.state = State::Idle;
+            dial_error(e, me, r)
+        })
     }
 
     /// Connections refused so far by this rank's listener.
     pub fn refused(&self) -> usize {
         self.listener.inner.refused()
+    }
+
+    /// Streams of crossing dials this rank refused quietly (the lower rank's dial won).
+    pub fn crossings_refused(&self) -> usize {
+        self.listener.inner.quiet_refusals()
     }
 
     /// Streams of the connection with rank `r` (0: none).
@@ -265,7 +454,14 @@ impl Mesh {
     }
 
     fn conn(&self, r: usize) -> Result<&Conn> {
-        self.conns.get(r).and_then(|c| c.as_ref()).ok_or_else(|| Error::Unsupported(format!("rank {r} is not reached over TCP")))
+        let c = self.conns.get(r).and_then(|c| c.as_ref()).ok_or_else(|| Error::Unsupported(format!("rank {r} is not reached over TCP")))?;
+        self.touch(r)?;
+        Ok(c)
+    }
+
+    /// Remote ranks this rank holds streams with now (lazy mode: those used so far).
+    pub fn connected(&self) -> Vec<usize> {
+        (0..self.conns.len()).filter(|&r| self.streams_to(r) > 0).collect()
     }
 
     /// Queue `len` bytes at `ptr` for rank `to`; the send's own ticket, complete when every byte
@@ -305,6 +501,9 @@ impl Mesh {
     /// Shut every connection, so peers blocked on this rank fail at once. Afterwards no engine
     /// thread touches any caller buffer, so what was posted may be forgotten.
     pub fn shutdown(&mut self) {
+        if let Some(lz) = &self.lazy {
+            lz.links.closed.store(true, Release);
+        }
         for c in self.conns.iter().flatten() {
             c.close();
         }
@@ -349,6 +548,17 @@ impl Transport for Mesh {
     }
 }
 
+/// A lazy dial's failure, naming both ranks: the peer never accepted (a timeout), its listener
+/// is gone, or it is not this job's rank.
+fn dial_error(e: Error, me: usize, r: usize) -> Error {
+    match e {
+        Error::Timeout { what, secs } => Error::Timeout { what: format!("rank {r} to accept rank {me}'s connection, made on first use: {what}"), secs },
+        Error::Stranger(why) => Error::Stranger(format!("rank {r}: {why}: give every rank the same WIRESPEED_JOB_SECRET (or none)")),
+        Error::PeerLost(why) => Error::PeerAborted { rank: r, reason: format!("rank {me} could not connect to it: {why}") },
+        e => e,
+    }
+}
+
 impl Drop for Mesh {
     fn drop(&mut self) {
         self.shutdown();
@@ -382,7 +592,7 @@ mod tests {
                 let mut s = streams.clone();
                 s[r] = 0;
                 let dialers: Vec<usize> = (0..r).collect();
-                Listener::bind(ip, r, world, token, NetConfig::default(), &dialers, &s).unwrap()
+                Listener::bind(ip, r, world, token, NetConfig::default(), &dialers, &s, Connect::Eager).unwrap()
             })
             .collect();
         let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();

@@ -38,6 +38,8 @@ pub mod fds;
 pub mod hier;
 pub mod mesh;
 pub mod probe;
+#[cfg(test)]
+mod lazy_tests;
 
 use crate::config::Config;
 use crate::plan::{NetAlgo, Tuning};
@@ -45,7 +47,7 @@ use crate::api::{check_list, check_rank, Buf, Collectives, Kind, Ticket};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use mesh::{Listener, Mesh};
+use mesh::{Connect, Listener, Mesh};
 use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
 use std::time::Duration;
@@ -138,7 +140,8 @@ impl HostsSetup {
         // Lower ranks on other hosts dial this one (mesh.rs): those are the connections to expect.
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
         let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, net.nstreams)).collect();
-        let listener = Listener::bind(ip, rank, world, token, net, &dialers, &streams)?;
+        let mode = if cfg.lazy_connect.clone()? { Connect::Lazy } else { Connect::Eager };
+        let listener = Listener::bind(ip, rank, world, token, net, &dialers, &streams, mode)?;
         Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams, tuning: cfg.tuning, nstreams: net.nstreams, forced: cfg.nstreams_set })
     }
 
@@ -220,7 +223,8 @@ impl HostsComm {
         self.mesh.refused()
     }
 
-    /// TCP streams of the connection with rank `r` (0 for a rank on this host).
+    /// TCP streams of the connection with rank `r` (0 for a rank on this host, and with lazy
+    /// connections for a rank not used yet).
     pub fn streams_to(&self, r: usize) -> usize {
         self.mesh.streams_to(r)
     }
@@ -233,6 +237,11 @@ impl HostsComm {
     /// The stream count chosen at setup and how (the same on every rank).
     pub fn stream_choice(&self) -> &probe::StreamChoice {
         &self.streams
+    }
+
+    /// Remote ranks this rank holds streams with (with lazy connections: those used so far).
+    pub fn connected(&self) -> Vec<usize> {
+        self.mesh.connected()
     }
     pub(crate) fn my_host(&self) -> usize {
         self.lay.host_of[self.rank]

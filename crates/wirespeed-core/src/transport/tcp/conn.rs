@@ -11,7 +11,7 @@ use std::io::{IoSlice, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 struct TxChunk {
@@ -114,10 +114,19 @@ struct RecvSide {
 }
 
 pub(super) struct ConnInner {
-    streams: Vec<Arc<Stream>>,
+    /// The streams, once they are made: at once for a `Conn` made of a finished handshake, on
+    /// first use for one made `pending` (a group's lazy connections, docs/transport.md). Until
+    /// then sends wait in `sendq` and receives in `recv`, as they would for a stream that is busy.
+    streams: OnceLock<Vec<Arc<Stream>>>,
+    /// How many streams the connection has, or will have once attached.
+    nstreams: usize,
+    cfg: NetConfig,
+    /// Set by `close`: streams attached later are shut at once (`attach` and `close` take it).
+    closing: Mutex<bool>,
     /// Streams this side sends on: the first `active` of them pull chunks, the others stay idle
     /// (set_active). The receiver reads every stream whatever this is, and a chunk's frame says
-    /// where it goes, so the sender alone chooses and the peer need not agree.
+    /// where it goes, so the sender alone chooses and the peer need not agree. Kept apart from
+    /// the streams, so a pending connection keeps a count chosen before it is attached.
     active: AtomicUsize,
     chunk: usize,
     pub(super) spin: Duration,
@@ -194,6 +203,11 @@ impl ConnInner {
         }
     }
 
+    /// The streams made so far: none before a pending connection is attached.
+    fn streams(&self) -> &[Arc<Stream>] {
+        self.streams.get().map_or(&[], |v| v.as_slice())
+    }
+
     fn notify(&self) {
         if self.sleepers.load(SeqCst) > 0 {
             let _g = self.wake_lock.lock().unwrap();
@@ -220,7 +234,7 @@ impl ConnInner {
         for p in self.recv.lock().unwrap().posted.values() {
             fail_req(&p.req, &e);
         }
-        for s in &self.streams {
+        for s in self.streams() {
             let _ = s.sock.shutdown(Shutdown::Both);
             // try_lock: the holder is mid-I/O on this very stream and will see the shut socket.
             if let Ok(tx) = s.tx.try_lock() {
@@ -239,7 +253,7 @@ impl ConnInner {
     pub(super) fn progress(&self) {
         if self.failed.load(Acquire) {
             // Fail what `fail` could not reach (queues whose lock was held at the time).
-            for s in &self.streams {
+            for s in self.streams() {
                 if let Ok(mut tx) = s.tx.try_lock() {
                     if tx.cur.is_some() {
                         self.fail_queue(&mut tx);
@@ -248,7 +262,7 @@ impl ConnInner {
             }
             return;
         }
-        for s in &self.streams {
+        for s in self.streams() {
             if let Ok(mut tx) = s.tx.try_lock() {
                 if tx.cur.is_some() {
                     self.flush(s, &mut tx);
@@ -346,7 +360,7 @@ impl ConnInner {
                 RxState::Head { buf, have } => match (&s.sock).read(&mut buf[*have..]) {
                     Ok(0) if *have == 0 => {
                         *rx = RxState::Closed;
-                        if self.closed_streams.fetch_add(1, AcqRel) + 1 == self.streams.len() {
+                        if self.closed_streams.fetch_add(1, AcqRel) + 1 == self.nstreams {
                             return self.fail(self.lost("was closed".into()));
                         }
                         return;
@@ -460,8 +474,25 @@ impl Conn {
         &self.inner.peer_addr
     }
 
+    /// Streams open to the peer: 0 until a pending connection is attached.
     pub fn nstreams(&self) -> usize {
-        self.inner.streams.len()
+        self.inner.streams().len()
+    }
+
+    /// Whether the streams are made (always, but for a `pending` connection not yet attached).
+    pub fn is_attached(&self) -> bool {
+        self.inner.streams.get().is_some()
+    }
+
+    /// Fail the connection with `e`: every pending request gets it, later posts fail at once.
+    pub fn fail(&self, e: Error) {
+        self.inner.fail(e);
+    }
+
+    /// A handle that attaches the streams of this connection once they are made (by a dial
+    /// driven by the reactor, or by the listener), from any thread, without keeping it alive.
+    pub fn attacher(&self) -> Attacher {
+        Attacher(Arc::downgrade(&self.inner))
     }
 
     /// Streams this side sends on (`set_active`; all of them until set).
@@ -473,7 +504,7 @@ impl Conn {
     /// chunks for `k` streams. A stream that is mid-chunk finishes it. For a link that one flow
     /// fills, fewer flows queue less (hosts/probe.rs chooses `k`).
     pub fn set_active(&self, k: usize) {
-        self.inner.active.store(k.clamp(1, self.inner.streams.len()), Relaxed);
+        self.inner.active.store(k.clamp(1, self.inner.nstreams.max(1)), Relaxed);
     }
 
     /// Queue `len` bytes at `data` for the peer, tagged `tag`.
@@ -509,8 +540,11 @@ impl Conn {
                 q.chunks.push_back(TxChunk { head, ptr, len: clen, sent: 0, req: req.clone() });
             }
             // Idle streams get no socket event: wake as many as there are new chunks, of the
-            // active ones.
-            for (i, idle) in q.idle.iter_mut().enumerate().take(n) {
+            // active ones. Streams not made yet are not kicked: `attach` makes them (before it
+            // takes this lock to pull), so checked under the lock, either they are here or
+            // `attach` will find the chunks.
+            let attached = c.streams.get().is_some();
+            for (i, idle) in q.idle.iter_mut().enumerate().take(n).filter(|_| attached) {
                 if kick.len() == nchunks {
                     break;
                 }
@@ -525,7 +559,7 @@ impl Conn {
         // and a stream that found the queue empty marked itself idle under the queue's lock,
         // so either it saw these chunks or it is in `kick`.
         for s in kick {
-            let st = &c.streams[s];
+            let st = &c.streams()[s];
             let mut tx = st.tx.lock().unwrap();
             c.flush(st, &mut tx);
         }
@@ -558,7 +592,7 @@ impl Conn {
         };
         // Resume streams that were waiting for a receive: a blocking lock, see isend.
         for s in parked {
-            let st = &c.streams[s];
+            let st = &c.streams()[s];
             let mut rx = st.rx.lock().unwrap();
             c.read(st, &mut rx);
         }
@@ -572,8 +606,9 @@ impl Conn {
     /// writes a caller's buffer for this connection any more.
     pub fn close(&self) {
         let c = &*self.inner;
+        *c.closing.lock().unwrap() = true;
         c.fail(Error::Broken("the connection was closed".into()));
-        for s in &c.streams {
+        for s in c.streams() {
             // Taking each lock once waits out any I/O in progress; `failed` stops later ones.
             let mut tx = s.tx.lock().unwrap();
             c.fail_queue(&mut tx);
@@ -615,31 +650,45 @@ fn tune_socket(sock: &TcpStream, cfg: &NetConfig) {
 
 /// Make a connection of streams that have finished their handshake.
 pub(super) fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, peer: SocketAddr) -> Result<Conn> {
-    for s in &socks {
-        tune_socket(s, cfg);
-        s.set_nonblocking(true).map_err(|_| Error::os("fcntl"))?;
+    let conn = Conn::pending(reactor, cfg, peer, socks.len());
+    conn.attacher().attach(socks)?;
+    Ok(conn)
+}
+
+/// Attaches a pending connection's streams (`Conn::attacher`); holds no reference that keeps
+/// the connection alive: a connection dropped meanwhile just closes the streams.
+#[derive(Clone)]
+pub struct Attacher(Weak<ConnInner>);
+
+impl Attacher {
+    /// Give the connection its streams, all past their handshake: they are registered with the
+    /// reactor, and what was posted meanwhile starts moving. An error fails the connection.
+    pub fn attach(&self, socks: Vec<TcpStream>) -> Result<()> {
+        let Some(c) = self.0.upgrade() else { return Ok(()) };
+        let r = attach(&c, socks);
+        if let Err(e) = &r {
+            c.fail(e.clone());
+        }
+        r
     }
-    let mut regs = Vec::new();
-    let nstreams = socks.len();
-    let inner = Arc::new_cyclic(|w: &Weak<ConnInner>| {
-        let streams: Vec<Arc<Stream>> = socks
-            .into_iter()
-            .enumerate()
-            .map(|(idx, sock)| {
-                let thread = reactor.pick();
-                Arc::new(Stream {
-                    sock,
-                    idx,
-                    conn: w.clone(),
-                    tx: Mutex::new(TxState::default()),
-                    rx: Mutex::new(RxState::Head { buf: [0; FRAME_LEN], have: 0 }),
-                    token: reactor.next_token.fetch_add(1, Relaxed),
-                    reactor: thread,
-                })
-            })
-            .collect();
-        ConnInner {
-            streams,
+
+    /// Fail the connection (a dial that could not be made): its requests get `e`.
+    pub fn fail(&self, e: Error) {
+        if let Some(c) = self.0.upgrade() {
+            c.fail(e);
+        }
+    }
+}
+
+impl Conn {
+    /// A connection to `peer` whose `nstreams` streams are made later (`Attacher::attach`).
+    /// Sends and receives may be posted at once: they wait, and move when the streams come.
+    pub fn pending(reactor: &Arc<Reactor>, cfg: &NetConfig, peer: SocketAddr, nstreams: usize) -> Conn {
+        let inner = Arc::new(ConnInner {
+            streams: OnceLock::new(),
+            nstreams,
+            cfg: *cfg,
+            closing: Mutex::new(false),
             active: AtomicUsize::new(nstreams),
             chunk: cfg.chunk,
             spin: cfg.spin,
@@ -655,13 +704,51 @@ pub(super) fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpS
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             reactor: reactor.clone(),
+        });
+        Conn { inner }
+    }
+}
+
+fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
+    if socks.len() != c.nstreams {
+        return Err(Error::Stranger(format!("{} came with {} streams where {} were expected", c.peer_name(), socks.len(), c.nstreams)));
+    }
+    // Held throughout: `close` either runs before (and the streams are shut here) or waits and
+    // finds them registered, to forget.
+    let closing = c.closing.lock().unwrap();
+    if *closing || c.streams.get().is_some() {
+        for s in &socks {
+            let _ = s.shutdown(Shutdown::Both);
         }
-    });
-    for s in &inner.streams {
+        return if *closing { Ok(()) } else { Err(Error::Stranger(format!("{} connected twice", c.peer_name()))) };
+    }
+    for s in &socks {
+        tune_socket(s, &c.cfg);
+        s.set_nonblocking(true).map_err(|_| Error::os("fcntl"))?;
+    }
+    let reactor = &c.reactor;
+    let streams: Vec<Arc<Stream>> = socks
+        .into_iter()
+        .enumerate()
+        .map(|(idx, sock)| {
+            Arc::new(Stream {
+                sock,
+                idx,
+                conn: Arc::downgrade(c),
+                tx: Mutex::new(TxState::default()),
+                rx: Mutex::new(RxState::Head { buf: [0; FRAME_LEN], have: 0 }),
+                token: reactor.next_token.fetch_add(1, Relaxed),
+                reactor: reactor.pick(),
+            })
+        })
+        .collect();
+    let mut regs = Vec::new();
+    for s in &streams {
         let t = &reactor.threads[s.reactor];
         t.entries.lock().unwrap().insert(s.token, Entry::Stream(Arc::downgrade(s)));
         let fd = s.sock.as_raw_fd();
         if let Err(e) = t.registry.register(&mut SourceFd(&fd), Token(s.token), Interest::READABLE | Interest::WRITABLE) {
+            t.entries.lock().unwrap().remove(&s.token);
             for &(th, tok, fd) in &regs {
                 reactor.forget(th, tok, fd);
             }
@@ -669,11 +756,25 @@ pub(super) fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpS
         }
         regs.push((s.reactor, s.token, fd));
     }
-    let conn = Conn { inner };
-    // Bytes may have arrived before registration (edge-triggered: no event for them): read now.
-    for s in &conn.inner.streams {
-        let mut rx = s.rx.lock().unwrap();
-        conn.inner.read(s, &mut rx);
+    if c.streams.set(streams).is_err() {
+        unreachable!("set once, under `closing`");
     }
-    Ok(conn)
+    drop(closing);
+    // A connection that failed while pending (a timeout, the group broken) shuts what came.
+    if c.failed.load(Acquire) {
+        for s in c.streams() {
+            let _ = s.sock.shutdown(Shutdown::Both);
+        }
+    }
+    // What was posted before the streams came: every stream pulls from the queue (all are idle),
+    // and bytes that arrived before registration (edge-triggered: no event for them) are read.
+    for s in c.streams() {
+        let mut tx = s.tx.lock().unwrap();
+        c.flush(s, &mut tx);
+        drop(tx);
+        let mut rx = s.rx.lock().unwrap();
+        c.read(s, &mut rx);
+    }
+    c.notify();
+    Ok(())
 }

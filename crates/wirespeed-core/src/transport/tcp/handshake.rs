@@ -52,11 +52,17 @@ fn write_small(sock: &TcpStream, bytes: &[u8]) -> bool {
     ok
 }
 
-/// Decides whether a dialer's key belongs here; the reason is logged when it does not.
+/// Decides whether a dialer's key belongs here; the reason is logged when it does not, except
+/// an empty reason: a refusal that is part of the protocol (a group's crossing dials, where the
+/// lower rank's dial wins), dropped quietly and not counted.
 pub type Vet = Box<dyn Fn(&[u8; 32]) -> std::result::Result<(), String> + Send + Sync>;
 /// Where a listener says it refused a connection (the NCCL plugin passes NCCL's logger); without
 /// one, the line goes to stderr.
 pub type Report = Box<dyn Fn(&str) + Send + Sync>;
+/// Where a listener hands a connection whose streams all passed their handshake, instead of
+/// queueing it for `poll_accept`: (key, streams in index order, the dialer's address). Called
+/// on a reactor thread, with no lock of the listener held.
+pub type Route = Box<dyn Fn(&[u8; 32], Vec<TcpStream>, SocketAddr) + Send + Sync>;
 
 /// Where an accepted stream is in its handshake.
 enum Phase {
@@ -98,8 +104,11 @@ pub(super) struct ListenerInner {
     secret: Option<Secret>,
     label: String,
     report: Option<Report>,
+    route: Option<Route>,
     state: Mutex<ListenerState>,
     refused: AtomicUsize,
+    /// Refusals of the protocol's own (`Vet`'s empty reason): not logged, not in `refused`.
+    quiet_refusals: AtomicUsize,
     /// Per reason: when it was last logged, and refusals of it not logged since. A peer that
     /// retries (12 streams a dial, a dial every second) must not fill the log.
     quiet: Mutex<HashMap<String, (Instant, usize)>>,
@@ -119,6 +128,10 @@ pub struct Listener {
 
 impl ListenerInner {
     fn refuse(&self, from: SocketAddr, why: &str) {
+        if why.is_empty() {
+            self.quiet_refusals.fetch_add(1, SeqCst);
+            return; // a refusal of the protocol's own (see `Vet`)
+        }
         self.refused.fetch_add(1, SeqCst);
         let mut more = String::new();
         {
@@ -310,7 +323,14 @@ impl ListenerInner {
         b.streams[stream as usize] = Some(sock);
         if b.streams.iter().all(|s| s.is_some()) {
             let b = st.bundles.remove(&key).unwrap();
-            st.ready.push_back((key, b.streams.into_iter().map(|s| s.unwrap()).collect(), b.from));
+            let socks: Vec<TcpStream> = b.streams.into_iter().map(|s| s.unwrap()).collect();
+            match &self.route {
+                Some(route) => {
+                    drop(st);
+                    route(&key, socks, b.from);
+                }
+                None => st.ready.push_back((key, socks, b.from)),
+            }
         }
     }
 
@@ -360,6 +380,13 @@ impl Listener {
     /// `report` (stderr when None) receives each refusal's line. Accepted connections are made
     /// with `cfg`'s chunk size, spin and socket options.
     pub fn bind_vetted(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>) -> Result<Listener> {
+        Listener::bind_routed(reactor, cfg, addr, vet, label, report, None)
+    }
+
+    /// `bind_vetted`, and with `route` every connection accepted goes there, on the reactor's
+    /// thread, as soon as its streams are all in (`poll_accept` then has nothing): how a
+    /// group's lazy connections attach to the `Conn` already waiting for them.
+    pub fn bind_routed(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>, route: Option<Route>) -> Result<Listener> {
         let cfg = *cfg;
         let sock = TcpListener::bind(addr).map_err(|e| Error::Unsupported(format!("cannot listen on {addr}: {e}")))?;
         deepen_backlog(&sock);
@@ -372,8 +399,10 @@ impl Listener {
             secret: cfg.secret,
             label,
             report,
+            route,
             state: Mutex::new(ListenerState { hellos: HashMap::new(), next_hello: 0, bundles: HashMap::new(), ready: VecDeque::new() }),
             refused: AtomicUsize::new(0),
+            quiet_refusals: AtomicUsize::new(0),
             quiet: Mutex::new(HashMap::new()),
             token: OnceLock::new(),
         });
@@ -393,6 +422,11 @@ impl Listener {
     /// Connections refused so far (strangers, bad hellos, duplicates, timeouts).
     pub fn refused(&self) -> usize {
         self.inner.refused.load(SeqCst)
+    }
+
+    /// Streams refused quietly, as the protocol asks (`Vet`): a group's crossing dials.
+    pub fn quiet_refusals(&self) -> usize {
+        self.inner.quiet_refusals.load(SeqCst)
     }
 
     /// A connection whose streams have all arrived and passed vetting, with its key; never blocks.
@@ -438,6 +472,14 @@ enum Greet {
 /// A connection being made without blocking: call `poll` until it returns the `Conn`.
 pub struct Dialer {
     reactor: Arc<Reactor>,
+    attempt: Attempt,
+}
+
+/// One try at a connection's streams: connect, hello, (proofs,) echo. Polled by a `Dialer`'s
+/// caller or, for a `DialTask`, by the reactor on the sockets' events.
+pub(super) struct Attempt {
+    /// Set when a stream's connect was refused: nothing listens at the address.
+    pub(super) refused: bool,
     cfg: NetConfig,
     addr: SocketAddr,
     key: [u8; 32],
@@ -496,6 +538,33 @@ impl Dialer {
     /// Start `nstreams` connections to `addr`, each to greet the listener with `key`; the
     /// connection is made with `cfg`'s chunk size, spin and socket options.
     pub fn start(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize) -> Result<Dialer> {
+        Ok(Dialer { reactor: reactor.clone(), attempt: Attempt::start(cfg, addr, key, nstreams)? })
+    }
+
+    /// Advance every stream as far as it goes without blocking; the `Conn` once all are greeted.
+    pub fn poll(&mut self) -> Result<Option<Conn>> {
+        match self.attempt.poll()? {
+            None => Ok(None),
+            Some(socks) => make_conn(&self.reactor, &self.attempt.cfg, socks, self.attempt.addr).map(Some),
+        }
+    }
+
+    /// Poll until connected or `deadline`, sleeping briefly between polls.
+    pub fn finish(mut self, deadline: Instant) -> Result<Conn> {
+        loop {
+            if let Some(c) = self.poll()? {
+                return Ok(c);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { what: format!("a connection to {}", self.attempt.addr), secs: 0.0 });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Attempt {
+    pub(super) fn start(cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize) -> Result<Attempt> {
         if nstreams == 0 || nstreams > 64 {
             return Err(Error::Unsupported(format!("{nstreams} streams per connection: give 1 to 64")));
         }
@@ -505,11 +574,18 @@ impl Dialer {
             None => vec![],
         };
         let streams = (0..nstreams).map(|_| connect_nonblocking(addr).map(|s| Some(DialStream::Connecting(s)))).collect::<Result<Vec<_>>>()?;
-        Ok(Dialer { reactor: reactor.clone(), cfg, addr, key, nonces, streams })
+        Ok(Attempt { cfg, addr, key, nonces, streams, refused: false })
     }
 
-    /// Advance every stream as far as it goes without blocking; the `Conn` once all are greeted.
-    pub fn poll(&mut self) -> Result<Option<Conn>> {
+    /// The sockets of this try, for the reactor to watch.
+    pub(super) fn fds(&self) -> Vec<i32> {
+        self.streams.iter().flatten().map(|s| match s {
+            DialStream::Connecting(sock) | DialStream::Greeting { sock, .. } | DialStream::Ready(sock) => sock.as_raw_fd(),
+        }).collect()
+    }
+
+    /// Advance every stream as far as it goes without blocking; the streams once all are greeted.
+    pub(super) fn poll(&mut self) -> Result<Option<Vec<TcpStream>>> {
         let n = self.streams.len() as u32;
         let addr = self.addr;
         let lost = |why: String| Error::PeerLost(format!("connecting to {addr}: {why}"));
@@ -524,6 +600,7 @@ impl Dialer {
                         DialStream::Connecting(sock)
                     } else {
                         if let Ok(Some(e)) = sock.take_error() {
+                            self.refused |= e.kind() == std::io::ErrorKind::ConnectionRefused;
                             return Err(lost(format!("{e}")));
                         }
                         if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
@@ -586,23 +663,9 @@ impl Dialer {
         if !self.streams.iter().all(|s| matches!(s, Some(DialStream::Ready(_)))) {
             return Ok(None);
         }
-        let socks = self.streams.drain(..).map(|s| match s {
+        Ok(Some(self.streams.drain(..).map(|s| match s {
             Some(DialStream::Ready(s)) => s,
             _ => unreachable!("checked above"),
-        }).collect();
-        make_conn(&self.reactor, &self.cfg, socks, self.addr).map(Some)
-    }
-
-    /// Poll until connected or `deadline`, sleeping briefly between polls.
-    pub fn finish(mut self, deadline: Instant) -> Result<Conn> {
-        loop {
-            if let Some(c) = self.poll()? {
-                return Ok(c);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout { what: format!("a connection to {}", self.addr), secs: 0.0 });
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        }).collect()))
     }
 }

@@ -56,6 +56,7 @@ use std::time::Duration;
 
 mod auth;
 mod conn;
+pub mod dial;
 mod handshake;
 mod reactor;
 mod request;
@@ -63,8 +64,8 @@ mod request;
 mod tests;
 
 pub use auth::Secret;
-pub use conn::Conn;
-pub use handshake::{Dialer, Listener, Report, Vet};
+pub use conn::{Attacher, Conn};
+pub use handshake::{Dialer, Listener, Report, Route, Vet};
 pub use reactor::Reactor;
 pub use request::Request;
 

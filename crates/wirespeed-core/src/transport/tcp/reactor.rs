@@ -1,5 +1,6 @@
 //! The reactor: the I/O threads of a process, each an epoll loop over the sockets assigned to it.
 use super::conn::Stream;
+use super::dial::DialTask;
 use super::handshake::ListenerInner;
 use super::{NetConfig, REACTOR_TICK};
 use crate::error::{Error, Result};
@@ -15,6 +16,9 @@ pub(super) enum Entry {
     Stream(Weak<Stream>),
     Listener(Weak<ListenerInner>),
     Hello(Weak<ListenerInner>, usize),
+    /// A dial in progress (dial.rs): held here, strongly, until it ends, so that it goes on
+    /// whatever its owner does; all its sockets share its token.
+    Dial(Arc<DialTask>),
 }
 
 pub(super) struct IoThread {
@@ -80,6 +84,15 @@ impl Reactor {
         Ok(token)
     }
 
+    /// Watch `fd` under an entry already in `thread`'s table (a dial's sockets share its token).
+    pub(super) fn watch(&self, thread: usize, token: usize, fd: i32, interest: Interest) -> Result<()> {
+        self.threads[thread].registry.register(&mut SourceFd(&fd), Token(token), interest).map_err(|e| Error::Unsupported(format!("cannot register a socket with epoll: {e}")))
+    }
+
+    pub(super) fn unwatch(&self, thread: usize, fd: i32) {
+        let _ = self.threads[thread].registry.deregister(&mut SourceFd(&fd));
+    }
+
     pub(super) fn forget(&self, thread: usize, token: usize, fd: i32) {
         let t = &self.threads[thread];
         let _ = t.registry.deregister(&mut SourceFd(&fd));
@@ -117,6 +130,7 @@ fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
                 Some(Entry::Stream(w)) => Entry::Stream(w.clone()),
                 Some(Entry::Listener(w)) => Entry::Listener(w.clone()),
                 Some(Entry::Hello(w, i)) => Entry::Hello(w.clone(), *i),
+                Some(Entry::Dial(d)) => Entry::Dial(d.clone()),
                 None => continue,
             };
             match entry {
@@ -142,6 +156,7 @@ fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
                         l.read_hello(id);
                     }
                 }
+                Entry::Dial(d) => d.advance(),
             }
         }
         if last_tick.elapsed() >= REACTOR_TICK {
@@ -151,6 +166,13 @@ fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
                 .collect();
             for l in listeners {
                 l.expire();
+            }
+            // Retries and deadlines of the dials: no socket event comes for them.
+            let dials: Vec<Arc<DialTask>> = t.entries.lock().unwrap().values()
+                .filter_map(|e| if let Entry::Dial(d) = e { Some(d.clone()) } else { None })
+                .collect();
+            for d in dials {
+                d.advance();
             }
         }
     }

@@ -368,3 +368,77 @@ fn listener_backlog_is_the_kernels_cap() {
     let cap: i64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap().trim().parse().unwrap();
     assert_eq!(backlog, cap.min(65_535), "{line}");
 }
+
+/// A `Conn` made pending takes sends and receives before it has a stream; a dial driven by the
+/// reactor (dial.rs) makes the streams while no thread of ours waits, and attaching them moves
+/// what was posted. The peer accepts through a route, as a group's lazy listener does.
+#[test]
+fn a_pending_conn_moves_what_was_posted_once_the_reactor_dial_attaches() {
+    let cfg = NetConfig::default();
+    let r = Reactor::new(&cfg).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let route: Route = Box::new(move |_k, socks, from| {
+        let _ = tx.lock().unwrap().send((socks, from));
+    });
+    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
+    let a = Conn::pending(&r, &cfg, l.local_addr(), 3);
+    let x = pattern(3 << 20, 4);
+    let mut back = vec![0u8; 100_000];
+    // SAFETY: `x` and `back` outlive the requests, both waited below; nothing else touches them.
+    let s = unsafe { a.isend(x.as_ptr(), x.len(), 5) }.unwrap();
+    // SAFETY: as above.
+    let rcv = unsafe { a.irecv(back.as_mut_ptr(), back.len(), 6) }.unwrap();
+    assert_eq!(a.nstreams(), 0);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let att = a.attacher();
+    dial::spawn(&r, &cfg, l.local_addr(), [3u8; 32], 3, Duration::from_secs(5), Box::new(|| true), Box::new(move |res| {
+        let ok = res.map(|socks| att.attach(socks).is_ok());
+        let _ = done_tx.send(ok);
+    }))
+    .unwrap();
+    // The route got the accepted side; a pending Conn there too, attached from this thread.
+    let (socks, from) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let b = Conn::pending(&r, &cfg, from, 3);
+    b.attacher().attach(socks).unwrap();
+    assert_eq!(done_rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(true));
+    assert_eq!(l.poll_accept().unwrap().map(|_| ()), None, "a routed connection is not queued");
+    let mut xo = vec![0u8; x.len()];
+    let y = pattern(back.len(), 7);
+    // SAFETY: `xo` and `y` outlive these requests, waited below.
+    let r1 = unsafe { b.irecv(xo.as_mut_ptr(), xo.len(), 5) }.unwrap();
+    // SAFETY: as above.
+    let s2 = unsafe { b.isend(y.as_ptr(), y.len(), 6) }.unwrap();
+    for q in [&s, &rcv, &r1, &s2] {
+        q.wait(Duration::from_secs(10)).unwrap();
+    }
+    assert_eq!(xo, x);
+    assert_eq!(back, y);
+    assert_eq!((a.nstreams(), b.nstreams()), (3, 3));
+}
+
+/// A reactor dial to an address that completes TCP connects but never answers the hello ends
+/// with a timeout at its deadline (nobody polls it but the reactor), and a pending Conn failed
+/// then fails what was posted.
+#[test]
+fn a_reactor_dial_that_is_never_answered_times_out_and_fails_the_pending_conn() {
+    let cfg = NetConfig::default();
+    let r = Reactor::new(&cfg).unwrap();
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = mute.local_addr().unwrap();
+    let a = Conn::pending(&r, &cfg, addr, 2);
+    let mut buf = vec![0u8; 10];
+    // SAFETY: `buf` outlives the request, waited below.
+    let q = unsafe { a.irecv(buf.as_mut_ptr(), buf.len(), 1) }.unwrap();
+    let att = a.attacher();
+    let t = Instant::now();
+    dial::spawn(&r, &cfg, addr, [1u8; 32], 2, Duration::from_millis(700), Box::new(|| true), Box::new(move |res| {
+        if let Err(e) = res {
+            att.fail(e);
+        }
+    }))
+    .unwrap();
+    let e = q.wait(Duration::from_secs(10)).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(matches!(e, Error::Timeout { .. }) && e.to_string().contains(&addr.to_string()), "{e}");
+}

@@ -1,0 +1,225 @@
+//! Lazy connections over real loopback sockets: meshes of ranks that are each "on their own
+//! host", connected on first use (mesh.rs). What must hold: crossing first sends make one
+//! connection and no refusal anyone sees; a receive posted before the peer ever sends is filled;
+//! a rank holds streams only with the peers it used; a peer that never accepts is a timeout
+//! naming it, and a peer that is gone an error naming it, never a hang.
+use super::mesh::{Connect, Listener, Mesh};
+use crate::error::Error;
+use crate::transport::tcp::NetConfig;
+use crate::transport::Transport;
+use std::net::IpAddr;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const NSTREAMS: usize = 2;
+
+/// `world` meshes (one per thread's rank, each rank its own host), set up as a group does:
+/// every listener bound before any address is known, then `Mesh::connect` on every rank.
+fn meshes(world: usize, mode: Connect, timeout: Duration) -> Vec<Mesh> {
+    meshes_with(world, mode, timeout, NetConfig::default())
+}
+
+fn meshes_with(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig) -> Vec<Mesh> {
+    let token = [5u8; 16];
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let streams_of = |r: usize| -> Vec<usize> { (0..world).map(|p| if p == r { 0 } else { NSTREAMS }).collect() };
+    let listeners: Vec<Listener> = (0..world)
+        .map(|r| Listener::bind(ip, r, world, token, cfg, &(0..r).collect::<Vec<_>>(), &streams_of(r), mode).unwrap())
+        .collect();
+    let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
+    let hs: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let (addrs, s) = (addrs.clone(), streams_of(r));
+            std::thread::spawn(move || Mesh::connect(l, r, &addrs, &s, token, timeout).unwrap())
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn msg(from: usize, to: usize, i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| (from * 31 + to * 7 + i * 13 + k) as u8).collect()
+}
+
+/// Run `f(rank, mesh)` on every rank's own thread; their results in rank order.
+fn on_every_rank<T: Send + 'static>(ms: Vec<Mesh>, f: impl Fn(usize, &mut Mesh) -> T + Send + Sync + 'static) -> Vec<(T, Mesh)> {
+    let f = Arc::new(f);
+    let hs: Vec<_> = ms
+        .into_iter()
+        .enumerate()
+        .map(|(r, mut m)| {
+            let f = f.clone();
+            std::thread::spawn(move || (f(r, &mut m), m))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Every rank sends to each peer in `to(r)` and receives from each in `from(r)`, all posted
+/// before any is waited (sends first), then waits them all; each message checked.
+fn exchange(r: usize, m: &mut Mesh, to: &[usize], from: &[usize], len: usize) -> crate::error::Result<()> {
+    let outs: Vec<Vec<u8>> = to.iter().map(|&p| msg(r, p, 0, len)).collect();
+    let mut ins: Vec<Vec<u8>> = from.iter().map(|_| vec![0u8; len]).collect();
+    let mut hs = Vec::new();
+    for (i, &p) in to.iter().enumerate() {
+        // SAFETY: `outs` outlives every handle, all waited below (or the mesh shut on error).
+        hs.push(unsafe { m.post_send(p, outs[i].as_ptr(), len, 1)? });
+    }
+    for (i, &p) in from.iter().enumerate() {
+        // SAFETY: `ins` likewise, untouched until every handle is waited.
+        hs.push(unsafe { m.post_recv(p, ins[i].as_mut_ptr(), len, 1)? });
+    }
+    let mut first = Ok(());
+    for h in hs {
+        if let Err(e) = m.wait(h) {
+            first = first.and(Err(e));
+        }
+    }
+    if first.is_err() {
+        m.shutdown();
+        return first;
+    }
+    for (i, &p) in from.iter().enumerate() {
+        assert_eq!(ins[i], msg(p, r, 0, len), "rank {r}'s message from {p}");
+    }
+    Ok(())
+}
+
+#[test]
+fn crossing_first_sends_make_one_connection_and_no_refusal() {
+    crossing_rounds(NetConfig::default());
+}
+
+#[test]
+fn crossing_first_sends_with_a_job_secret() {
+    // With a secret each stream is vetted twice (its hello, then its proof): the pair's state
+    // must hold across both.
+    let mut cfg = NetConfig::default();
+    cfg.secret = crate::transport::tcp::Secret::from_text("lazy-crossing-test-secret-0123456789abcdef");
+    assert!(cfg.secret.is_some());
+    crossing_rounds(cfg);
+}
+
+fn crossing_rounds(cfg: NetConfig) {
+    // Both ranks send first, at once: each dials, and the lower rank's dial must win on both
+    // sides. Many rounds, fresh meshes each, so the crossing lands at every step.
+    let mut crossed = 0;
+    for round in 0..20 {
+        let ms = meshes_with(2, Connect::Lazy, Duration::from_secs(10), cfg);
+        let go = Arc::new(Barrier::new(2));
+        let out = on_every_rank(ms, move |r, m| {
+            go.wait();
+            let p = 1 - r;
+            exchange(r, m, &[p], &[p], 100_000 + round)
+        });
+        for (r, (res, m)) in out.iter().enumerate() {
+            res.as_ref().unwrap();
+            assert_eq!(m.streams_to(1 - r), NSTREAMS, "round {round}: rank {r} holds one connection of {NSTREAMS} streams");
+            assert_eq!(m.refused(), 0, "round {round}: the crossing dial was refused aloud on rank {r}");
+            // Only the lower rank decides, so only it refuses.
+            assert!(r == 0 || m.crossings_refused() == 0);
+            crossed += m.crossings_refused();
+        }
+    }
+    eprintln!("crossing dials refused quietly in 20 rounds: {crossed} streams");
+    // The rounds did cross (the ranks start together; ~3 rounds in 4 cross here).
+    assert!(crossed > 0, "no round crossed: the test did not test the crossing");
+}
+
+#[test]
+fn a_receive_posted_before_the_peer_ever_sends_is_filled() {
+    // Rank 1 posts its receive first, and that first use dials rank 0; rank 0 sends only later,
+    // over the connection rank 1 made.
+    let ms = meshes(2, Connect::Lazy, Duration::from_secs(10));
+    let out = on_every_rank(ms, |r, m| {
+        if r == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+            let streams_before = m.streams_to(1);
+            exchange(0, m, &[1], &[], 1 << 20).map(|_| streams_before)
+        } else {
+            exchange(1, m, &[], &[0], 1 << 20).map(|_| 0)
+        }
+    });
+    let (res0, _) = &out[0];
+    // By the time rank 0 sends, rank 1's dial has long attached (the reactor did it while
+    // rank 0's thread slept).
+    assert_eq!(*res0.as_ref().unwrap(), NSTREAMS);
+    out[1].0.as_ref().unwrap();
+}
+
+#[test]
+fn each_rank_connects_to_the_peers_it_uses_and_all_pairs_connect_all() {
+    let world = 16;
+    // A ring both ways: every rank sends to and receives from both neighbours (every pair
+    // crosses), and holds streams with those two only.
+    let ms = meshes(world, Connect::Lazy, Duration::from_secs(20));
+    let out = on_every_rank(ms, move |r, m| {
+        let (l, rr) = ((r + world - 1) % world, (r + 1) % world);
+        exchange(r, m, &[rr, l], &[l, rr], 70_000)
+    });
+    for (r, (res, m)) in out.iter().enumerate() {
+        res.as_ref().unwrap();
+        let mut want = vec![(r + world - 1) % world, (r + 1) % world];
+        want.sort();
+        assert_eq!(m.connected(), want, "rank {r}");
+        assert!(want.iter().all(|&p| m.streams_to(p) == NSTREAMS));
+        assert_eq!(m.refused(), 0);
+    }
+    // Then all pairs on the same meshes: the ring's connections are reused, the rest made.
+    let ms: Vec<Mesh> = out.into_iter().map(|(_, m)| m).collect();
+    let out = on_every_rank(ms, move |r, m| {
+        let others: Vec<usize> = (0..world).filter(|&p| p != r).collect();
+        exchange(r, m, &others, &others, 5_000)
+    });
+    for (r, (res, m)) in out.iter().enumerate() {
+        res.as_ref().unwrap();
+        assert_eq!(m.connected().len(), world - 1, "rank {r}");
+        assert_eq!(m.refused(), 0);
+    }
+}
+
+#[test]
+fn eager_mode_connects_every_pair_at_setup() {
+    let ms = meshes(3, Connect::Eager, Duration::from_secs(10));
+    for (r, m) in ms.iter().enumerate() {
+        assert_eq!(m.connected().len(), 2, "rank {r}");
+    }
+}
+
+#[test]
+fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
+    // Rank 1's published address is a socket that completes TCP connects (the kernel's backlog)
+    // and never answers a hello: the first send to it must fail within the group's timeout,
+    // naming rank 1, on the thread waiting for the send.
+    let token = [6u8; 16];
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let l = Listener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
+    let addrs = vec![l.addr.to_string(), mute.local_addr().unwrap().to_string()];
+    let timeout = Duration::from_millis(1500);
+    let mut m = Mesh::connect(l, 0, &addrs, &[0, NSTREAMS], token, timeout).unwrap();
+    let data = vec![1u8; 1000];
+    let t = Instant::now();
+    // SAFETY: `data` outlives the handle, waited just below.
+    let h = unsafe { m.post_send(1, data.as_ptr(), data.len(), 3) }.unwrap();
+    let e = m.wait(h).unwrap_err();
+    let took = t.elapsed();
+    assert!(took < timeout + Duration::from_secs(2), "took {took:?}");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    drop(mute);
+
+    // A peer whose listener is gone (a rank that exited): an error naming it, at once.
+    let l = Listener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addrs = vec![l.addr.to_string(), gone.local_addr().unwrap().to_string()];
+    drop(gone);
+    let mut m = Mesh::connect(l, 0, &addrs, &[0, NSTREAMS], token, Duration::from_secs(30)).unwrap();
+    let t = Instant::now();
+    // SAFETY: as above.
+    let h = unsafe { m.post_send(1, data.as_ptr(), data.len(), 3) }.unwrap();
+    let e = m.wait(h).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(matches!(e, Error::PeerAborted { rank: 1, .. }), "{e}");
+}
