@@ -62,15 +62,6 @@ fn every_other_collective_and_p2p_across_hosts() {
         let w = ids.len();
         let out = with_hosts(ids, move |c| {
             let me = c.rank;
-            if w == 6 {
-                // Counterparts (same local index) and rank-order neighbours get every stream;
-                // 0-3, 1-4 and 2-5 are neither and get one; ranks of one host none.
-                let full = config().net.unwrap().nstreams;
-                for r in 0..w {
-                    let want = if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { full };
-                    assert_eq!(c.streams_to(r), want, "streams between {me} and {r}");
-                }
-            }
             let n = 3001usize;
             let mine: Vec<i32> = (0..n).map(|i| (me * 10_000 + i) as i32).collect();
             let mut all = vec![0i32; n * w];
@@ -85,6 +76,17 @@ fn every_other_collective_and_p2p_across_hosts() {
             // SAFETY: `send` and `a2a` outlive the call; `s` and `r` cut them into disjoint 12-byte
             // runs, one per rank.
             unsafe { c.all_to_all(&s, &r) }.unwrap();
+            if w == 6 {
+                // all_to_all used every pair, so every remote pair is connected now (on first
+                // use, the default): counterparts (same local index) and rank-order neighbours
+                // with every stream; 0-3, 1-4 and 2-5 are neither and have one; ranks of one
+                // host none.
+                let full = config().net.unwrap().nstreams;
+                for r in 0..w {
+                    let want = if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { full };
+                    assert_eq!(c.streams_to(r), want, "streams between {me} and {r}");
+                }
+            }
             let mut bcast = Vec::new();
             for root in 0..w {
                 let mut b = vec![me as u8; 5000];
@@ -160,6 +162,12 @@ fn the_tightest_ranks_open_file_limit_sets_every_pairs_streams() {
     assert_eq!(fds::plan(&lay, &rooms).unwrap().nstreams, 5);
     let out = with_hosts_rooms(six, &rooms, |c| {
         let me = c.rank;
+        // A tiny all_to_all first: it uses every pair, so every remote pair is connected (on
+        // first use, the default) before the streams are counted.
+        let (a, mut b) = (vec![0u8; 6], vec![0u8; 6]);
+        let (s, r): (Vec<_>, Vec<_>) = (0..6).map(|j| ((a.as_ptr() as usize + j, 1), (b.as_mut_ptr() as usize + j, 1))).unzip();
+        // SAFETY: `a` and `b` outlive the call; `s` and `r` cut them into disjoint bytes.
+        unsafe { c.all_to_all(&s, &r) }.unwrap();
         let streams: Vec<usize> = (0..6).map(|r| c.streams_to(r)).collect();
         let n = 300_001usize;
         let mut v: Vec<i64> = input(me, n);
@@ -195,7 +203,16 @@ fn strangers_and_other_jobs_are_refused_and_the_job_goes_on() {
     other_infos[1].addr = target.clone(); // rank 0 of the other job dials our rank 1
     let mut it = other.into_iter();
     let o0 = it.next().unwrap();
-    let intruder = std::thread::spawn(move || o0.connect(&other_infos).err());
+    // Connections are made on first use: the intruder dials when it sends.
+    let intruder = std::thread::spawn(move || {
+        o0.connect(&other_infos)
+            .and_then(|mut c| {
+                let b = [1u8; 8];
+                // SAFETY: `b` outlives the ticket, waited at once.
+                unsafe { c.send_post(1, b.as_ptr() as usize, 8, 3) }?.wait()
+            })
+            .err()
+    });
     let (tx, rx) = mpsc::channel();
     let hs: Vec<_> = s
         .into_iter()
