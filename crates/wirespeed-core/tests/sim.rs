@@ -299,12 +299,12 @@ fn virtual_time_follows_bandwidth_latency_and_flow_caps() {
         res.into_iter().for_each(|r| r.unwrap());
         rep
     };
-    let base = time(SimConfig { latency_us: 1.0, bandwidth: 1000.0, flow_cap: None, timeout_us: 1e9 });
+    let base = time(SimConfig { latency_us: 1.0, bandwidth: 1000.0, flow_cap: None, timeout_us: 1e9, connect_us: 0.0 });
     // The ring moves 2(k-1)/k of the buffer over every link: 12 MiB at 1000 B/us ~ 12.6 ms.
     let ideal = 2.0 * 3.0 / 4.0 * s as f64 / 1000.0;
     assert!(base.elapsed_us >= ideal && base.elapsed_us < ideal * 1.3, "{} us vs ideal {ideal}", base.elapsed_us);
     assert_eq!(base.bytes as f64, 2.0 * 3.0 / 4.0 * s as f64 * 4.0);
-    let capped = time(SimConfig { latency_us: 1.0, bandwidth: 1000.0, flow_cap: Some(250.0), timeout_us: 1e9 });
+    let capped = time(SimConfig { latency_us: 1.0, bandwidth: 1000.0, flow_cap: Some(250.0), timeout_us: 1e9, connect_us: 0.0 });
     assert!(capped.elapsed_us > 3.5 * base.elapsed_us, "a 1/4 flow cap: {} vs {}", capped.elapsed_us, base.elapsed_us);
 }
 

@@ -1,9 +1,11 @@
 //! The peers each cross-host algorithm really talks to, on the simulated network at 64, 256 and
-//! 1,024 members (the host leaders of the hierarchical collectives): what a rank would connect to
-//! if connections were made along the algorithms' graph on first use (issue 29's second item,
-//! not done), against the one connection per remote rank that setup makes now. And the virtual
-//! time of the first small all_reduce among the leaders, the collective part of a group's setup
-//! (docs/scale.md). `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
+//! 1,024 members (the host leaders of the hierarchical collectives): what a rank connects to now
+//! that connections are made on first use (hosts/mesh.rs), against the one connection per remote
+//! rank of eager setup. The virtual time of the first small all_reduce among the leaders, the
+//! collective part of a group's setup (docs/scale.md). And point-to-point patterns at 64 and 256
+//! ranks with the connection step modelled (`SimConfig::connect_us`): all pairs, rings both
+//! ways, random pairs; none may deadlock, each rank connects to the peers it used.
+//! `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
 use std::collections::BTreeSet;
 use wirespeed_core::algo::direct;
 use wirespeed_core::algo::{doubling, ring, tree};
@@ -54,7 +56,7 @@ enum Algo {
 /// (most peers of any member, virtual microseconds) of one call of `algo` on `n` members over
 /// 4 KiB, on a network of 25 us latency and 1.25 GB/s links (10 Gbit/s).
 fn peers_of(algo: Algo, n: usize) -> (usize, f64) {
-    let cfg = SimConfig { latency_us: 25.0, bandwidth: 1250.0, flow_cap: None, timeout_us: 60e6 };
+    let cfg = SimConfig { latency_us: 25.0, bandwidth: 1250.0, flow_cap: None, timeout_us: 60e6, connect_us: 0.0 };
     let members: Vec<usize> = (0..n).collect();
     let (res, rep) = sim::run(n, cfg, &[], |t| {
         let mut c = Counted { t, peers: BTreeSet::new() };
@@ -102,4 +104,185 @@ fn the_leaders_collectives_talk_to_a_logarithmic_number_of_peers() {
     check(64, true);
     check(256, false);
     check(1024, false);
+}
+
+/// A point-to-point pattern: what every rank sends to and receives from, round by round.
+#[derive(Clone, Copy, Debug)]
+enum P2p {
+    /// Every rank sends to every other and receives from every other, all posted, then waited.
+    AllPairs,
+    /// Every rank sends to both ring neighbours and receives from both, all posted, then waited.
+    RingBothWays,
+    /// The ring of blocking calls that cannot deadlock: even ranks send then receive, odd ranks
+    /// receive then send (each waited before the next is posted), rightwards then leftwards. A
+    /// rank blocks in its first call while the connection is not made yet.
+    RingBlocking,
+    /// Random pairs (seeded), a new draw each round. Even rounds: a random permutation p, rank r
+    /// sends to p(r) and receives from p^-1(r), both posted, then waited. Odd rounds: a random
+    /// matching, blocking calls: the lower rank of a pair sends then receives, the higher
+    /// receives then sends, so both ranks of a new pair dial at once (a crossing).
+    RandomPairs,
+}
+
+fn lcg(x: &mut u64) -> u64 {
+    *x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *x >> 33
+}
+
+/// The permutation of round `k` over `n` ranks (the same on every rank).
+fn perm(n: usize, k: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    let mut x = 0x5eed + k as u64;
+    for i in (1..n).rev() {
+        p.swap(i, (lcg(&mut x) % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+fn body(from: usize, to: usize, round: usize) -> Vec<u8> {
+    (0..256).map(|i| (from * 7 + to * 3 + round * 11 + i) as u8).collect()
+}
+
+/// Run `pat` over `n` simulated ranks; per rank the peers it used, and the report.
+fn run_p2p(pat: P2p, n: usize, connect_us: f64) -> (Vec<BTreeSet<usize>>, sim::SimReport) {
+    let cfg = SimConfig { latency_us: 25.0, bandwidth: 1250.0, flow_cap: None, timeout_us: 60e6, connect_us };
+    let rounds = 3;
+    let (res, rep) = sim::run(n, cfg, &[], |t| {
+        let me = t.rank();
+        let mut c = Counted { t, peers: BTreeSet::new() };
+        for k in 0..rounds {
+            let tag = k as u64;
+            match pat {
+                P2p::AllPairs | P2p::RingBothWays => {
+                    let (to, from): (Vec<usize>, Vec<usize>) = match pat {
+                        P2p::AllPairs => (1..n).map(|i| ((me + i) % n, (me + n - i) % n)).unzip(),
+                        _ => (vec![(me + 1) % n, (me + n - 1) % n], vec![(me + n - 1) % n, (me + 1) % n]),
+                    };
+                    let outs: Vec<Vec<u8>> = to.iter().map(|&p| body(me, p, k)).collect();
+                    let mut ins: Vec<Vec<u8>> = from.iter().map(|_| vec![0u8; 256]).collect();
+                    let mut hs: Vec<Handle> = Vec::new();
+                    for (i, &p) in to.iter().enumerate() {
+                        // SAFETY: `outs` outlives every handle, all waited below.
+                        hs.push(unsafe { c.post_send(p, outs[i].as_ptr(), 256, tag)? });
+                    }
+                    for (i, &p) in from.iter().enumerate() {
+                        // SAFETY: `ins` likewise, untouched until every handle is waited.
+                        hs.push(unsafe { c.post_recv(p, ins[i].as_mut_ptr(), 256, tag)? });
+                    }
+                    for h in hs {
+                        c.wait(h)?;
+                    }
+                    for (i, &p) in from.iter().enumerate() {
+                        assert_eq!(ins[i], body(p, me, k), "rank {me} from {p} round {k}");
+                    }
+                }
+                P2p::RingBlocking => {
+                    for dir in [1, n - 1] {
+                        let (to, from) = ((me + dir) % n, (me + n - dir) % n);
+                        let out = body(me, to, k);
+                        let mut inb = vec![0u8; 256];
+                        let send = |c: &mut Counted| -> Result<()> {
+                            // SAFETY: `out` outlives the handle, waited at once.
+                            let h = unsafe { c.post_send(to, out.as_ptr(), 256, tag)? };
+                            c.wait(h)
+                        };
+                        // Both orders are waited one call at a time: a rank that receives first
+                        // waits there before its own send's connection exists.
+                        if me % 2 == 0 {
+                            send(&mut c)?;
+                        }
+                        // SAFETY: `inb` outlives the handle, waited at once.
+                        let h = unsafe { c.post_recv(from, inb.as_mut_ptr(), 256, tag)? };
+                        c.wait(h)?;
+                        if me % 2 == 1 {
+                            send(&mut c)?;
+                        }
+                        assert_eq!(inb, body(from, me, k));
+                    }
+                }
+                P2p::RandomPairs => {
+                    let p = perm(n, k);
+                    let (to, from) = if k % 2 == 1 {
+                        // The matching: consecutive entries of the permutation are pairs.
+                        let i = p.iter().position(|&x| x == me).unwrap();
+                        let mate = if i % 2 == 0 { p.get(i + 1) } else { Some(&p[i - 1]) };
+                        match mate {
+                            Some(&m) => (m, m),
+                            None => continue, // odd n: one rank sits out
+                        }
+                    } else {
+                        (p[me], p.iter().position(|&x| x == me).unwrap())
+                    };
+                    if to == me {
+                        continue;
+                    }
+                    let out = body(me, to, k);
+                    let mut inb = vec![0u8; 256];
+                    if k % 2 == 1 {
+                        let send = |c: &mut Counted| -> Result<()> {
+                            // SAFETY: `out` outlives the handle, waited at once.
+                            let h = unsafe { c.post_send(to, out.as_ptr(), 256, tag)? };
+                            c.wait(h)
+                        };
+                        if me < to {
+                            send(&mut c)?;
+                        }
+                        // SAFETY: `inb` outlives the handle, waited at once.
+                        let h = unsafe { c.post_recv(from, inb.as_mut_ptr(), 256, tag)? };
+                        c.wait(h)?;
+                        if me > to {
+                            send(&mut c)?;
+                        }
+                    } else {
+                        // SAFETY: as above.
+                        let s = unsafe { c.post_send(to, out.as_ptr(), 256, tag)? };
+                        // SAFETY: as above.
+                        let r = unsafe { c.post_recv(from, inb.as_mut_ptr(), 256, tag)? };
+                        c.wait(r)?;
+                        c.wait(s)?;
+                    }
+                    assert_eq!(inb, body(from, me, k));
+                }
+            }
+        }
+        Ok(c.peers)
+    });
+    let peers = res.into_iter().enumerate().map(|(r, x)| x.unwrap_or_else(|e| panic!("{pat:?} on {n} ranks: rank {r}: {e}"))).collect();
+    (peers, rep)
+}
+
+/// `pat` on `n` ranks with connections modelled and without: the same peers, every rank's
+/// connections those of the pattern's graph, and the connections' cost paid in time only.
+fn p2p_case(pat: P2p, n: usize) {
+    let connect_us = 200.0; // two round trips of 25 us, and the handshake's work, generously
+    let (peers, rep) = run_p2p(pat, n, connect_us);
+    let (peers0, rep0) = run_p2p(pat, n, 0.0);
+    assert_eq!(peers, peers0);
+    // Each rank connects to exactly the peers it (or they, toward it) used: the graph of the
+    // pattern, not the job.
+    for r in 0..n {
+        let mut along: BTreeSet<usize> = peers[r].clone();
+        along.extend((0..n).filter(|&q| peers[q].contains(&r)));
+        assert_eq!(rep.connections[r], along.len(), "{pat:?}: rank {r}'s connections");
+    }
+    let most = rep.connections.iter().max().unwrap();
+    // The connections cost time once per pair, never a deadlock: later than without them, by
+    // no more than a connection per round in which new pairs meet (the rounds run in sequence).
+    let extra = rep.elapsed_us - rep0.elapsed_us;
+    println!("{pat:?} on {n} ranks: most connections per rank {most} (full mesh {}), {:.0} us ({:.0} us without the connection step)", n - 1, rep.elapsed_us, rep0.elapsed_us);
+    assert!(extra >= connect_us * 0.99 && extra <= 4.0 * connect_us * 1.01, "{pat:?}: {extra} us more");
+}
+
+/// Point-to-point patterns with connections made on first use, at 64 and 256 simulated ranks:
+/// none deadlocks (a deadlock would end in the simulator's timeout, an error on every waiting
+/// rank), every message arrives whole, and each rank holds connections only to the peers the
+/// pattern pairs it with.
+#[test]
+fn p2p_patterns_with_connections_on_first_use_never_deadlock() {
+    p2p_case(P2p::AllPairs, 64);
+    for n in [64, 256] {
+        p2p_case(P2p::RingBothWays, n);
+        p2p_case(P2p::RingBlocking, n);
+        p2p_case(P2p::RandomPairs, n);
+    }
 }

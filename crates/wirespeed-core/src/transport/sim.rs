@@ -14,6 +14,15 @@
 //! A tag or length that differs from the receive's is a `Mismatch` for the receiver and nothing
 //! is copied.
 //!
+//! Connections (`SimConfig::connect_us`, 0: not modelled). As a multi-host group connects on
+//! first use (hosts/mesh.rs), a pair of ranks has no connection until either posts toward the
+//! other; that first post starts the connection, which is up `connect_us` later, and no message
+//! of the pair leaves before. The connection's time depends on the first poster's clock alone:
+//! the real dial and accept are driven by the engine's reactors, never by the peer's program, so
+//! here the peer need not run, post or wait for it. A pattern that completes without the model
+//! therefore completes with it, only later (tests/sim_peers.rs runs p2p patterns at 64-256
+//! ranks both ways). `SimReport::connections` counts each rank's connections.
+//!
 //! Faults. A rank told to die at its k-th post stops there: every operation of another rank that
 //! involves it fails with `PeerDied` (the real transports learn it from a pidfd or a closed
 //! socket). A rank that stalls simply stops taking turns: when nothing can move any more, virtual
@@ -37,11 +46,14 @@ pub struct SimConfig {
     pub flow_cap: Option<f64>,
     /// Virtual time without progress before waiting ranks time out, microseconds.
     pub timeout_us: f64,
+    /// What a pair's connection costs, made on the first post toward the peer (TCP's handshake
+    /// and wirespeed's hello: about two round trips); 0: connections are not modelled.
+    pub connect_us: f64,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { latency_us: 5.0, bandwidth: 1000.0, flow_cap: None, timeout_us: 10e6 }
+        SimConfig { latency_us: 5.0, bandwidth: 1000.0, flow_cap: None, timeout_us: 10e6, connect_us: 0.0 }
     }
 }
 
@@ -98,6 +110,8 @@ struct State {
     order: u64,
     /// Messages delivered and bytes moved, for tests that count traffic.
     delivered: (u64, u64),
+    /// When each connected pair's (lower rank, higher rank) connection is up (`connect_us`).
+    up: HashMap<(usize, usize), f64>,
 }
 
 struct Shared {
@@ -121,6 +135,9 @@ pub struct SimReport {
     pub elapsed_us: f64,
     pub messages: u64,
     pub bytes: u64,
+    /// Connections each rank made or accepted (peers it posted to or from, or that posted to or
+    /// from it), when `connect_us` models them; else empty.
+    pub connections: Vec<usize>,
 }
 
 impl State {
@@ -150,7 +167,8 @@ impl State {
             self.recvs.get_mut(&(from, to)).unwrap().pop_front();
             let len = self.reqs[s].len;
             let rate = cfg.flow_cap.map_or(cfg.bandwidth, |c| c.min(cfg.bandwidth));
-            let start = self.now.max(self.egress_free[from]).max(self.ingress_free[to]);
+            let up = self.up.get(&(from.min(to), from.max(to))).copied().unwrap_or(0.0);
+            let start = self.now.max(self.egress_free[from]).max(self.ingress_free[to]).max(up);
             let busy = len as f64 / rate;
             self.egress_free[from] = start + busy;
             self.ingress_free[to] = start + busy;
@@ -299,6 +317,12 @@ impl SimRank {
         if let Some(e) = st.gone(peer) {
             st.fail(id, e);
         } else {
+            if self.sh.cfg.connect_us > 0.0 {
+                // The first post of the pair, by either rank, starts the connection now, on this
+                // rank's clock alone (see "Connections" above).
+                let now = st.now;
+                st.up.entry((self.rank.min(peer), self.rank.max(peer))).or_insert(now + self.sh.cfg.connect_us);
+            }
             let (from, to) = if send { (self.rank, peer) } else { (peer, self.rank) };
             let q = if send { &mut st.sends } else { &mut st.recvs };
             q.entry((from, to)).or_default().push_back(id);
@@ -374,6 +398,7 @@ pub fn run<T: Send>(world: usize, cfg: SimConfig, faults: &[Fault], program: imp
             events: BinaryHeap::new(),
             order: 0,
             delivered: (0, 0),
+            up: HashMap::new(),
         }),
         turn: (0..world).map(|_| Condvar::new()).collect(),
         cfg,
@@ -430,5 +455,10 @@ pub fn run<T: Send>(world: usize, cfg: SimConfig, faults: &[Fault], program: imp
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Broken("a simulated rank panicked".into())))).collect()
     });
     let st = sh.st.lock().unwrap();
-    (results, SimReport { elapsed_us: st.now, messages: st.delivered.0, bytes: st.delivered.1 })
+    let mut connections = vec![0; if cfg.connect_us > 0.0 { world } else { 0 }];
+    for &(a, b) in st.up.keys() {
+        connections[a] += 1;
+        connections[b] += 1;
+    }
+    (results, SimReport { elapsed_us: st.now, messages: st.delivered.0, bytes: st.delivered.1, connections })
 }
