@@ -11,12 +11,16 @@ namespace shares), so imports on 2 cores do not count as setup. Then per rank:
 - setup: from init_process_group("wirespeed") to its first all_reduce done (1,024 floats, checked);
   `job` is the go to the last rank's first collective;
 - sockets: its /proc/self/fd entries that are sockets, sorted through the namespace's
-  /proc/net/tcp{,6} into the store's (to or from MASTER_PORT), its listener and its TCP streams;
+  /proc/net/tcp{,6} into the store's (to or from MASTER_PORT), its listener and its TCP streams,
+  once after that first all_reduce and again after a small all_to_all (which uses every pair);
 - threads (/proc/self/status Threads) and memory (VmRSS, VmHWM), each also before init, so that
   the group's own share is the difference;
 - the store's load as wirespeed's rendezvous counted it (rendezvous.last_setup()).
-The streams are compared with `Layout::pair_streams`' count (wirespeed.scalemodel) rank by rank:
-any difference is printed as a failure. Then lines are fitted to the rest and the model's error on
+Connections are made on first use (WIRESPEED_CONNECT=lazy, the default), so after the all_reduce
+a rank holds streams only with the peers that all_reduce used (wirespeed.scalemodel's
+`small_all_reduce_peers`), and after the all_to_all with every remote rank (`Layout::pair_streams`'
+count, `tcp_sockets`); both are compared rank by rank and any difference is printed as a failure.
+`--connect eager` runs the ranks with WIRESPEED_CONNECT=eager: every pair at setup, as before. Then lines are fitted to the rest and the model's error on
 the measured points and its figures at 64, 256 and 1,024 hosts x 8 ranks are printed.
 
 The machine this was written on has 2 cores shared with other people's jobs; 32 rank processes on
@@ -133,10 +137,17 @@ def worker(outdir: str) -> int:
     dist.all_reduce(t)
     t1 = time.monotonic()
     ok = bool((t == world * (world + 1) / 2).all())
+    socks_setup = count_sockets(port)
+    # a small all_to_all: every pair of ranks exchanges, so every remote pair is connected
+    a2a_in = torch.arange(world, dtype=torch.float32) + 100 * rank
+    a2a_out = torch.empty(world)
+    dist.all_to_all_single(a2a_out, a2a_in)
+    ok = ok and bool((a2a_out == torch.arange(world, dtype=torch.float32) * 100 + rank).all())
     rec = {"rank": rank, "world": world, "host": os.environ["_WIRESPEED_CLUSTER_HOST"], "ok": ok,
            "setup_s": t1 - t0, "init_s": t_init - t0, "wake_s": t0 - t_go, "done_at": t1 - t_go,
            "threads_before": before["Threads"], "rss_before_kb": before["VmRSS"],
-           "sockets_before": socks_before, "sockets": count_sockets(port), **_status(),
+           "sockets_before": socks_before, "sockets": socks_setup, "sockets_a2a": count_sockets(port),
+           "connect": os.environ.get("WIRESPEED_CONNECT", "lazy"), **_status(),
            "sockstat": sockstat(),
            "store": rendezvous.last_setup()}
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
@@ -150,7 +161,7 @@ def worker(outdir: str) -> int:
 # the launcher
 
 
-def run_case(cluster, hosts: int, per_host: int, timeout_s: float) -> list[dict]:
+def run_case(cluster, hosts: int, per_host: int, timeout_s: float, connect: str = "lazy") -> list[dict]:
     from wirespeed.launch.cluster import free_port_in, rank_envs
     from wirespeed.launch.local import _die_with_parent
     from wirespeed.netem import cluster as C
@@ -162,7 +173,7 @@ def run_case(cluster, hosts: int, per_host: int, timeout_s: float) -> list[dict]
     outdir = tempfile.mkdtemp(prefix="scale-")
     pypath = os.path.join(HERE, "..", "python")
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pypath, os.environ.get("PYTHONPATH")])),
-                SCALE_TIMEOUT=str(timeout_s), WIRESPEED_NSTREAMS=str(NSTREAMS))
+                SCALE_TIMEOUT=str(timeout_s), WIRESPEED_NSTREAMS=str(NSTREAMS), WIRESPEED_CONNECT=connect)
     envs = rank_envs(cluster, hosts_of, port, base)
     # stderr to files, not pipes: a rank that writes much while nobody reads would block
     errs = [open(os.path.join(outdir, f"err{r}"), "w") for r in range(world)]
@@ -208,33 +219,36 @@ def _median(v):
 def per_rank(cases: dict) -> None:
     """Every rank's own line."""
     print("\n# per rank")
-    print(f"{'case':>6} {'rank':>4} {'host':>4} | {'setup s':>7} {'init s':>6} | {'streams':>7} {'listen':>6}"
+    print(f"{'case':>6} {'rank':>4} {'host':>4} | {'setup s':>7} {'init s':>6} | {'streams':>7} {'+a2a':>5} {'listen':>6}"
           f" {'store':>5} {'other':>5} | {'threads':>7} {'RSS MB':>6} {'HWM MB':>6} | {'keys rd':>7} {'wr':>3} {'req':>3}")
     for (h, k), recs in sorted(cases.items()):
         for r in recs:
             so, st = r["sockets"], r["store"]
             print(f"{h:>3}x{k:<2} {r['rank']:>4} {r['host']:>4} | {r['setup_s']:>7.3f} {r['init_s']:>6.3f} |"
-                  f" {so['streams']:>7} {so['listen']:>6} {so['store']:>5} {so['other']:>5} | {r['Threads']:>7}"
+                  f" {so['streams']:>7} {r['sockets_a2a']['streams']:>5} {so['listen']:>6} {so['store']:>5} {so['other']:>5} | {r['Threads']:>7}"
                   f" {r['VmRSS'] / 1024:>6.0f} {r['VmHWM'] / 1024:>6.0f} | {st['keys_read']:>7} {st['keys_written']:>3}"
                   f" {st['requests']:>3}")
 
 
 def summarize(cases: dict) -> None:
     """The per-case table, the socket check and the fitted model with its figures."""
-    from wirespeed.scalemodel import (blocked, fit_line, job_store_reads, store_load, tcp_sockets,
-                                      tcp_sockets_blocked)
+    from wirespeed.scalemodel import (blocked, fit_line, job_store_reads, small_all_reduce_peers, store_load,
+                                      tcp_sockets, tcp_sockets_blocked, tcp_sockets_to)
 
     print("\n# per case: min-median-max over ranks; rdv: wirespeed's own rendezvous (median); store(r0): rank 0's store sockets (it serves the store), store: another rank's; +grp: added by init (threads: the median of the ranks but rank 0, which also runs the store's server); wr, req: the most of any rank; tcp/host: TCP sockets in use in a host's namespace (sockstat, the most of any host)")
-    print(f"{'hosts':>5} {'xK':>3} {'ranks':>5} | {'setup s':>17} {'rdv s':>5} {'job s':>6} | {'streams':>11} {'listen':>6}"
+    print(f"{'hosts':>5} {'xK':>3} {'ranks':>5} | {'setup s':>17} {'rdv s':>5} {'job s':>6} | {'streams':>11} {'+a2a':>8} {'listen':>6}"
           f" {'store(r0)':>9} {'store':>5} | {'threads':>9} {'+grp':>5} | {'RSS MB':>11} {'+grp MB':>8}"
           f" {'HWM MB':>6} | {'keys rd':>11} {'wr':>3} {'req':>5} | {'job rd':>7} {'tcp/host':>8}")
     mismatches = []
     for (h, k), recs in sorted(cases.items()):
         lay = blocked(h, k)
         for r in recs:
-            want = tcp_sockets(lay, r["rank"], NSTREAMS)
-            if r["sockets"]["streams"] != want:
-                mismatches.append((h, k, r["rank"], r["sockets"]["streams"], want))
+            every = tcp_sockets(lay, r["rank"], NSTREAMS)
+            used = every if r.get("connect") == "eager" else tcp_sockets_to(lay, r["rank"], small_all_reduce_peers(lay, r["rank"]), NSTREAMS)
+            if r["sockets"]["streams"] != used:
+                mismatches.append((h, k, r["rank"], "after the all_reduce", r["sockets"]["streams"], used))
+            if r["sockets_a2a"]["streams"] != every:
+                mismatches.append((h, k, r["rank"], "after the all_to_all", r["sockets_a2a"]["streams"], every))
             sl = store_load(lay, r["rank"])
             if (r["store"]["keys_read"], r["store"]["keys_written"], r["store"]["requests"]) != (sl.read, sl.written, sl.requests):
                 mismatches.append((h, k, r["rank"], "store", r["store"], sl))
@@ -244,7 +258,7 @@ def summarize(cases: dict) -> None:
             return "-".join(fmt.format(x) for x in (min(v), _median(v), max(v)))
         rest = [r for r in recs if r["rank"] != 0]
         print(f"{h:>5} {k:>3} {h * k:>5} | {rng('setup_s', fmt='{:.2f}'):>17} {_median([r['store']['seconds'] for r in recs]):>5.2f} {max(r['done_at'] for r in recs):>6.2f}"
-              f" | {rng(lambda r: r['sockets']['streams']):>11} {rng(lambda r: r['sockets']['listen']).split('-')[1]:>6}"
+              f" | {rng(lambda r: r['sockets']['streams']):>11} {rng(lambda r: r['sockets_a2a']['streams']):>8} {rng(lambda r: r['sockets']['listen']).split('-')[1]:>6}"
               f" {recs[0]['sockets']['store']:>9} {_median([r['sockets']['store'] for r in rest]) if rest else 0:>5}"
               f" | {rng('Threads'):>9} {_median([r['Threads'] - r['threads_before'] for r in rest or recs]):>5}"
               f" | {rng('VmRSS', lambda x: x / 1024):>11} {_median([(r['VmRSS'] - r['rss_before_kb']) / 1024 for r in recs]):>8.1f}"
@@ -252,7 +266,7 @@ def summarize(cases: dict) -> None:
               f" | {rng(lambda r: r['store']['keys_read']):>11} {max(r['store']['keys_written'] for r in recs):>3}"
               f" {max(r['store']['requests'] for r in recs):>5} | {sum(r['store']['keys_read'] for r in recs):>7} {max(r['sockstat']['inuse'] for r in recs):>8}")
         assert sum(r["store"]["keys_read"] for r in recs) == job_store_reads(h, k)
-    print(f"\n# streams per rank against Layout::pair_streams ({NSTREAMS} streams), store keys against "
+    print(f"\n# streams per rank against the peers used (after the all_reduce: its peers' Layout::pair_streams; after the all_to_all: every pair's; {NSTREAMS} streams), store keys against "
           f"rendezvous.py's requests: {'all equal' if not mismatches else 'DIFFER: ' + repr(mismatches[:6])}")
     if not all(r["ok"] for recs in cases.values() for r in recs):
         print("# WRONG: some rank's all_reduce was wrong")
@@ -302,15 +316,18 @@ def summarize(cases: dict) -> None:
     cores_here = os.cpu_count() or 2
     print(f"\n# at scale, {NSTREAMS} streams, blocked layout, 8 ranks per host; setup 'in ranks' is the line "
           f"above, 'per core' the socket line with each rank on a core of its own ({cores_here} cores here)")
-    print(f"{'hosts':>6} {'ranks':>6} | {'streams/rank':>12} {'fds/rank':>8} | {'threads+':>8} {'RSS+ MB':>7}"
+    print(f"{'hosts':>6} {'ranks':>6} | {'1st a_r':>7} {'streams/rank':>12} {'fds/rank':>8} | {'threads+':>8} {'RSS+ MB':>7}"
           f" | {'in ranks':>8} {'per core':>8} | {'keys rd r0':>10} {'keys rd job':>12} {'MB read job':>11}")
     for h in (64, 256, 1024):
         n = h * 8
         s_ = max(tcp_sockets_blocked(h, 8, r, NSTREAMS) for r in range(8))
+        # after the first small all_reduce, connections on first use: a leader's log2(h) partners
+        lay = blocked(h, 8)
+        s1 = tcp_sockets_to(lay, 0, small_all_reduce_peers(lay, 0), NSTREAMS)
         fds = s_ + 1 + 7 + 2 + 64  # listener, pidfds, setup's own, margin (hosts/fds.rs)
         jr = job_store_reads(h, 8)
         r0 = store_load([0] * 8 + [1] * (n - 8), 0).read  # rank 0 reads every record above it
-        print(f"{h:>6} {n:>6} | {s_:>12} {fds:>8} | {t_const:>8.0f} {m_const:>7.1f}"
+        print(f"{h:>6} {n:>6} | {s1:>7} {s_:>12} {fds:>8} | {t_const:>8.0f} {m_const:>7.1f}"
               f" | {sa + sb * n:>8.1f} {ca + cb * cores_here * s_:>8.1f} | {r0:>10} {jr:>12} {jr * per_key / 1e6:>11.0f}")
 
 
@@ -322,6 +339,8 @@ def main() -> int:
     ap.add_argument("--name", default="scl")
     ap.add_argument("--timeout", type=float, default=120, help="per case, seconds (setup and the all_reduce)")
     ap.add_argument("--json", help="append every rank's record here (one line per case)")
+    ap.add_argument("--connect", choices=("lazy", "eager"), default="lazy",
+                    help="WIRESPEED_CONNECT for the ranks: lazy (on first use, the default) or eager (every pair at setup)")
     ap.add_argument("--from-json", help="summarize records saved with --json instead of running")
     ap.add_argument("--per-rank", action="store_true", help="also print every rank's own line")
     a = ap.parse_args()
@@ -347,7 +366,7 @@ def main() -> int:
             for k in per:
                 t = time.monotonic()
                 try:
-                    cases[(h, k)] = recs = run_case(cluster, h, k, a.timeout)
+                    cases[(h, k)] = recs = run_case(cluster, h, k, a.timeout, a.connect)
                 except RuntimeError as e:
                     print(f"# {e}", flush=True)
                     continue

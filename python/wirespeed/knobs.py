@@ -33,6 +33,7 @@ CORE = {
     "WIRESPEED_NET_ALLOW_LOOPBACK": "the NCCL plugin may offer loopback",
     "WIRESPEED_SOCKET_FAMILY": "the NCCL plugin's address family",
     "WIRESPEED_NCCL_PLUGIN": "where the NCCL plugin library is",
+    "WIRESPEED_CONNECT": "when ranks on different hosts connect: lazy (on first use, the default) or eager (all at setup)",
     "WIRESPEED_JOB_SECRET": "the secret every TCP connection of a job proves (wirespeed's launchers make one per job)",
 }
 

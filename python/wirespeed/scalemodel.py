@@ -3,8 +3,12 @@
 fitted lines. benchmarks/scale_setup.py measures and fits; docs/scale.md has the figures.
 
 The exact parts mirror the core and rendezvous.py, so a change there shows here as a test failure
-(tests/netem/test_scale_sockets.py counts the sockets of real ranks against `tcp_sockets`):
+(tests/netem/test_scale_sockets.py counts the sockets of real ranks against these):
 - `pair_streams` is `Layout::pair_streams` (crates/wirespeed-core/src/hosts/mod.rs);
+- `small_all_reduce_peers` is what the planner (plan.rs) and hosts/hier.rs make of a small
+  all_reduce: connections are made on first use (hosts/mesh.rs), so a rank holds streams only
+  with the peers its collectives used, and `tcp_sockets` (every remote pair) is the bound the
+  open-file budget counts, reached once something like an all_to_all has used every pair;
 - `store_load` follows rendezvous.py's requests one by one.
 """
 from __future__ import annotations
@@ -42,6 +46,31 @@ def tcp_sockets(host_of: list[int], rank: int, nstreams: int = 12) -> int:
     """The TCP stream sockets `rank` holds once connected (its listener not included)."""
     local_of = _locals(host_of)
     return sum(pair_streams(host_of, local_of, rank, r, nstreams) for r in range(len(host_of)))
+
+
+def small_all_reduce_peers(host_of: list[int], rank: int) -> list[int]:
+    """The remote ranks the default all_reduce of a small buffer (up to ~50 KB on 8 hosts, ~75 KB
+    on 4, any size on 2; the benchmark's 4 KiB) talks to, for ranks spread evenly over the hosts.
+    The planner takes the hierarchy across hosts whenever a host holds more than one rank (and
+    with one rank per host it is the same ring), so only host leaders (the lowest rank of each
+    host) use TCP: among them recursive doubling when their number is a power of two (partners
+    at distance 1, 2, 4, ... in host order), else the ring (both neighbours)."""
+    local_of = _locals(host_of)
+    if local_of[rank] != 0:
+        return []
+    leaders = [r for r in range(len(host_of)) if local_of[r] == 0]  # host order
+    n, i = len(leaders), leaders.index(rank)
+    if n < 2:
+        return []
+    if n & (n - 1) == 0:
+        return sorted(leaders[i ^ (1 << k)] for k in range(n.bit_length() - 1))
+    return sorted({leaders[(i + 1) % n], leaders[(i - 1) % n]})
+
+
+def tcp_sockets_to(host_of: list[int], rank: int, peers: list[int], nstreams: int = 12) -> int:
+    """The TCP stream sockets `rank` holds once it has used (or been used by) exactly `peers`."""
+    local_of = _locals(host_of)
+    return sum(pair_streams(host_of, local_of, rank, p, nstreams) for p in peers)
 
 
 def tcp_sockets_blocked(hosts: int, per_host: int, rank: int, nstreams: int = 12) -> int:

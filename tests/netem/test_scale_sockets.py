@@ -1,9 +1,13 @@
-"""Sockets per rank on the emulated cluster, counted in /proc, against Layout::pair_streams' count
-(root only; skipped otherwise). benchmarks/scale_setup.py runs 2 and 4 hosts x 2 ranks on a
-cluster of this test's own name: every rank sets up a wirespeed group, checks one all_reduce and
-sorts its sockets into the store's, its listener and its TCP streams; the streams must equal
-wirespeed.scalemodel.tcp_sockets (12 streams between counterparts and rank-order neighbours, one
-to every other remote rank) rank by rank, and the store's keys rendezvous.py's requests."""
+"""Sockets per rank on the emulated cluster, counted in /proc (root only; skipped otherwise).
+benchmarks/scale_setup.py runs 2 and 4 hosts x 2 ranks on a cluster of this test's own name: every
+rank sets up a wirespeed group, checks one all_reduce and sorts its sockets into the store's, its
+listener and its TCP streams, then runs a small all_to_all and counts again. Connections are made
+on first use, so the streams follow the peers an algorithm uses, not the job: after the
+all_reduce (the hierarchy: host leaders exchange by recursive doubling, the other ranks use
+shared memory only) they must equal the streams to wirespeed.scalemodel.small_all_reduce_peers
+(12 per counterpart), and only after the all_to_all, which uses every pair, the full
+Layout::pair_streams count (12 streams between counterparts and rank-order neighbours, one to
+every other remote rank), rank by rank; the store's keys must be rendezvous.py's requests."""
 from __future__ import annotations
 
 import json
@@ -15,7 +19,7 @@ import pytest
 from netem_util import cluster_name  # noqa: F401 (a fixture)
 from netem_util import leftovers_of, needs_netns, netns_processes
 
-from wirespeed.scalemodel import blocked, store_load, tcp_sockets
+from wirespeed.scalemodel import blocked, small_all_reduce_peers, store_load, tcp_sockets, tcp_sockets_to
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, needs_netns]
 
@@ -38,16 +42,23 @@ def test_sockets_per_rank_are_pair_streams_count(cluster_name, tmp_path):
             assert r["ok"], r
             assert r["host"] == f"h{lay[r['rank']]}"
             s = r["sockets"]
-            assert s["streams"] == tcp_sockets(lay, r["rank"], 12), (h, k, r["rank"], s)
+            peers = small_all_reduce_peers(lay, r["rank"])
+            assert s["streams"] == tcp_sockets_to(lay, r["rank"], peers, 12), (h, k, r["rank"], peers, s)
+            assert r["sockets_a2a"]["streams"] == tcp_sockets(lay, r["rank"], 12), (h, k, r["rank"], r["sockets_a2a"])
             assert s["listen"] == 1, s  # its own listener (the store's is counted apart)
             # the store: rank 0 serves it (listener, its own client, one accepted per rank)
             assert s["store"] == (h * k + 2 if r["rank"] == 0 else 1), s
             want = store_load(lay, r["rank"])
             assert (r["store"]["keys_read"], r["store"]["keys_written"], r["store"]["requests"]) == \
                 (want.read, want.written, want.requests), r["store"]
-    # 4 hosts x 2: 12 streams to each of 3 counterparts, 12 to a neighbour on another host at one
-    # end of the host's block, 1 to each of the 2 others: 50 (the full mesh would be 72)
-    assert sorted({r["sockets"]["streams"] for r in cases[(4, 2)]}) == [50]
+    # After the all_reduce, on 4 hosts x 2: a leader 12 streams to each of its 2 doubling partners,
+    # the other ranks none (every remote pair connected at setup was 50 on every rank); on 2 hosts
+    # a leader 12 to the other leader (24 at setup).
+    assert sorted(r["sockets"]["streams"] for r in cases[(4, 2)]) == [0, 0, 0, 0, 24, 24, 24, 24]
+    assert sorted(r["sockets"]["streams"] for r in cases[(2, 2)]) == [0, 0, 12, 12]
+    # After the all_to_all: 12 streams to each of 3 counterparts, 12 to a neighbour on another
+    # host at one end of the host's block, 1 to each of the 2 others: 50 (the full mesh would be 72)
+    assert sorted({r["sockets_a2a"]["streams"] for r in cases[(4, 2)]}) == [50]
     assert "all equal" in p.stdout, p.stdout[-2000:]
     assert netns_processes(cluster_name) == {}
     assert leftovers_of(cluster_name) == []  # the script tore its cluster down

@@ -251,8 +251,9 @@ fn run_p2p(pat: P2p, n: usize, connect_us: f64) -> (Vec<BTreeSet<usize>>, sim::S
     (peers, rep)
 }
 
-/// `pat` on `n` ranks with connections modelled and without: the same peers, every rank's
-/// connections those of the pattern's graph, and the connections' cost paid in time only.
+/// `pat` on `n` ranks with connections modelled (the lower rank of a pair connects on its first
+/// post toward the other) and without: the same peers, every rank's connections those of the
+/// pattern's graph, and the connections' cost paid in time only.
 fn p2p_case(pat: P2p, n: usize) {
     let connect_us = 200.0; // two round trips of 25 us, and the handshake's work, generously
     let (peers, rep) = run_p2p(pat, n, connect_us);

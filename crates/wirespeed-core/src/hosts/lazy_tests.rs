@@ -20,6 +20,12 @@ fn meshes(world: usize, mode: Connect, timeout: Duration) -> Vec<Mesh> {
 }
 
 fn meshes_with(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig) -> Vec<Mesh> {
+    meshes_full(world, mode, timeout, cfg, false)
+}
+
+/// `partial`: each rank gets only the addresses of the ranks above it, as the store rendezvous
+/// gives them (native/rendezvous.py's needed_records); the others are empty.
+fn meshes_full(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig, partial: bool) -> Vec<Mesh> {
     let token = [5u8; 16];
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
     let streams_of = |r: usize| -> Vec<usize> { (0..world).map(|p| if p == r { 0 } else { NSTREAMS }).collect() };
@@ -31,7 +37,10 @@ fn meshes_with(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig) -
         .into_iter()
         .enumerate()
         .map(|(r, l)| {
-            let (addrs, s) = (addrs.clone(), streams_of(r));
+            let (mut addrs, s) = (addrs.clone(), streams_of(r));
+            if partial {
+                addrs.iter_mut().take(r).for_each(|a| a.clear());
+            }
             std::thread::spawn(move || Mesh::connect(l, r, &addrs, &s, token, timeout).unwrap())
         })
         .collect();
@@ -180,6 +189,52 @@ fn each_rank_connects_to_the_peers_it_uses_and_all_pairs_connect_all() {
 }
 
 #[test]
+fn with_the_addresses_the_rendezvous_gives_the_lower_rank_dials_on_its_first_post() {
+    // Rank 1 holds no address of rank 0: its send waits in the Conn (it cannot dial) until
+    // rank 0 posts its receive, which dials; then the message moves, and rank 0's reply too.
+    let ms = meshes_full(2, Connect::Lazy, Duration::from_secs(10), NetConfig::default(), true);
+    let out = on_every_rank(ms, |r, m| {
+        if r == 1 {
+            let data = msg(1, 0, 0, 50_000);
+            // SAFETY: `data` outlives the handle, waited below.
+            let h = unsafe { m.post_send(0, data.as_ptr(), data.len(), 1) }.unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            let before = m.streams_to(0);
+            m.wait(h).unwrap();
+            exchange(1, m, &[], &[0], 1000).map(|_| before)
+        } else {
+            std::thread::sleep(Duration::from_millis(200));
+            let before = m.streams_to(1);
+            let mut got = vec![0u8; 50_000];
+            // SAFETY: `got` outlives the handle, waited at once.
+            let h = unsafe { m.post_recv(1, got.as_mut_ptr(), got.len(), 1) }.unwrap();
+            m.wait(h).unwrap();
+            assert_eq!(got, msg(1, 0, 0, 50_000));
+            exchange(0, m, &[1], &[], 1000).map(|_| before)
+        }
+    });
+    // Nobody connected before rank 0's first post (rank 1 could not dial).
+    assert_eq!(*out[0].0.as_ref().unwrap(), 0);
+    out[1].0.as_ref().unwrap();
+    assert!(out.iter().all(|(_, m)| m.refused() == 0 && m.crossings_refused() == 0));
+
+    // 16 ranks, all pairs and rings both ways, each rank holding the higher ranks' addresses only.
+    let world = 16;
+    let ms = meshes_full(world, Connect::Lazy, Duration::from_secs(20), NetConfig::default(), true);
+    let out = on_every_rank(ms, move |r, m| {
+        let (l, rr) = ((r + world - 1) % world, (r + 1) % world);
+        exchange(r, m, &[rr, l], &[l, rr], 70_000)?;
+        let others: Vec<usize> = (0..world).filter(|&p| p != r).collect();
+        exchange(r, m, &others, &others, 3_000)
+    });
+    for (r, (res, m)) in out.iter().enumerate() {
+        res.as_ref().unwrap();
+        assert_eq!(m.connected().len(), world - 1, "rank {r}");
+        assert_eq!(m.refused() + m.crossings_refused(), 0, "rank {r}: only the lower rank dials here");
+    }
+}
+
+#[test]
 fn eager_mode_connects_every_pair_at_setup() {
     let ms = meshes(3, Connect::Eager, Duration::from_secs(10));
     for (r, m) in ms.iter().enumerate() {
@@ -217,9 +272,10 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     drop(gone);
     let mut m = Mesh::connect(l, 0, &addrs, &[0, NSTREAMS], token, Duration::from_secs(30)).unwrap();
     let t = Instant::now();
+    // On loopback the refusal comes at once, from the post's own connect(); elsewhere later, to
+    // the wait: either way an error naming rank 1.
     // SAFETY: as above.
-    let h = unsafe { m.post_send(1, data.as_ptr(), data.len(), 3) }.unwrap();
-    let e = m.wait(h).unwrap_err();
+    let e = unsafe { m.post_send(1, data.as_ptr(), data.len(), 3) }.and_then(|h| m.wait(h)).unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
     assert!(matches!(e, Error::PeerAborted { rank: 1, .. }), "{e}");
 }

@@ -11,12 +11,16 @@
 //!
 //! Lazy connections (WIRESPEED_CONNECT=lazy, the default; docs/transport.md "Connections on
 //! first use"). Setup dials nothing: every remote rank gets a `Conn` with no streams yet, and
-//! the first send or receive posted toward a rank starts a dial that the reactor drives
-//! (transport/tcp/dial.rs), while what was posted waits in the `Conn`'s queues. Either rank of a
-//! pair may dial first; when both do, the lower rank's dial wins: the lower rank alone decides,
-//! in its listener's vetting, under the pair's lock (`Link`), so exactly one connection is made.
-//! An accepted connection attaches to the waiting `Conn` on the reactor's thread (`route`).
-//! No step waits for a thread of the application, here or at the peer.
+//! the first send or receive posted toward a rank whose address this rank holds starts a dial
+//! that the reactor drives (transport/tcp/dial.rs), while what was posted waits in the `Conn`'s
+//! queues. Toward a rank whose address it does not hold (the store rendezvous gives a rank only
+//! the addresses of the higher ranks of other hosts: native/rendezvous.py), a post just waits:
+//! that lower rank dials on its own first post toward this one, which any message between the
+//! two needs. Where both ranks hold both addresses, either may dial first; when both do, the
+//! lower rank's dial wins: the lower rank alone decides, in its listener's vetting, under the
+//! pair's lock (`Link`), so exactly one connection is made. An accepted connection attaches to
+//! the waiting `Conn` on the reactor's thread (`route`). No step waits for a thread of the
+//! application, here or at the peer.
 //!
 //! Messages between a pair are matched in order; every receive states its exact length and tag,
 //! and a message of another length or tag is a `Mismatch` (a rank that called another
@@ -365,8 +369,13 @@ impl Mesh {
         let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
         let mut parsed = vec![None; world];
         for r in (0..world).filter(|&r| streams[r] > 0) {
-            let addr: SocketAddr = addrs[r].parse().map_err(|_| Error::Unsupported(format!("rank {r} published a bad address {:?}", addrs[r])))?;
-            let c = Conn::pending(&listener.reactor, &listener.cfg, addr, streams[r]);
+            // An empty address: not read (a lower rank, which dials this one).
+            let addr: Option<SocketAddr> = match addrs[r].as_str() {
+                "" => None,
+                a => Some(a.parse().map_err(|_| Error::Unsupported(format!("rank {r} published a bad address {a:?}")))?),
+            };
+            let shown = addr.map_or_else(|| "its address not read: it dials this rank".to_string(), |a| a.to_string());
+            let c = Conn::pending(&listener.reactor, &listener.cfg, shown, streams[r]);
             c.set_peer_rank(r);
             let mut l = links.links[r].lock().unwrap();
             l.attacher = Some(c.attacher());
@@ -375,14 +384,15 @@ impl Mesh {
             }
             drop(l);
             conns[r] = Some(c);
-            parsed[r] = Some(addr);
+            parsed[r] = addr;
         }
         let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token };
         Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), posted: Vec::new() })
     }
 
-    /// Lazy mode: the first post toward `r` dials it (unless `r` dialled first). Returns at once:
-    /// the reactor makes the connection, and the post waits in the `Conn` meanwhile.
+    /// Lazy mode: the first post toward `r` dials it (unless `r` dialled first, or this rank does
+    /// not hold its address: then `r` dials on its own first post toward this rank). Returns at
+    /// once: the reactor makes the connection, and the post waits in the `Conn` meanwhile.
     fn touch(&self, r: usize) -> Result<()> {
         let Some(lz) = &self.lazy else { return Ok(()) };
         let (Some(addr), Some(l)) = (lz.addrs.get(r).copied().flatten(), lz.links.links.get(r)) else { return Ok(()) };

@@ -15,13 +15,16 @@
 //! is copied.
 //!
 //! Connections (`SimConfig::connect_us`, 0: not modelled). As a multi-host group connects on
-//! first use (hosts/mesh.rs), a pair of ranks has no connection until either posts toward the
-//! other; that first post starts the connection, which is up `connect_us` later, and no message
-//! of the pair leaves before. The connection's time depends on the first poster's clock alone:
-//! the real dial and accept are driven by the engine's reactors, never by the peer's program, so
-//! here the peer need not run, post or wait for it. A pattern that completes without the model
-//! therefore completes with it, only later (tests/sim_peers.rs runs p2p patterns at 64-256
-//! ranks both ways). `SimReport::connections` counts each rank's connections.
+//! first use (hosts/mesh.rs) after the store rendezvous gave each rank the addresses of the ranks
+//! above it only, a pair of ranks has no connection until its lower rank posts toward the higher
+//! one (a send or a receive; the higher rank's posts wait, it cannot dial); that post starts the
+//! connection, which is up `connect_us` later, and no message of the pair leaves before. The
+//! connection's time depends on the lower rank's clock alone: the real dial and accept are
+//! driven by the engine's reactors, never by either rank's program afterwards. Every message of
+//! the pair needs a post of the lower rank anyway (it sends or receives it), and messages here
+//! are rendezvous (a send completes when its receive is matched), so a pattern that completes
+//! without the model completes with it, only later (tests/sim_peers.rs runs p2p patterns at
+//! 64-256 ranks). `SimReport::connections` counts each rank's connections.
 //!
 //! Faults. A rank told to die at its k-th post stops there: every operation of another rank that
 //! involves it fails with `PeerDied` (the real transports learn it from a pidfd or a closed
@@ -317,11 +320,11 @@ impl SimRank {
         if let Some(e) = st.gone(peer) {
             st.fail(id, e);
         } else {
-            if self.sh.cfg.connect_us > 0.0 {
-                // The first post of the pair, by either rank, starts the connection now, on this
-                // rank's clock alone (see "Connections" above).
+            if self.sh.cfg.connect_us > 0.0 && self.rank < peer {
+                // The lower rank's first post toward the pair starts the connection now, on its
+                // clock alone (see "Connections" above).
                 let now = st.now;
-                st.up.entry((self.rank.min(peer), self.rank.max(peer))).or_insert(now + self.sh.cfg.connect_us);
+                st.up.entry((self.rank, peer)).or_insert(now + self.sh.cfg.connect_us);
             }
             let (from, to) = if send { (self.rank, peer) } else { (peer, self.rank) };
             let q = if send { &mut st.sends } else { &mut st.recvs };

@@ -650,7 +650,7 @@ fn tune_socket(sock: &TcpStream, cfg: &NetConfig) {
 
 /// Make a connection of streams that have finished their handshake.
 pub(super) fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpStream>, peer: SocketAddr) -> Result<Conn> {
-    let conn = Conn::pending(reactor, cfg, peer, socks.len());
+    let conn = Conn::pending(reactor, cfg, peer.to_string(), socks.len());
     conn.attacher().attach(socks)?;
     Ok(conn)
 }
@@ -681,9 +681,10 @@ impl Attacher {
 }
 
 impl Conn {
-    /// A connection to `peer` whose `nstreams` streams are made later (`Attacher::attach`).
-    /// Sends and receives may be posted at once: they wait, and move when the streams come.
-    pub fn pending(reactor: &Arc<Reactor>, cfg: &NetConfig, peer: SocketAddr, nstreams: usize) -> Conn {
+    /// A connection to `peer` (its address, for errors) whose `nstreams` streams are made later
+    /// (`Attacher::attach`). Sends and receives may be posted at once: they wait, and move when
+    /// the streams come.
+    pub fn pending(reactor: &Arc<Reactor>, cfg: &NetConfig, peer: String, nstreams: usize) -> Conn {
         let inner = Arc::new(ConnInner {
             streams: OnceLock::new(),
             nstreams,
@@ -698,7 +699,7 @@ impl Conn {
             failed: AtomicBool::new(false),
             closed_streams: AtomicUsize::new(0),
             peer_rank: AtomicUsize::new(NO_RANK),
-            peer_addr: peer.to_string(),
+            peer_addr: peer,
             sendq: Mutex::new(SendQueue { chunks: VecDeque::new(), idle: vec![true; nstreams] }),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),

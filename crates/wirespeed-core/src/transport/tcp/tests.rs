@@ -382,7 +382,7 @@ fn a_pending_conn_moves_what_was_posted_once_the_reactor_dial_attaches() {
         let _ = tx.lock().unwrap().send((socks, from));
     });
     let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
-    let a = Conn::pending(&r, &cfg, l.local_addr(), 3);
+    let a = Conn::pending(&r, &cfg, l.local_addr().to_string(), 3);
     let x = pattern(3 << 20, 4);
     let mut back = vec![0u8; 100_000];
     // SAFETY: `x` and `back` outlive the requests, both waited below; nothing else touches them.
@@ -399,7 +399,7 @@ fn a_pending_conn_moves_what_was_posted_once_the_reactor_dial_attaches() {
     .unwrap();
     // The route got the accepted side; a pending Conn there too, attached from this thread.
     let (socks, from) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    let b = Conn::pending(&r, &cfg, from, 3);
+    let b = Conn::pending(&r, &cfg, from.to_string(), 3);
     b.attacher().attach(socks).unwrap();
     assert_eq!(done_rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(true));
     assert_eq!(l.poll_accept().unwrap().map(|_| ()), None, "a routed connection is not queued");
@@ -426,7 +426,7 @@ fn a_reactor_dial_that_is_never_answered_times_out_and_fails_the_pending_conn() 
     let r = Reactor::new(&cfg).unwrap();
     let mute = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = mute.local_addr().unwrap();
-    let a = Conn::pending(&r, &cfg, addr, 2);
+    let a = Conn::pending(&r, &cfg, addr.to_string(), 2);
     let mut buf = vec![0u8; 10];
     // SAFETY: `buf` outlives the request, waited below.
     let q = unsafe { a.irecv(buf.as_mut_ptr(), buf.len(), 1) }.unwrap();
