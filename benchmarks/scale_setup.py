@@ -138,6 +138,12 @@ def worker(outdir: str) -> int:
     t1 = time.monotonic()
     ok = bool((t == world * (world + 1) / 2).all())
     socks_setup = count_sockets(port)
+    # Every rank counts before any starts the all_to_all (whose first posts connect), met through
+    # the store: a collective here would connect the pairs being counted.
+    store = dist.distributed_c10d._get_default_store()
+    store.add("scale/counted", 1)
+    while store.add("scale/counted", 0) < world:
+        time.sleep(0.002)
     # a small all_to_all: every pair of ranks exchanges, so every remote pair is connected
     a2a_in = torch.arange(world, dtype=torch.float32) + 100 * rank
     a2a_out = torch.empty(world)
