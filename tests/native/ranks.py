@@ -61,7 +61,8 @@ def report(obj) -> None:
     print("RESULT " + json.dumps(obj), flush=True)
 
 
-# One rank of wirespeed's own rendezvous (native/rendezvous.py) through a TCPStore at a port:
+# One rank of wirespeed's own rendezvous (native/rendezvous.py) through a TCPStore at a port,
+# then a barrier (connections across hosts are made on first use: the barrier makes them):
 # prints "joined", or the error's class and message (for the admission tests).
 RENDEZVOUS_RANK = r"""
 import sys, datetime
@@ -72,6 +73,7 @@ store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(
 try:
     for _ in range(times):
         group = rendezvous(store, rank, 2, datetime.timedelta(seconds=timeout))
+        group.barrier(blocking=True)
         print("joined", flush=True)
         del group
 except Exception as e:

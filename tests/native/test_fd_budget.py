@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 30
 
-# One rank of wirespeed's rendezvous (as ranks.RENDEZVOUS_RANK) that, once connected, prints
-# "joined", its TCP streams (its sockets less the store's and its listener) and its soft limit.
+# One rank of wirespeed's rendezvous (as ranks.RENDEZVOUS_RANK) that, once connected (a barrier:
+# connections are made on first use), prints "joined", its TCP streams (its sockets less the
+# store's and its listener) and its soft limit.
 RANK = r"""
 import sys, os, datetime, resource
 from torch.distributed import TCPStore
@@ -39,6 +40,7 @@ def sockets():
     return n
 try:
     group = rendezvous(store, rank, 2, datetime.timedelta(seconds=timeout))
+    group.barrier(blocking=True)
     print("joined", sockets() - 2, resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
 except Exception as e:
     print(type(e).__name__, e)

@@ -95,6 +95,8 @@ struct Link {
     attacher: Option<Attacher>,
     /// Streams accepted before `Mesh::connect` made the `Conn` (a fast peer's first send).
     early: Option<Vec<TcpStream>>,
+    /// Why this rank's last try to dial the peer failed, for a wait that times out meanwhile.
+    last_try: Option<String>,
 }
 
 /// Every remote rank's `Link`, shared by the rank's thread (first posts), its listener's vetting
@@ -168,7 +170,7 @@ impl Listener {
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
         let e = expect.clone();
         let links = (mode == Connect::Lazy).then(|| {
-            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, attacher: None, early: None })).collect();
+            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, attacher: None, early: None, last_try: None })).collect();
             Arc::new(Links { links, closed: AtomicBool::new(false) })
         });
         let lv = links.clone();
@@ -208,6 +210,30 @@ pub struct SendTicket {
     req: Request,
     to: usize,
     timeout: Duration,
+    note: Note,
+}
+
+/// What a wait that times out adds about a connection not made yet (lazy mode): why this
+/// rank's dial failed, or that the peer never dialled, and the refusals of this rank's listener.
+#[derive(Clone)]
+struct Note {
+    links: Option<Arc<Links>>,
+    refused: Arc<dyn Fn() -> usize + Send + Sync>,
+}
+
+impl Note {
+    fn about(&self, req: &Request, peer: usize) -> String {
+        let Some(links) = &self.links else { return String::new() };
+        if req.is_connected() {
+            return String::new();
+        }
+        let refused = (self.refused)();
+        let refused = if refused > 0 { format!("; {refused} connection(s) to this rank refused meanwhile: a peer with another job secret or job, or a stranger, see the lines above") } else { String::new() };
+        match links.links[peer].lock().unwrap().last_try.clone() {
+            Some(e) => format!(" (no connection with rank {peer}: the last try to make it failed: {e}{refused})"),
+            None => format!(" (no connection with rank {peer}: it is made on first use, and none came{refused})"),
+        }
+    }
 }
 
 impl SendTicket {
@@ -216,7 +242,7 @@ impl SendTicket {
     }
     pub fn wait(&self) -> Result<()> {
         let to = self.to;
-        self.req.wait_for(self.timeout, &|| format!("rank {to} to take a message")).map(|_| ())
+        self.req.wait_for(self.timeout, &|| format!("rank {to} to take a message{}", self.note.about(&self.req, to))).map(|_| ())
     }
 }
 
@@ -237,12 +263,13 @@ struct RecvTicket {
     me: usize,
     len: usize,
     timeout: Duration,
+    note: Note,
 }
 
 impl RecvTicket {
     fn wait(&self) -> Result<()> {
         let (from, me, len) = (self.from, self.me, self.len);
-        let got = self.req.wait_for(self.timeout, &|| format!("rank {from} to send {len} bytes to rank {me}"))?;
+        let got = self.req.wait_for(self.timeout, &|| format!("rank {from} to send {len} bytes to rank {me}{}", self.note.about(&self.req, from)))?;
         if got != len {
             return Err(Error::Mismatch(format!("rank {from} sent {got} bytes to rank {me}, which expects {len}")));
         }
@@ -410,6 +437,14 @@ impl Mesh {
             let weak = weak.clone();
             Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().state == State::Dialing)) as dial::Wanted
         };
+        let tried = {
+            let weak = weak.clone();
+            Box::new(move |e: &str| {
+                if let Some(ls) = weak.upgrade() {
+                    ls.links[r].lock().unwrap().last_try = Some(e.to_string());
+                }
+            }) as dial::Tried
+        };
         let done = Box::new(move |res: Result<Vec<TcpStream>>| {
             let Some(ls) = weak.upgrade() else { return };
             let mut g = ls.links[r].lock().unwrap();
@@ -424,7 +459,7 @@ impl Mesh {
                 Err(e) => attacher.fail(dial_error(e, me, r)),
             }
         }) as dial::DialDone;
-        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key(&lz.token, me, r, world, n), n, self.timeout, wanted, done).map_err(|e| {
+        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key(&lz.token, me, r, world, n), n, self.timeout, wanted, tried, done).map_err(|e| {
             g.state = State::Idle;
             dial_error(e, me, r)
         })
@@ -469,6 +504,11 @@ impl Mesh {
         Ok(c)
     }
 
+    fn note(&self) -> Note {
+        let l = self.listener.inner.clone_refused();
+        Note { links: self.lazy.as_ref().map(|lz| lz.links.clone()), refused: l }
+    }
+
     /// Remote ranks this rank holds streams with now (lazy mode: those used so far).
     pub fn connected(&self) -> Vec<usize> {
         (0..self.conns.len()).filter(|&r| self.streams_to(r) > 0).collect()
@@ -486,7 +526,7 @@ impl Mesh {
         // SAFETY: this fn's contract is Conn::isend's; `shutdown` (closing every connection)
         // ends the engine's reads of the buffer.
         let req = unsafe { self.conn(to)?.isend(ptr, len, tag)? };
-        Ok(SendTicket { req, to, timeout })
+        Ok(SendTicket { req, to, timeout, note: self.note() })
     }
 
     /// Post the receive of the next message from `from`: exactly `len` bytes with `tag`.
@@ -500,7 +540,7 @@ impl Mesh {
         // SAFETY: this fn's contract is Conn::irecv's; `shutdown` ends the engine's writes into
         // the buffer.
         let req = unsafe { self.conn(from)?.irecv(dst, len, tag)? };
-        Ok(RecvTicket { req, from, me, len, timeout })
+        Ok(RecvTicket { req, from, me, len, timeout, note: self.note() })
     }
 
     fn push(&mut self, p: Posted) -> Handle {

@@ -203,6 +203,10 @@ impl ConnInner {
         }
     }
 
+    pub(super) fn attached(&self) -> bool {
+        self.streams.get().is_some()
+    }
+
     /// The streams made so far: none before a pending connection is attached.
     fn streams(&self) -> &[Arc<Stream>] {
         self.streams.get().map_or(&[], |v| v.as_slice())

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 pub type DialDone = Box<dyn FnOnce(Result<Vec<TcpStream>>) + Send>;
 /// Whether the owner still wants the connection (asked before each try).
 pub type Wanted = Box<dyn Fn() -> bool + Send + Sync>;
+/// Told why each failed try failed (for the owner's errors while it waits).
+pub type Tried = Box<dyn Fn(&str) + Send + Sync>;
 
 pub(super) struct DialTask {
     reactor: Weak<Reactor>,
@@ -37,6 +39,7 @@ pub(super) struct DialTask {
     thread: usize,
     token: usize,
     wanted: Wanted,
+    tried: Tried,
     st: Mutex<DialState>,
 }
 
@@ -54,7 +57,7 @@ struct DialState {
 /// Start dialling `addr` with `nstreams` streams greeting with `key`; the reactor carries it on
 /// and calls `done` once, unless `wanted` says no first. `timeout` from now is the deadline.
 #[allow(clippy::too_many_arguments)]
-pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize, timeout: Duration, wanted: Wanted, done: DialDone) -> Result<()> {
+pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize, timeout: Duration, wanted: Wanted, tried: Tried, done: DialDone) -> Result<()> {
     let thread = reactor.pick();
     let now = Instant::now();
     let task = Arc::new_cyclic(|_: &Weak<DialTask>| DialTask {
@@ -68,6 +71,7 @@ pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8
         thread,
         token: reactor.next_token.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         wanted,
+        tried,
         st: Mutex::new(DialState { attempt: None, fds: Vec::new(), retry_at: now, pause: Duration::from_millis(10), last: None, done: Some(done) }),
     });
     // The first try starts here, on the caller's thread (the sockets' connects are
@@ -138,6 +142,7 @@ impl DialTask {
         } else {
             if st.attempt.is_none() && now >= st.retry_at && now < self.deadline {
                 if let Err(e) = self.try_again(&reactor, &mut st) {
+                    (self.tried)(&e.to_string());
                     st.last = Some(e.to_string());
                     self.drop_try(&reactor, &mut st);
                     st.retry_at = now + st.pause;
@@ -175,6 +180,7 @@ impl DialTask {
                     Some(Err(e))
                 }
                 Err(e) => {
+                    (self.tried)(&e.to_string());
                     st.last = Some(e.to_string());
                     self.drop_try(&reactor, &mut st);
                     st.retry_at = now + st.pause;

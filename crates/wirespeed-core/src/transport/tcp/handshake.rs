@@ -424,6 +424,12 @@ impl Listener {
         self.inner.refused.load(SeqCst)
     }
 
+    /// `refused`, as a function that outlives this borrow (for errors raised later).
+    pub fn clone_refused(&self) -> Arc<dyn Fn() -> usize + Send + Sync> {
+        let inner = self.inner.clone();
+        Arc::new(move || inner.refused.load(SeqCst))
+    }
+
     /// Streams refused quietly, as the protocol asks (`Vet`): a group's crossing dials.
     pub fn quiet_refusals(&self) -> usize {
         self.inner.quiet_refusals.load(SeqCst)

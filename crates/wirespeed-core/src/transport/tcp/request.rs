@@ -42,6 +42,11 @@ impl Request {
         Ok(Some(self.st.bytes.load(Acquire)))
     }
 
+    /// Whether the request's connection has its streams (a pending one may not yet).
+    pub fn is_connected(&self) -> bool {
+        self.conn.attached()
+    }
+
     pub fn is_done(&self) -> bool {
         self.st.done.load(Acquire)
     }
