@@ -104,8 +104,7 @@ fn crossing_first_sends_make_one_connection_and_no_refusal() {
 fn crossing_first_sends_with_a_job_secret() {
     // With a secret each stream is vetted twice (its hello, then its proof): the pair's state
     // must hold across both.
-    let mut cfg = NetConfig::default();
-    cfg.secret = crate::transport::tcp::Secret::from_text("lazy-crossing-test-secret-0123456789abcdef");
+    let cfg = NetConfig { secret: crate::transport::tcp::Secret::from_text("lazy-crossing-test-secret-0123456789abcdef"), ..NetConfig::default() };
     assert!(cfg.secret.is_some());
     crossing_rounds(cfg);
 }

@@ -165,6 +165,7 @@ impl Listener {
     /// Listen on `ip` for the connections of the ranks in `dialers` (eager; lazily, of any rank
     /// with streams); `streams[r]` is how many streams rank r's connection must have; `cfg` the
     /// engine's knobs for every connection.
+    #[allow(clippy::too_many_arguments)]
     pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize], mode: Connect) -> Result<Listener> {
         let reactor = Reactor::global(&cfg)?;
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
