@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// A stream's hello: 48 bytes, and with a job secret the dialer's nonce after them (the magic
 /// says which).
-fn hello_bytes(key: &[u8; 32], stream: u32, nstreams: u32, nonce: Option<&[u8; NONCE_LEN]>) -> Vec<u8> {
+pub(super) fn hello_bytes(key: &[u8; 32], stream: u32, nstreams: u32, nonce: Option<&[u8; NONCE_LEN]>) -> Vec<u8> {
     let magic = if nonce.is_some() { HELLO_MAGIC_AUTH } else { HELLO_MAGIC };
     let mut b = Vec::with_capacity(HELLO_AUTH_LEN);
     b.extend_from_slice(&magic.to_le_bytes());
@@ -39,6 +39,30 @@ fn parse_hello(b: &[u8]) -> Option<([u8; 32], u32, u32)> {
     }
     let w = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
     Some((b[8..40].try_into().unwrap(), w(40), w(44)))
+}
+
+/// Whether the dialer closed `sock` (end of stream, or a reset): a stream in a bundle is silent
+/// until its connection is whole, so anything but "nothing to read yet" or bytes means it is gone.
+fn dialer_closed(sock: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    match sock.peek(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !would_block(&e) && e.kind() != std::io::ErrorKind::Interrupted,
+    }
+}
+
+/// Drop `key`'s bundle if its dialer closed any stream of it. A dialer makes one try at a time
+/// and closes every stream of a try that failed (one stream refused or reset) before it tries
+/// again (dial.rs, and the eager dialers in hosts/mesh.rs), so such a bundle is the leftover of
+/// an abandoned try: kept, its streams would refuse the retry's streams of the same index as
+/// duplicates (until it expired, 5 s later), or complete it with streams nobody writes to, and
+/// the connection would be made of two tries, one side holding a stream the other side closed.
+/// Not a refusal: the dialer itself gave those streams up.
+fn forget_abandoned(bundles: &mut HashMap<[u8; 32], Bundle>, key: &[u8; 32]) {
+    if bundles.get(key).is_some_and(|b| b.streams.iter().flatten().any(dialer_closed)) {
+        bundles.remove(key);
+    }
 }
 
 /// Write a few handshake bytes on a non-blocking socket: into an empty send buffer they always
@@ -265,6 +289,7 @@ impl ListenerInner {
                         (Some(_), false) => return self.give_up(&reactor, st, id, "it has no job secret, and this job requires one: give every rank the same WIRESPEED_JOB_SECRET"),
                         (None, true) => return self.give_up(&reactor, st, id, "it proves a job secret and this rank has none: give every rank the same WIRESPEED_JOB_SECRET"),
                     };
+                    forget_abandoned(&mut state.bundles, &key);
                     if let Some(b) = state.bundles.get(&key) {
                         if b.streams.len() != n as usize || b.streams[stream as usize].is_some() {
                             return self.give_up(&reactor, st, id, &format!("a duplicate or inconsistent stream {stream} of {n}"));
@@ -310,6 +335,8 @@ impl ListenerInner {
     /// bundle, which is ready once every stream of the key has come.
     #[allow(clippy::too_many_arguments)]
     fn accept_stream(&self, mut st: std::sync::MutexGuard<'_, ListenerState>, sock: TcpStream, from: SocketAddr, key: [u8; 32], stream: u32, n: u32, reply: &[u8]) {
+        // Again here: with a job secret, the proof took a round trip since the hello's check.
+        forget_abandoned(&mut st.bundles, &key);
         let b = st.bundles.entry(key).or_insert_with(|| Bundle { streams: (0..n).map(|_| None).collect(), from, since: Instant::now() });
         if b.streams.len() != n as usize || b.streams[stream as usize].is_some() {
             drop(st);
