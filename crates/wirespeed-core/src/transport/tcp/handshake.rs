@@ -219,6 +219,10 @@ impl ListenerInner {
                     }
                 }
                 Err(e) if would_block(&e) => return,
+                // A connection reset in the queue, or a signal: the next one may be fine.
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted) => continue,
+                // Out of descriptors or memory, for now: what stays queued raises no new edge,
+                // so the reactor's tick calls this again (reactor.rs).
                 Err(_) => return,
             }
         }

@@ -166,6 +166,11 @@ fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
                 .collect();
             for l in listeners {
                 l.expire();
+                // A connection whose accept failed (no descriptor free, for a moment) is still
+                // queued, and only a new connection would raise the listener's edge again: a
+                // dialer (a group's lazy dial, whose peer waits on it) would stall to its
+                // deadline. One accept that finds nothing, per listener and tick, otherwise.
+                l.accept_all();
             }
             // Retries and deadlines of the dials: no socket event comes for them.
             let dials: Vec<Arc<DialTask>> = t.entries.lock().unwrap().values()
