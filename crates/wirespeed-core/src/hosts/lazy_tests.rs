@@ -15,7 +15,7 @@ const NSTREAMS: usize = 2;
 
 /// `world` meshes (one per thread's rank, each rank its own host), set up as a group does:
 /// every listener bound before any address is known, then `Mesh::connect` on every rank.
-fn meshes(world: usize, mode: Connect, timeout: Duration) -> Vec<Mesh> {
+pub(super) fn meshes(world: usize, mode: Connect, timeout: Duration) -> Vec<Mesh> {
     meshes_with(world, mode, timeout, NetConfig::default())
 }
 
@@ -52,7 +52,7 @@ fn msg(from: usize, to: usize, i: usize, len: usize) -> Vec<u8> {
 }
 
 /// Run `f(rank, mesh)` on every rank's own thread; their results in rank order.
-fn on_every_rank<T: Send + 'static>(ms: Vec<Mesh>, f: impl Fn(usize, &mut Mesh) -> T + Send + Sync + 'static) -> Vec<(T, Mesh)> {
+pub(super) fn on_every_rank<T: Send + 'static>(ms: Vec<Mesh>, f: impl Fn(usize, &mut Mesh) -> T + Send + Sync + 'static) -> Vec<(T, Mesh)> {
     let f = Arc::new(f);
     let hs: Vec<_> = ms
         .into_iter()

@@ -635,37 +635,16 @@ mod tests {
     #[test]
     fn the_ring_runs_over_the_mesh_alone() {
         let world = 3;
-        let token = [7u8; 16];
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let streams = vec![2; world];
-        let listeners: Vec<Listener> = (0..world)
-            .map(|r| {
-                let mut s = streams.clone();
-                s[r] = 0;
-                let dialers: Vec<usize> = (0..r).collect();
-                Listener::bind(ip, r, world, token, NetConfig::default(), &dialers, &s, Connect::Eager).unwrap()
-            })
-            .collect();
-        let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
-        let hs: Vec<_> = listeners
-            .into_iter()
-            .enumerate()
-            .map(|(r, l)| {
-                let (addrs, mut s) = (addrs.clone(), streams.clone());
-                s[r] = 0;
-                std::thread::spawn(move || {
-                    let mut m = Mesh::connect(l, r, &addrs, &s, token, Duration::from_secs(10)).unwrap();
-                    let mut v: Vec<i32> = (0..1000).map(|i| i * (r as i32 + 1)).collect();
-                    // SAFETY: `v` is a live Vec of i32 viewed as bytes for the call only.
-                    let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
-                    let members: Vec<usize> = (0..world).collect();
-                    crate::algo::ring::all_reduce(&mut m, &members, 1, b, crate::DType::I32, crate::ReduceOp::Sum, world, &mut Vec::new()).unwrap();
-                    (v, m.wait(Handle(0)).is_err())
-                })
-            })
-            .collect();
-        for h in hs {
-            let (v, refused) = h.join().unwrap();
+        let ms = crate::hosts::lazy_tests::meshes(world, Connect::Eager, Duration::from_secs(10));
+        let out = crate::hosts::lazy_tests::on_every_rank(ms, move |r, m| {
+            let mut v: Vec<i32> = (0..1000).map(|i| i * (r as i32 + 1)).collect();
+            // SAFETY: `v` is a live Vec of i32 viewed as bytes for the call only.
+            let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
+            let members: Vec<usize> = (0..world).collect();
+            crate::algo::ring::all_reduce(m, &members, 1, b, crate::DType::I32, crate::ReduceOp::Sum, world, &mut Vec::new()).unwrap();
+            (v, m.wait(Handle(0)).is_err())
+        });
+        for ((v, refused), _) in out {
             assert!(v.iter().enumerate().all(|(i, &x)| x == i as i32 * 6), "wrong sum");
             assert!(refused, "a handle waited twice must be refused");
         }
