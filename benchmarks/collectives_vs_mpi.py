@@ -27,6 +27,21 @@ output, reduce_scatter's input, all_reduce's and broadcast's buffer). busbw = si
 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for broadcast.
 Every contender's result is checked against the exact answer before it is timed; a wrong result
 stops the run.
+
+The copy bound (all_reduce, 16 MiB and up). On one host both wirespeed and Open MPI (vader with CMA)
+move the bytes with the kernel's cross-process copy, so that copy's speed bounds them. Before each
+world size the driver measures, in the same run, one process copying with nothing else of ours
+running: memcpy (ctypes.memmove between two written buffers) and process_vm_readv from a second,
+sleeping process, S bytes as one call or as back-to-back calls of 256 KiB, 1 MiB or 4 MiB (a library
+copies in pieces, and pieces may meet the caches better), the best chunking's best of 5 timed
+copies, every chunking's bytes checked once. Then:  busbw <= min(n, cores) x C / n,  C the process_vm_readv rate at that size. Why: every rank
+must end with the sum of all n inputs, so each receives at least 2(n-1)/n x S bytes (reduce-scatter
+then all-gather: (n-1)/n x S in each phase; at 2 ranks one whole copy each way is S too); that is
+2(n-1) x S bytes copied in all, by at most min(n, cores) cores at once, so t >= 2(n-1)S / (min(n,
+cores) x C), and busbw = S/t x 2(n-1)/n gives the bound (2 ranks on 2 cores: C; 4 ranks: C/2).
+It ignores the reduction's cost, latency, and parallel copies slowing each other (one memory
+system): so it is an upper limit, likely loose; a library above it means an assumption is wrong
+(e.g. a way to move bytes without a copy, or C measured low), and the line says so.
 """
 from __future__ import annotations
 
@@ -52,6 +67,25 @@ FLOOR = "torch-floor"
 def busbw_factor(coll: str, n: int) -> float:
     return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
             "broadcast": 1.0}[coll]
+
+
+BOUND_FROM = 16 << 20  # all_reduce sizes from here up get the copy-bound lines
+
+
+def allreduce_copy_bound(n: int, cores: int, copy_bw: float) -> float:
+    """The highest busbw (same unit as copy_bw) a one-host all_reduce of n ranks can reach when its
+    bytes move by cross-process copies that run at copy_bw on each of min(n, cores) cores at once.
+
+    Every rank must end with the sum of all n inputs, so in the bandwidth model every rank receives at
+    least 2(n-1)/n x S bytes (reduce-scatter + all-gather reaches it: (n-1)/n x S in each phase; at 2
+    ranks "one whole copy each way" receives S too). Moved by copies, that is 2(n-1) x S bytes copied
+    in all; with p = min(n, cores) copies in parallel the time is t >= 2(n-1)S / (p x copy_bw), and
+    busbw = S/t x 2(n-1)/n <= p x copy_bw / n. Ignored, so the bound stays an upper limit: the
+    reduction's own arithmetic and memory traffic, latency, synchronisation, and parallel copies
+    slowing each other through the shared memory system."""
+    if n < 2 or cores < 1 or copy_bw <= 0:
+        raise ValueError(f"need n >= 2, cores >= 1, copy_bw > 0 (got {n}, {cores}, {copy_bw})")
+    return min(n, cores) * copy_bw / n
 
 
 # ---------------------------------------------------------------- worker side
@@ -251,6 +285,100 @@ def run_world(world, a):
     raise SystemExit(f"the {world}-rank run (exit {p.returncode}) produced no result:\n{out[-3000:]}")
 
 
+# A second process whose memory the driver reads with process_vm_readv: it fills a buffer with a known
+# pattern (so the copy can be checked), prints the buffer's address and waits for its stdin to close.
+_PEER = """
+import ctypes, mmap, sys
+n = int(sys.argv[1])
+m = mmap.mmap(-1, n)
+m[:] = bytes(range(256)) * (n // 256)
+print(ctypes.addressof(ctypes.c_char.from_buffer(m)), flush=True)
+sys.stdin.read()
+"""
+
+
+COPY_CHUNKS = (256 << 10, 1 << 20, 4 << 20)  # besides one whole-buffer call
+
+
+def copy_bandwidths(sizes, reps=5):
+    """{size: (memcpy bytes/s, process_vm_readv bytes/s, chunk bytes of the latter's best)} in this
+    process: S bytes copied as one call or as back-to-back calls of 256 KiB, 1 MiB or 4 MiB (a library
+    may copy in pieces and its pieces may meet the caches better), the best over chunkings of the best
+    of `reps` timed copies after an untimed one. Every buffer is written before the first copy, so no
+    page fault is timed; each chunking's bytes are checked once. One process copies at a time: the
+    per-core rate the bound assumes."""
+    import ctypes
+
+    class Iovec(ctypes.Structure):
+        _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pvr = libc.process_vm_readv
+    pvr.restype = ctypes.c_ssize_t
+    pvr.argtypes = [ctypes.c_int, ctypes.POINTER(Iovec), ctypes.c_ulong, ctypes.POINTER(Iovec),
+                    ctypes.c_ulong, ctypes.c_ulong]
+    big = max(sizes)
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, str(big)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        remote = int(peer.stdout.readline())
+        pattern = bytes(range(256)) * (big // 256)
+        src, dst = bytearray(pattern), bytearray(big)
+        a_src = ctypes.addressof(ctypes.c_char.from_buffer(src))
+        a_dst = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+        ctypes.memset(a_dst, 1, big)  # touched, and not already the answer
+        out = {}
+        for n in sizes:
+            best = {"memcpy": (0.0, 0), "process_vm_readv": (0.0, 0)}
+            for chunk in [c for c in COPY_CHUNKS if c < n] + [n]:
+                offs = range(0, n, chunk)
+
+                def memcpy():
+                    for o in offs:
+                        ctypes.memmove(a_dst + o, a_src + o, chunk)
+
+                iovs = [(Iovec(a_dst + o, chunk), Iovec(remote + o, chunk)) for o in offs]
+
+                def readv():
+                    for loc, rem in iovs:
+                        got = pvr(peer.pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0)
+                        if got != chunk:
+                            raise SystemExit(f"process_vm_readv of {chunk} bytes returned {got} "
+                                             f"(errno {ctypes.get_errno()}): no cross-process copy figure")
+
+                for name, f in (("process_vm_readv", readv), ("memcpy", memcpy)):
+                    ctypes.memset(a_dst, 1, n)
+                    f()
+                    if dst[:n] != pattern[:n]:
+                        raise SystemExit(f"{name} of {n} bytes in {chunk}-byte pieces copied wrong bytes: "
+                                         "no copy figure")
+                    ts = []
+                    for _ in range(reps):
+                        t0 = time.perf_counter()
+                        f()
+                        ts.append(time.perf_counter() - t0)
+                    best[name] = max(best[name], (n / min(ts), chunk))
+            out[n] = (best["memcpy"][0], best["process_vm_readv"][0], best["process_vm_readv"][1])
+        return out
+    finally:
+        peer.stdin.close()
+        peer.wait(timeout=30)
+
+
+def llc_size():
+    """The last-level cache's size as sysfs reports it (text), or 'unknown'."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        idx = max((int(open(f"{base}/{d}/level").read()), d) for d in os.listdir(base) if d.startswith("index"))
+        return f"L{idx[0]} {open(f'{base}/{idx[1]}/size').read().strip()}"
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def fmt_bytes(n):
+    return next(f"{n >> k}{u}" for k, u in ((20, "M"), (10, "K"), (0, "")) if n >= 1 << k and n % (1 << k) == 0)
+
+
 def fmt(s):
     return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
 
@@ -291,8 +419,17 @@ def main():
            f"{'torch floor':>11} | {'bw native':>9} {'bw MPI':>7} | {'MPI/native':>10} {'MPI/torch':>9} "
            f"{'MPI/floor':>9}")
     rows = []
+    bound_sizes = [l for l in a.sizes.split(",") if SIZES[l] >= BOUND_FROM] if "all_reduce" in a.colls.split(",") else []
+    cores = os.cpu_count()
     for w in worlds:
         print(f"# {w} ranks: {load()} at the start", flush=True)
+        bws = copy_bandwidths([SIZES[l] for l in bound_sizes]) if bound_sizes else {}
+        if bws:
+            print(f"# copy bandwidth here, now, one process copying, best of 5 and of 256K/1M/4M/whole pieces "
+                  f"(last-level cache: {llc_size()}): "
+                  + "; ".join(f"{l}: memcpy {bws[SIZES[l]][0] / 1e9:.2f} GB/s, process_vm_readv "
+                              f"{bws[SIZES[l]][1] / 1e9:.2f} GB/s ({fmt_bytes(bws[SIZES[l]][2])} pieces)"
+                              for l in bound_sizes), flush=True)
         res = run_world(w, a)
         print(hdr)
         for coll in a.colls.split(","):
@@ -307,6 +444,24 @@ def main():
                       f"{nbytes / nat * f / 1e9:9.2f} {nbytes / mpi * f / 1e9:7.2f} | {mpi / nat:10.2f} "
                       f"{mpi / tor:9.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}", flush=True)
                 rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in r}))
+        if bws:
+            print(f"# all_reduce against the copy bound: busbw <= min(ranks, cores) x process_vm_readv GB/s / ranks "
+                  f"({cores} cores; reduction, latency and copies slowing each other ignored); share = busbw / bound")
+            for l in bound_sizes:
+                nbytes = SIZES[l]
+                bound = allreduce_copy_bound(w, cores, bws[nbytes][1])
+                r = res[f"all_reduce|{nbytes}"]
+                cells, over = [], []
+                for impl, name in (("ws-native", "ws-native"), ("ws-torch", "ws-torch"), ("mpi", "Open MPI")):
+                    bw = nbytes / r[impl]["median"] * busbw_factor("all_reduce", w)
+                    cells.append(f"{name} {bw / 1e9:5.2f} GB/s = {bw / bound:4.2f}")
+                    if bw > bound:
+                        over.append(name)
+                print(f"all_reduce {w:>5} {l:>5} | bound {bound / 1e9:5.2f} GB/s | " + " | ".join(cells)
+                      + (f" | ABOVE THE BOUND ({', '.join(over)}): an assumption of the bound fails here" if over else ""),
+                      flush=True)
+                rows.append(dict(collective="all_reduce", ranks=w, bytes=nbytes, cores=cores, bound=bound,
+                                 memcpy_bw=bws[nbytes][0], process_vm_readv_bw=bws[nbytes][1]))
         print(f"# {w} ranks: {load()} at the end", flush=True)
     print("# raw: " + json.dumps(rows))
 
