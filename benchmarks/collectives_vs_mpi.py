@@ -28,20 +28,23 @@ output, reduce_scatter's input, all_reduce's and broadcast's buffer). busbw = si
 Every contender's result is checked against the exact answer before it is timed; a wrong result
 stops the run.
 
-The copy bound (all_reduce, 16 MiB and up). On one host both wirespeed and Open MPI (vader with CMA)
-move the bytes with the kernel's cross-process copy, so that copy's speed bounds them. Before each
-world size the driver measures, in the same run, one process copying with nothing else of ours
+The copy bound (all_reduce, 16 MiB and up). On one host both wirespeed and Open MPI (vader with
+CMA) move the bytes with the kernel's cross-process copy, so that copy's speed bounds them. Before
+each world size the driver measures, in the same run, one process copying with nothing else of ours
 running: memcpy (ctypes.memmove between two written buffers) and process_vm_readv from a second,
-sleeping process, S bytes as one call or as back-to-back calls of 256 KiB, 1 MiB or 4 MiB (a library
-copies in pieces, and pieces may meet the caches better), the best chunking's best of 5 timed
-copies, every chunking's bytes checked once. Then:  busbw <= min(n, cores) x C / n,  C the process_vm_readv rate at that size. Why: every rank
-must end with the sum of all n inputs, so each receives at least 2(n-1)/n x S bytes (reduce-scatter
-then all-gather: (n-1)/n x S in each phase; at 2 ranks one whole copy each way is S too); that is
-2(n-1) x S bytes copied in all, by at most min(n, cores) cores at once, so t >= 2(n-1)S / (min(n,
-cores) x C), and busbw = S/t x 2(n-1)/n gives the bound (2 ranks on 2 cores: C; 4 ranks: C/2).
-It ignores the reduction's cost, latency, and parallel copies slowing each other (one memory
-system): so it is an upper limit, likely loose; a library above it means an assumption is wrong
-(e.g. a way to move bytes without a copy, or C measured low), and the line says so.
+sleeping process. S bytes go as one call, or as back-to-back calls of 256 KiB, 1 MiB or 4 MiB
+pieces, each landing in its place or all in one reused scratch piece (as a library that copies to
+scratch and reduces from there: the scratch stays in cache); the rate is the best way's best of 5
+timed copies, every way's bytes checked once. It measures both S and S/n (the piece a rank copies per
+peer, whose working set may fit a cache that S does not), and C is the faster of the two
+process_vm_readv rates. Then:  busbw <= min(n, cores) x C / n.  Why: every rank must end with the
+sum of all n inputs, so each receives at least 2(n-1)/n x S bytes (reduce-scatter then all-gather:
+(n-1)/n x S in each phase; at 2 ranks one whole copy each way is S too); that is 2(n-1) x S bytes
+copied in all, by at most min(n, cores) cores at once, so t >= 2(n-1)S / (min(n, cores) x C), and
+busbw = S/t x 2(n-1)/n gives the bound (2 ranks on 2 cores: C; 4 ranks: C/2). It ignores the
+reduction's cost, latency, and parallel copies slowing each other (one memory system), so it is an
+upper limit, likely loose; a library above it means an assumption is wrong (a way to move bytes
+without a copy, or C measured low: a faster way to copy than those tried), and the line says so.
 """
 from __future__ import annotations
 
@@ -329,15 +332,21 @@ def copy_bandwidths(sizes, reps=5):
         ctypes.memset(a_dst, 1, big)  # touched, and not already the answer
         out = {}
         for n in sizes:
-            best = {"memcpy": (0.0, 0), "process_vm_readv": (0.0, 0)}
-            for chunk in [c for c in COPY_CHUNKS if c < n] + [n]:
+            best = {"memcpy": (0.0, 0, True), "process_vm_readv": (0.0, 0, True)}
+            # (piece, into place): pieces land where they belong, so the destination is all of S;
+            # (piece, not in place): every piece lands in one reused scratch piece that stays in cache,
+            # as when a library copies into scratch and reduces from there.
+            ways = [(c, True) for c in COPY_CHUNKS if c < n] + [(n, True)] + [(c, False) for c in COPY_CHUNKS if c < n]
+            for chunk, in_place in ways:
                 offs = range(0, n, chunk)
+                pairs = [(a_dst + (o if in_place else 0), o) for o in offs]
+                last = offs[-1]
 
                 def memcpy():
-                    for o in offs:
-                        ctypes.memmove(a_dst + o, a_src + o, chunk)
+                    for d, o in pairs:
+                        ctypes.memmove(d, a_src + o, chunk)
 
-                iovs = [(Iovec(a_dst + o, chunk), Iovec(remote + o, chunk)) for o in offs]
+                iovs = [(Iovec(d, chunk), Iovec(remote + o, chunk)) for d, o in pairs]
 
                 def readv():
                     for loc, rem in iovs:
@@ -349,7 +358,7 @@ def copy_bandwidths(sizes, reps=5):
                 for name, f in (("process_vm_readv", readv), ("memcpy", memcpy)):
                     ctypes.memset(a_dst, 1, n)
                     f()
-                    if dst[:n] != pattern[:n]:
+                    if (dst[:n] != pattern[:n]) if in_place else (dst[:chunk] != pattern[last:last + chunk]):
                         raise SystemExit(f"{name} of {n} bytes in {chunk}-byte pieces copied wrong bytes: "
                                          "no copy figure")
                     ts = []
@@ -357,8 +366,8 @@ def copy_bandwidths(sizes, reps=5):
                         t0 = time.perf_counter()
                         f()
                         ts.append(time.perf_counter() - t0)
-                    best[name] = max(best[name], (n / min(ts), chunk))
-            out[n] = (best["memcpy"][0], best["process_vm_readv"][0], best["process_vm_readv"][1])
+                    best[name] = max(best[name], (n / min(ts), chunk, in_place))
+            out[n] = (best["memcpy"][0], best["process_vm_readv"][0], *best["process_vm_readv"][1:])
         return out
     finally:
         peer.stdin.close()
@@ -423,13 +432,17 @@ def main():
     cores = os.cpu_count()
     for w in worlds:
         print(f"# {w} ranks: {load()} at the start", flush=True)
-        bws = copy_bandwidths([SIZES[l] for l in bound_sizes]) if bound_sizes else {}
+        # Each size's working set and that of one rank's piece (S/n, what a reduce-scatter/all-gather
+        # copies per peer): pieces may stay in a cache that the whole buffer does not fit.
+        copy_sizes = sorted({SIZES[l] for l in bound_sizes} | {SIZES[l] // w for l in bound_sizes})
+        bws = copy_bandwidths(copy_sizes) if bound_sizes else {}
         if bws:
-            print(f"# copy bandwidth here, now, one process copying, best of 5 and of 256K/1M/4M/whole pieces "
+            print(f"# copy bandwidth here, now, one process copying, best of 5 and of 256K/1M/4M/whole pieces, in place or "
+                  f"to scratch "
                   f"(last-level cache: {llc_size()}): "
-                  + "; ".join(f"{l}: memcpy {bws[SIZES[l]][0] / 1e9:.2f} GB/s, process_vm_readv "
-                              f"{bws[SIZES[l]][1] / 1e9:.2f} GB/s ({fmt_bytes(bws[SIZES[l]][2])} pieces)"
-                              for l in bound_sizes), flush=True)
+                  + "; ".join(f"{fmt_bytes(n)}: memcpy {bws[n][0] / 1e9:.2f} GB/s, process_vm_readv "
+                              f"{bws[n][1] / 1e9:.2f} GB/s ({fmt_bytes(bws[n][2])} pieces{'' if bws[n][3] else ' to scratch'})"
+                              for n in copy_sizes), flush=True)
         res = run_world(w, a)
         print(hdr)
         for coll in a.colls.split(","):
@@ -445,11 +458,13 @@ def main():
                       f"{mpi / tor:9.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}", flush=True)
                 rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in r}))
         if bws:
-            print(f"# all_reduce against the copy bound: busbw <= min(ranks, cores) x process_vm_readv GB/s / ranks "
-                  f"({cores} cores; reduction, latency and copies slowing each other ignored); share = busbw / bound")
+            print(f"# all_reduce against the copy bound: busbw <= min(ranks, cores) x C / ranks, C = the faster "
+                  f"process_vm_readv GB/s of the size and of its piece size / ranks ({cores} cores; reduction, latency "
+                  f"and copies slowing each other ignored); share = busbw / bound")
             for l in bound_sizes:
                 nbytes = SIZES[l]
-                bound = allreduce_copy_bound(w, cores, bws[nbytes][1])
+                copy_bw = max(bws[nbytes][1], bws[nbytes // w][1])
+                bound = allreduce_copy_bound(w, cores, copy_bw)
                 r = res[f"all_reduce|{nbytes}"]
                 cells, over = [], []
                 for impl, name in (("ws-native", "ws-native"), ("ws-torch", "ws-torch"), ("mpi", "Open MPI")):
@@ -457,11 +472,13 @@ def main():
                     cells.append(f"{name} {bw / 1e9:5.2f} GB/s = {bw / bound:4.2f}")
                     if bw > bound:
                         over.append(name)
-                print(f"all_reduce {w:>5} {l:>5} | bound {bound / 1e9:5.2f} GB/s | " + " | ".join(cells)
+                print(f"all_reduce {w:>5} {l:>5} | C {copy_bw / 1e9:5.2f} bound {bound / 1e9:5.2f} GB/s | "
+                      + " | ".join(cells)
                       + (f" | ABOVE THE BOUND ({', '.join(over)}): an assumption of the bound fails here" if over else ""),
                       flush=True)
                 rows.append(dict(collective="all_reduce", ranks=w, bytes=nbytes, cores=cores, bound=bound,
-                                 memcpy_bw=bws[nbytes][0], process_vm_readv_bw=bws[nbytes][1]))
+                                 copy_bw=copy_bw,
+                                 copy={n: bws[n][:2] for n in (nbytes, nbytes // w)}))
         print(f"# {w} ranks: {load()} at the end", flush=True)
     print("# raw: " + json.dumps(rows))
 
