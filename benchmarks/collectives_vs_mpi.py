@@ -459,7 +459,7 @@ def main():
                 rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in r}))
         if bws:
             print(f"# all_reduce against the copy bound: busbw <= min(ranks, cores) x C / ranks, C = the faster "
-                  f"process_vm_readv GB/s of the size and of its piece size / ranks ({cores} cores; reduction, latency "
+                  f"process_vm_readv GB/s of the size S and of the piece S/ranks ({cores} cores; reduction, latency "
                   f"and copies slowing each other ignored); share = busbw / bound")
             for l in bound_sizes:
                 nbytes = SIZES[l]
