@@ -13,6 +13,8 @@ median over repeats, the maximum over ranks:
 - `alone`: one library only, repeat after repeat;
 - `alone, 64 MiB written before each`: one library, each rank writes 64 MiB of its own memory before
   each repeat (caches and TLB refilled with something else, as compute between steps would).
+- `alone, 20 ms asleep / spinning before each`: one library, each rank idle (sleeping) or busy on
+  its core without touching memory for about as long as the other library's turn lasts at 16 MiB.
 Each library's result is checked before anything is timed (collectives_vs_mpi.Case.check).
 """
 from __future__ import annotations
@@ -78,6 +80,16 @@ def worker(nbytes):
         run("alone", (impl,), lambda: None)
     for impl in ("ws-native", "mpi"):
         run("alone, 64 MiB written before each", (impl,), lambda: other.__iadd__(1.0))
+
+    def spin(s=0.02):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < s:
+            pass
+
+    for impl in ("ws-native", "mpi"):
+        run("alone, 20 ms asleep before each", (impl,), lambda: time.sleep(0.02))
+    for impl in ("ws-native", "mpi"):
+        run("alone, 20 ms spinning before each", (impl,), spin)
     dist.destroy_process_group()
 
 
