@@ -79,3 +79,38 @@ def test_the_last_call_of_the_timed_loops_is_checked(tmp_path):
     oop = [r for r in results if not r["inplace"]][0]
     assert oop["loops"] == LOOPS  # so the corrupted call was the last timed one
     assert oop["wrong"] == 2 and oop["time_method"] == "loops-median" and "time_p50_us" not in oop
+
+
+class BoundCallCorrupts(TorchDistBackend):
+    """The adapter's method is right, the call `bind` hands the timed loops is not: what a slip in
+    a backend's bound-call table would do."""
+
+    def bind(self, name, *args):
+        right = super().bind(name, *args)
+        if name != "all_reduce":
+            return right
+        recv = args[1]
+
+        def wrong():
+            right()
+            if recv.numel():
+                recv[0] += 1
+        return wrong
+
+
+@pytest.mark.timeout(60)
+def test_the_timed_call_is_the_checked_call(tmp_path):
+    # An in-place sum feeds its result into the next call, so it is checked on one more call on
+    # fresh inputs: that call must be the bound one the loops timed, not the adapter's method.
+    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
+    backend = BoundCallCorrupts("gloo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        results = []
+        cfg = BenchConfig(collectives=["all_reduce"], dtypes=["float32"], sizes=[4096],
+                          warmup_iters=0, iters=2, timeout_s=30)
+        run_rank(cfg, info, backend, "cpu", results.append)
+    finally:
+        dist.destroy_process_group()
+    assert [r["wrong"] for r in results if r["inplace"]] == [1], results

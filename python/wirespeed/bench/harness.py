@@ -166,13 +166,14 @@ def summarize_ops(per_rank_times_s: list[list[float]]) -> dict:
             "time_min_us": s["time_min_us"], "time_max_us": s["time_max_us"]}
 
 
-def check_last(backend: Backend, coll: Collective, case: Case, bufs) -> int:
+def check_last(backend: Backend, coll: Collective, case: Case, bufs, call: Callable[[], object]) -> int:
     """Wrong elements of the last timed call where its result lies in the buffers; else of one more
-    call on freshly filled inputs (see the module's docstring)."""
+    call on freshly filled inputs (see the module's docstring). `call` is the timed loops' bound
+    call (Collective.bind), so the checked call is the very one that was timed."""
     if not coll.repeat_keeps_result(case):
         coll.fill_inputs(case, bufs)
         backend.barrier()  # nobody may receive fresh data into a buffer a peer is still refilling
-        coll.run(backend, case, bufs)
+        call()
         backend.synchronize()
     return coll.wrong(case, bufs)
 
@@ -247,7 +248,7 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
     wrong_loop = wrong_ops = 0
     if cfg.check:
         watchdog.step(f"checking {label} (after the loops)")
-        wrong_loop = check_last(backend, coll, case, bufs)
+        wrong_loop = check_last(backend, coll, case, bufs, call)
     times = []
     if cfg.per_op:
         _start_timed(backend, coll, case, bufs)
@@ -259,7 +260,7 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
             times.append(clock() - t0)
         if cfg.check:
             watchdog.step(f"checking {label} (after the single calls)")
-            wrong_ops = check_last(backend, coll, case, bufs)
+            wrong_ops = check_last(backend, coll, case, bufs, call)
     watchdog.step(f"gathering results of {label}")
     n = len(elapsed)
     rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), sent] + elapsed + times)
