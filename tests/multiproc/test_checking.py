@@ -11,6 +11,19 @@ from wirespeed.bench.config import BenchConfig
 from wirespeed.bench.harness import LOOPS, run_rank
 
 
+def _bench_alone(tmp_path, backend, cfg):
+    """`run_rank` on a real gloo world of one in this process: (its records, its total wrong)."""
+    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        results = []
+        total = run_rank(cfg, info, backend, "cpu", results.append)
+    finally:
+        dist.destroy_process_group()
+    return results, total
+
+
 class CorruptingGloo(TorchDistBackend):
     def all_reduce(self, send, recv, op):
         super().all_reduce(send, recv, op)
@@ -25,17 +38,9 @@ class CorruptingGloo(TorchDistBackend):
 
 @pytest.mark.timeout(60)
 def test_wrong_elements_are_counted(tmp_path):
-    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
-    backend = CorruptingGloo("gloo")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        results = []
-        cfg = BenchConfig(collectives=["all_reduce", "all_gather"], dtypes=["float32", "int8"],
-                          sizes=[0, 64, 4096], warmup_iters=0, iters=2, timeout_s=30)
-        total = run_rank(cfg, info, backend, "cpu", results.append)
-    finally:
-        dist.destroy_process_group()
+    cfg = BenchConfig(collectives=["all_reduce", "all_gather"], dtypes=["float32", "int8"],
+                      sizes=[0, 64, 4096], warmup_iters=0, iters=2, timeout_s=30)
+    results, total = _bench_alone(tmp_path, CorruptingGloo("gloo"), cfg)
     by = {(r["collective"], r["dtype"], r["bytes"], r["inplace"]): r["wrong"] for r in results}
     # One corrupted element per non-empty all_reduce; two swapped ones per all_gather (int8 values may
     # coincide, so at least one), none for empty buffers.
@@ -65,17 +70,9 @@ class CorruptsOneCall(TorchDistBackend):
 def test_the_last_call_of_the_timed_loops_is_checked(tmp_path):
     # 1 warm-up call, then LOOPS loops of 3 calls (calls 2..16): corrupting the last only must be
     # caught, since an out-of-place all_gather's buffers still hold what the last timed call wrote.
-    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
-    backend = CorruptsOneCall("gloo", bad_call=1 + LOOPS * 3)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        results = []
-        cfg = BenchConfig(collectives=["all_gather"], sizes=[4096], warmup_iters=1, iters=3,
-                          timeout_s=30, per_op=False)
-        run_rank(cfg, info, backend, "cpu", results.append)
-    finally:
-        dist.destroy_process_group()
+    cfg = BenchConfig(collectives=["all_gather"], sizes=[4096], warmup_iters=1, iters=3,
+                      timeout_s=30, per_op=False)
+    results, _ = _bench_alone(tmp_path, CorruptsOneCall("gloo", bad_call=1 + LOOPS * 3), cfg)
     oop = [r for r in results if not r["inplace"]][0]
     assert oop["loops"] == LOOPS  # so the corrupted call was the last timed one
     assert oop["wrong"] == 2 and oop["time_method"] == "loops-median" and "time_p50_us" not in oop
@@ -102,15 +99,7 @@ class BoundCallCorrupts(TorchDistBackend):
 def test_the_timed_call_is_the_checked_call(tmp_path):
     # An in-place sum feeds its result into the next call, so it is checked on one more call on
     # fresh inputs: that call must be the bound one the loops timed, not the adapter's method.
-    info = RankInfo(0, 1, 0, 1, "127.0.0.1", 0)
-    backend = BoundCallCorrupts("gloo")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        results = []
-        cfg = BenchConfig(collectives=["all_reduce"], dtypes=["float32"], sizes=[4096],
-                          warmup_iters=0, iters=2, timeout_s=30)
-        run_rank(cfg, info, backend, "cpu", results.append)
-    finally:
-        dist.destroy_process_group()
+    cfg = BenchConfig(collectives=["all_reduce"], dtypes=["float32"], sizes=[4096],
+                      warmup_iters=0, iters=2, timeout_s=30)
+    results, _ = _bench_alone(tmp_path, BoundCallCorrupts("gloo"), cfg)
     assert [r["wrong"] for r in results if r["inplace"]] == [1], results
