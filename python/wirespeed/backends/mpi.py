@@ -207,6 +207,7 @@ class MpiBackend(Backend):
                               recv, op)
 
     def _bind_all_gather(self, send, recv):
+        # the harness's in-place layout: send is my slice of recv
         first = self._MPI.IN_PLACE if self._aliases(send, recv) else self._spec(send)
         return partial(self._comm.Allgather, first, self._spec(recv))
 
@@ -238,43 +239,29 @@ class MpiBackend(Backend):
 
     # -- the collectives -------------------------------------------------------------------------
 
+    # Each one call of its bound form above, resolved for this call alone: one translation of
+    # the arguments, whether a timed loop binds it once or a caller makes a single call.
+
     def all_reduce(self, send, recv, op):
-        mop = self._op(recv, op)
-        if send is recv:
-            self._comm.Allreduce(self._MPI.IN_PLACE, self._spec(recv), mop)
-        else:
-            self._comm.Allreduce(self._spec(send), self._spec(recv), mop)
-        self._average(recv, op)
+        self._bind_all_reduce(send, recv, op)()
 
     def all_gather(self, send, recv):
-        if self._aliases(send, recv):  # the harness's in-place layout: send is my slice of recv
-            self._comm.Allgather(self._MPI.IN_PLACE, self._spec(recv))
-        else:
-            self._comm.Allgather(self._spec(send), self._spec(recv))
+        self._bind_all_gather(send, recv)()
 
     def reduce_scatter(self, send, recv, op):
-        self._comm.Reduce_scatter_block(self._spec(send), self._spec(recv), self._op(recv, op))
-        self._average(recv, op)
+        self._bind_reduce_scatter(send, recv, op)()
 
     def broadcast(self, send, recv, root):
-        self._comm.Bcast(self._spec(recv), root)
+        self._bind_broadcast(send, recv, root)()
 
     def reduce(self, send, recv, op, root):
-        mop = self._op(recv, op)
-        me = self._comm.Get_rank()
-        if send is recv:
-            self._comm.Reduce(self._MPI.IN_PLACE if me == root else self._spec(send),
-                              self._spec(recv) if me == root else None, mop, root)
-        else:
-            self._comm.Reduce(self._spec(send), self._spec(recv), mop, root)
-        if me == root:
-            self._average(recv, op)
+        self._bind_reduce(send, recv, op, root)()
 
     def all_to_all(self, send, recv):
-        self._comm.Alltoall(self._spec(send), self._spec(recv))
+        self._bind_all_to_all(send, recv)()
 
     def send_recv(self, send, recv, to, frm):
-        self._comm.Sendrecv(self._spec(send), to, 0, self._spec(recv), frm, 0)
+        self._bind_send_recv(send, recv, to, frm)()
 
     def barrier(self):
         self._comm.Barrier()
