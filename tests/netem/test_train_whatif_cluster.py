@@ -43,6 +43,13 @@ def test_bounds_and_what_if_on_two_emulated_hosts(capfd, cluster_name, tmp_path)
     assert m["wire_us"] == pytest.approx(m["bytes_per_step"] * 8 / 1e9 * 1e6)
     assert m["wire_us"] > m["compute_us"] and m["lower_limit_us"] == m["wire_us"]
     assert m["step_us"] >= 0.95 * m["wire_us"], m        # nothing beats the wire
+    # What TCP carries both ways at once, measured before the run: at most the cap (htb's
+    # accounting lets a few percent through above it), and the bound at that rate follows.
+    assert m["tcp_between"] == ["h0", "h1"] and 0.3 < m["tcp_each_way_gbps"] <= 1.05, m
+    assert m["wire_tcp_us"] == pytest.approx(m["wire_bytes_per_step"] * 8 / (m["tcp_each_way_gbps"] * 1e9) * 1e6)
+    assert m["wire_tcp_us"] >= 0.95 * m["wire_us"]
+    assert m["step_vs_tcp_limit"] == pytest.approx(m["step_us"] / max(m["compute_us"], m["wire_tcp_us"]))
+    assert "TCP between h0 and h1, both ways at once" in out
     # At its own layout the what-if gives the measured step back.
     assert preds[(2, 1.0)]["step_us"] == pytest.approx(m["step_us"], rel=1e-3)
     # At 4 hosts an all_reduce puts 1.5x the bytes on each link: more time, bounded by the wire.

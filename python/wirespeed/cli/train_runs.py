@@ -115,6 +115,7 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
     median run (by step time). Returns the exit status."""
     runs: dict[str, list[dict]] = {b: [] for b in backends}
     failures, codes = [], []
+    ceiling = _link_ceiling(cfg, args)
     base = init = None   # the first backend's parameters, every other run compared with them
     env = for_children(os.environ)
     total = len(backends) * repeat
@@ -152,6 +153,8 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
         one = _one_rank_run(cfg, backends[0], args, env, Path(tmp)) \
             if cfg.nproc > 1 and not args.no_scaling and not failures else None
     records = [_median_run(rs) for rs in runs.values() if rs]
+    for r in records:
+        _with_ceiling(r, ceiling)
     predicted = [p for r in records for p in r.pop("_predicted", [])]
     if one:
         for r in records:
@@ -174,6 +177,34 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                          f"{PARAM_TOLERANCE:g} of the distance training moved them\n")
         return EXIT_MISMATCH
     return 0
+
+
+def _link_ceiling(cfg, args) -> dict | None:
+    """On the emulated cluster, what TCP carries between the job's first two hosts, both ways at
+    once (launch.cluster.job_link_ceiling), measured before the runs; None elsewhere, or when the
+    probe fails (said, and the run goes on: it is a figure beside the run's, not the run)."""
+    if not getattr(args, "cluster", None) or cfg.nproc < 2:
+        return None
+    from ..launch.cluster import job_link_ceiling
+    from ..netem.ns import NetemError
+    try:
+        return job_link_ceiling(args.cluster, cfg.nproc, getattr(args, "ranks_per_host", None))
+    except NetemError as e:
+        _say(f"# the links' TCP rate could not be measured ({e}); no TCP bound")
+        return None
+
+
+def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
+    """The wire time and the step's multiple of its lower limit at the rate TCP was measured to
+    carry (the `wire_us` beside them is at the link's nominal rate)."""
+    if not ceiling or not rec.get("wire_bytes_per_step") or rec.get("hosts", 1) < 2:
+        return
+    rate = ceiling["each_way_bps"]
+    wire = rec["wire_bytes_per_step"] * 8 / rate * 1e6
+    rec["tcp_each_way_gbps"] = rate / 1e9
+    rec["tcp_between"] = ceiling["between"]
+    rec["wire_tcp_us"] = wire
+    rec["step_vs_tcp_limit"] = rec["step_us"] / max(rec["compute_us"], wire)
 
 
 def _one_rank_run(cfg, backend: str, args, env: dict, tmp: Path) -> dict | None:
@@ -245,6 +276,14 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
                  f"({first['link_rate_gbps']:g} Gbit/s, {first['wire_bytes_per_step'] / 1e6:.1f} MB "
                  f"over {first['hosts']} hosts); x limit = step / max(compute, wire), 1.00x is "
                  "perfect overlap")
+        if first.get("wire_tcp_us") is not None:
+            nominal = (f", {first['tcp_each_way_gbps'] / first['link_rate_gbps']:.0%} of the link's "
+                       "rate") if first.get("link_rate_gbps") else ""
+            _say(f"# TCP between {' and '.join(first['tcp_between'])}, both ways at once (4 flows each "
+                 f"way, before the runs): {first['tcp_each_way_gbps']:.3g} Gbit/s each way{nominal}; "
+                 f"the wire at that rate {first['wire_tcp_us'] / 1e3:.1f} ms, x that limit: "
+                 + ", ".join(f"{r['backend']} {r['step_vs_tcp_limit']:.2f}x" for r in records
+                             if r.get("step_vs_tcp_limit")))
         if one:
             _say(f"# scaling efficiency = samples/s per rank over one rank's ({one['backend']}, "
                  f"{one['samples_per_s']:.2f} samples/s): "

@@ -131,6 +131,20 @@ def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = N
     return supervise(procs, explain=lambda: link_problems(cluster, hosts_of))
 
 
+def job_link_ceiling(name: str, nproc: int, ranks_per_host: int | None) -> dict | None:
+    """What TCP carries, both ways at once, between the hosts of a job's rank 0 and of the first
+    rank on another host (netem.cluster.measure_both_ways); None for a job on one host. Taken
+    before the job's ranks start, so nothing of the job shares the link with it."""
+    from ..netem.ns import require_admin
+    require_admin("measuring the emulated cluster's links")
+    cluster = C.require(C.check_name(name))
+    hosts_of = placement(nproc, len(cluster.hosts), ranks_per_host)
+    other = next((h for h in hosts_of if h != hosts_of[0]), None)
+    if other is None:
+        return None
+    return C.measure_both_ways(cluster, hosts_of[0], other)
+
+
 def _link_is_up(netns: str, dev: str) -> bool:
     """Administratively up and with a carrier (`ip -o link` flags UP and LOWER_UP)."""
     from ..netem.ns import run

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import UsageError
 from . import shaping
-from .measure import tcp_throughput
+from .measure import tcp_throughput, tcp_throughput_many
 from .ns import NETNS_DIR, NetemError, kill_netns_processes, list_netns, require_admin, run, tc_batch
 
 PREFIX = "wsnet-"
@@ -376,6 +376,18 @@ def measure_cluster(c: Cluster, seconds: float = 1.0) -> dict:
            "parallel_bps": tcp_throughput(a.netns, b.netns, b.addr, streams, seconds)}
     out["when"] = time.time()
     return out
+
+
+def measure_both_ways(c: Cluster, a: int, b: int, streams: int = 4, seconds: float = 1.0) -> dict:
+    """What TCP carries between hosts a and b while both send at once, `streams` flows each way:
+    the rate a job's collectives can get between them, which on this machine can be well below
+    the links' cap (every packet crosses two veths, a bridge and two htb queues on the same cores
+    the ranks use). Bits per second each way, and the slower of the two."""
+    ha, hb = c.hosts[a], c.hosts[b]
+    ab, ba = tcp_throughput_many([(ha.netns, hb.netns, hb.addr), (hb.netns, ha.netns, ha.addr)],
+                                 streams, seconds)
+    return {"between": [f"h{a}", f"h{b}"], "streams": streams, "seconds": seconds,
+            "bps": [ab, ba], "each_way_bps": min(ab, ba), "when": time.time()}
 
 
 def remeasure(name: str = DEFAULT_NAME) -> Cluster:
