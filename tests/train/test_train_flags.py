@@ -20,6 +20,7 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     (["--model", "gpt2"], "unknown --model 'gpt2'"),            # transformers' gpt2 is `model`'s, not ours
     ([*GPT, "--parallel", "zero3"], "--parallel zero3: choose ddp or fsdp"),
     ([*GPT, "--optimizer", "adam"], "--optimizer adam: choose sgd or adamw"),
+    ([*GPT, "--parallel", "fsdp", "--timeline"], "--timeline times DDP's buckets"),
     ([*GPT, "--batch-size", "0"], "--batch-size must be at least 1"),
     ([*GPT, "--batch-size", "lots"], "--batch-size must be a number"),
     ([*GPT, "--layers", "-1"], "--layers must not be negative"),

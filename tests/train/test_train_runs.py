@@ -65,6 +65,26 @@ def test_two_ranks_agree_on_every_rank_and_across_backends(tmp_path, parallel):
     _check(p, recs, 2, parallel, _gpt_params())
 
 
+@pytest.mark.timeout(240)
+def test_timeline_places_the_buckets_in_the_step(tmp_path):
+    """--timeline: DDP's buckets go through a comm hook that records them; the marks fall in the
+    step in order, and the hook leaves the training what it was (same state on both backends)."""
+    out = tmp_path / "t.jsonl"
+    # Buckets of ~10 KB: several per step, so the union of their spans is a real sum.
+    p = wirespeed("train", *TINY_GPT, "--backend", "gloo,wirespeed", "-N", 2, "-w", "1", "-n", "3",
+                  "-T", "60", "--bucket-mb", "0.01", "--timeline", "--json", out, "--no-save",
+                  "--no-scaling", timeout=200)
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = [json.loads(line) for line in open(out)]
+    _check(p, recs, 2, "ddp", _gpt_params())
+    for r in recs:
+        t = r["timeline"]
+        assert 0 < t["forward_ms"] <= t["comm_start_ms"] < t["comm_end_ms"], t
+        assert t["comm_end_ms"] <= r["step_max_us"] / 1e3 * 1.01, (t, r["step_max_us"])
+        assert 0 < t["comm_busy_ms"] <= t["comm_end_ms"] - t["comm_start_ms"] + 0.01, t
+        assert f"# timeline {r['backend']} (median step of the rank done last): forward pass done at" in p.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])

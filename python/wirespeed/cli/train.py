@@ -39,6 +39,9 @@ def register(sub) -> None:
     add(p, "--vocab", default="1024", help="gpt: vocabulary size")
     add(p, "--bucket-mb", default="25", help="ddp: bucket size in MiB (DDP's bucket_cap_mb)")
     add(p, "--optimizer", default="sgd", help="sgd or adamw")
+    add(p, "--timeline", action="store_true", help="ddp: also time when each step's buckets go out "
+        "and come back (through a comm hook doing what DDP's own all_reduce does, on every backend "
+        "alike) and print where in the step the communication ran and at what rate")
     flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, nccl",
                 default_backend="nccl with GPUs, else gloo")
     flags.iterations(p, warmup="2", iters="10", unit="training steps")
@@ -103,6 +106,9 @@ def config_from_args(args) -> tuple[list[str], "object"]:
         raise UsageError("--bucket-mb must be positive (DDP's bucket_cap_mb)")
     if args.parallel == "fsdp" and fsdp_missing():
         raise UsageError(f"--parallel fsdp: {fsdp_missing()}")
+    if args.timeline and args.parallel != "ddp":
+        raise UsageError("--timeline times DDP's buckets; FSDP2 has none: drop --timeline or use "
+                         "--parallel ddp")
     backends = split_backends(args.backend) if args.backend is not None else [None]
     resolved = [resolve_backend(b, args.device) for b in backends]
     devices = {d for _, d in resolved}
@@ -124,7 +130,8 @@ def config_from_args(args) -> tuple[list[str], "object"]:
     cfg = TrainConfig(spec=spec, parallel=args.parallel, bucket_mb=bucket_mb, optimizer=args.optimizer,
                       backend=backend, device=device, nproc=default_nproc(args.nproc, device),
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
-                      timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0)
+                      timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0,
+                      timeline=bool(args.timeline))
     return [b for b, _ in resolved], cfg
 
 
@@ -306,6 +313,7 @@ def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None
         "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
         "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
         "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
+        **({"timeline": out["timeline"]} if "timeline" in out else {}),
         # The wire time and the lower limit max(compute, wire) (workloads/train_whatif.py).
         **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),
                  measured_bps or (link_fields().get("link_rate_gbps", 0) * 1e9) or None),

@@ -41,7 +41,7 @@ def child_argv(cfg, backend: str, json_path: Path, state_path: Path, args) -> li
             "--bucket-mb", f"{cfg.bucket_mb:g}", "--optimizer", cfg.optimizer, "--backend", backend,
             "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
             "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", str(json_path),
-            "--state-out", str(state_path), "--no-save"]
+            "--state-out", str(state_path), "--no-save"] + (["--timeline"] if cfg.timeline else [])
     for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
         if getattr(args, flag, None):
             argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -99,6 +99,22 @@ def table(records: list[dict], first: dict | None = None) -> str:
             row += f" {r['samples_per_s'] / first['samples_per_s']:>7.2f}x"
         lines.append(row)
     return "\n".join(lines)
+
+
+def timeline_line(r: dict) -> str:
+    """Where in the step a backend's communication ran (workloads/timeline.py), and the rate the
+    link's bytes moved at while some bucket was in the backend's hands."""
+    t = r["timeline"]
+    line = (f"# timeline {r['backend']} (median step of the rank done last): forward pass done at "
+            f"{t['forward_ms']:.0f} ms; buckets out from {t['comm_start_ms']:.0f} ms, the last back at "
+            f"{t['comm_end_ms']:.0f} ms of a {r['step_us'] / 1e3:.0f} ms step; some bucket pending "
+            f"{t['comm_busy_ms']:.0f} ms")
+    if r.get("wire_bytes_per_step") and t["comm_busy_ms"] > 0:
+        gbps = r["wire_bytes_per_step"] * 8 / (t["comm_busy_ms"] * 1e-3) / 1e9
+        line += f", the link's bytes at {gbps:.3g} Gbit/s each way"
+        if r.get("tcp_each_way_gbps"):
+            line += f" ({gbps / r['tcp_each_way_gbps']:.0%} of TCP's measured rate)"
+    return line
 
 
 def quote(first: dict, r: dict) -> str:
@@ -284,6 +300,9 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
                  f"the wire at that rate {first['wire_tcp_us'] / 1e3:.1f} ms, x that limit: "
                  + ", ".join(f"{r['backend']} {r['step_vs_tcp_limit']:.2f}x" for r in records
                              if r.get("step_vs_tcp_limit")))
+        for r in records:
+            if r.get("timeline"):
+                _say(timeline_line(r))
         if one:
             _say(f"# scaling efficiency = samples/s per rank over one rank's ({one['backend']}, "
                  f"{one['samples_per_s']:.2f} samples/s): "

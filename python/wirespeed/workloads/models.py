@@ -62,7 +62,7 @@ def _transformers(kind: str, **config) -> Callable[[], object]:
         try:
             import transformers
         except ImportError:
-            raise UsageError(f"this --model needs transformers: run `make setup` "
+            raise UsageError("this --model needs transformers: run `make setup` "
                              "or `pip install transformers`") from None
         transformers.logging.set_verbosity_error()
         if kind == "gpt2":

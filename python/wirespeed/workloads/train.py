@@ -44,6 +44,8 @@ class TrainConfig:
     timeout_s: float = 300.0
     # After the timed steps, bench the step's own collectives (for the what-if): calls per size.
     whatif_iters: int = 0
+    # DDP: time each step's buckets through a comm hook (workloads/timeline.py).
+    timeline: bool = False
 
 
 def rank_bytes(cfg: TrainConfig) -> int:
@@ -243,10 +245,18 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         watchdog.step(f"wrapping the network in {cfg.parallel}")
         model, ddp_calls = wrap(cfg, net, device)
         opt = _optimizer(cfg, model.parameters())
+        timeline = None
+        if cfg.timeline:
+            from .timeline import CommTimeline
+            timeline = CommTimeline(info.world_size)
+            timeline.register(model)
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss_of(model, spec, inputs, targets).backward()
+            loss = loss_of(model, spec, inputs, targets)
+            if timeline is not None:
+                timeline.forward_done()
+            loss.backward()
             opt.step()
 
         early: list[torch.Tensor] = []
@@ -277,7 +287,11 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         for i in range(cfg.iters):
             watchdog.step(f"timed step {i + 1} of {cfg.iters}")
             counter.log = [] if i == 0 else None   # the calls of one step, for the bounds
+            if timeline is not None:
+                timeline.begin()
             times.append(_timed(step, backend.synchronize))
+            if timeline is not None:
+                timeline.end()
             if i == 0:
                 calls = ddp_calls + counter.log
             snapshot()
@@ -291,15 +305,20 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
 
     watchdog.step("gathering the figures")
     h = float(int(digest[:12], 16))   # 48 bits: exact in a float64
-    rows = backend.allgather_floats([h, bytes_per_step, *times, *compute])
+    marks = timeline.median_step() if timeline is not None else []
+    rows = backend.allgather_floats([h, bytes_per_step, *times, *compute, *marks])
     check_digests([row[0] for row in rows], cfg.iters)
     n = cfg.iters
     step_s = summarize([row[2:2 + n] for row in rows])
-    compute_s = summarize([row[2 + n:] for row in rows])
+    compute_s = summarize([row[2 + n:2 + 2 * n] for row in rows])
     out = {"step": step_s, "compute": compute_s, "state_digest": digest,
            "bytes_per_step": max(row[1] for row in rows), "calls_per_step": calls_per_step,
            "parameters": sum(t.numel() for t in params), "calls": calls,
            "hosts": backend.host_names()}
+    if timeline is not None:   # the rank whose communication ended last (it sets the step)
+        from .timeline import FIELDS
+        late = max(rows, key=lambda row: row[2 + 2 * n + FIELDS.index("comm_end_ms")])
+        out["timeline"] = dict(zip(FIELDS, late[2 + 2 * n:]))
     if rank == 0:
         out["params"] = {"early": early, "final": torch.cat(params) if params else torch.empty(0)}
     if cfg.whatif_iters and len(set(out["hosts"])) > 1:   # it prices the links between hosts

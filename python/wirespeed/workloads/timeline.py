@@ -1,0 +1,93 @@
+"""When a DDP step communicates: `wirespeed train --timeline`.
+
+The step's figures say how much communication was exposed, not why. The timeline says where in
+the step the gradients went out: when the forward pass ended, when the first bucket was handed
+to the backend, when the last one came back, and how long some bucket was in the backend's hands
+(the union of every bucket's [handed over, done] span), from which the shell derives the rate the
+link's bytes moved at while there was something to move (cli/train_runs.py).
+
+DDP's reducer calls the process group from C++, out of Python's sight, so the buckets are caught
+with a DDP communication hook that does what DDP's built-in all_reduce does (each bucket divided
+by the world size, summed, the average handed back: torch's own `allreduce_hook`), and records
+each bucket's times. The hook is the only change to the step; with --timeline the timed steps
+run it on every backend alike, so the backends stay comparable with each other (and the records
+say it was on).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+# Taken before `wirespeed train` wraps torch.distributed's functions to count bytes: the buckets
+# are counted from DDP's plan already (train.wrap), not a second time here.
+from torch.distributed.distributed_c10d import all_reduce as _all_reduce
+
+FIELDS = ("forward_ms", "comm_start_ms", "comm_end_ms", "comm_busy_ms")
+
+
+class CommTimeline:
+    def __init__(self, world_size: int, group=None):
+        self.world_size = world_size
+        self.group = group
+        self._lock = threading.Lock()   # completions land on the backend's threads
+        self._on = False
+        self._t0 = self._forward = 0.0
+        self._spans: list[list[float]] = []
+        self.steps: list[dict] = []
+
+    def register(self, ddp_model) -> None:
+        ddp_model.register_comm_hook(self, CommTimeline._hook)
+
+    @staticmethod
+    def _hook(self: "CommTimeline", bucket):
+        t = time.perf_counter()
+        buf = bucket.buffer()
+        buf.div_(self.world_size)
+        span = [t, 0.0]
+        fut = _all_reduce(buf, group=self.group, async_op=True).get_future()
+
+        def done(f):
+            span[1] = time.perf_counter()
+            with self._lock:
+                if self._on:
+                    self._spans.append(span)
+            return f.value()[0]
+        return fut.then(done)
+
+    def begin(self) -> None:
+        with self._lock:
+            self._spans = []
+            self._on = True
+        self._t0 = time.perf_counter()
+
+    def forward_done(self) -> None:
+        self._forward = time.perf_counter()
+
+    def end(self) -> None:
+        with self._lock:
+            self._on = False
+            spans = sorted(self._spans)
+        ms = lambda t: (t - self._t0) * 1e3  # noqa: E731
+        busy, cur = 0.0, None
+        for a, b in spans:   # the union of the spans: time with some bucket in the backend's hands
+            if cur is None or a > cur[1]:
+                if cur is not None:
+                    busy += cur[1] - cur[0]
+                cur = [a, b]
+            else:
+                cur[1] = max(cur[1], b)
+        if cur is not None:
+            busy += cur[1] - cur[0]
+        self.steps.append({"forward_ms": ms(self._forward),
+                           "comm_start_ms": ms(spans[0][0]) if spans else 0.0,
+                           "comm_end_ms": ms(max(b for _, b in spans)) if spans else 0.0,
+                           "comm_busy_ms": busy * 1e3})
+
+    def median_step(self) -> list[float]:
+        """The marks of the step whose last bucket came back at the median time (every mark from
+        that one step, so they stay consistent with each other), in FIELDS' order."""
+        if not self.steps:
+            return [0.0] * len(FIELDS)
+        ordered = sorted(self.steps, key=lambda s: s["comm_end_ms"])
+        step = ordered[(len(ordered) - 1) // 2]
+        return [step[f] for f in FIELDS]
