@@ -49,7 +49,7 @@ def test_bounds_and_what_if_on_two_emulated_hosts(capfd, cluster_name, tmp_path)
     assert m["wire_tcp_us"] == pytest.approx(m["wire_bytes_per_step"] * 8 / (m["tcp_each_way_gbps"] * 1e9) * 1e6)
     assert m["wire_tcp_us"] >= 0.95 * m["wire_us"]
     assert m["step_vs_tcp_limit"] == pytest.approx(m["step_us"] / max(m["compute_us"], m["wire_tcp_us"]))
-    assert "TCP between h0 and h1, both ways at once" in out
+    assert "TCP between h0 and h1, both ways at once (16 flows each way" in out
     # At its own layout the what-if gives the measured step back.
     assert preds[(2, 1.0)]["step_us"] == pytest.approx(m["step_us"], rel=1e-3)
     # At 4 hosts an all_reduce puts 1.5x the bytes on each link: more time, bounded by the wire.

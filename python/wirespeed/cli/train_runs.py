@@ -219,6 +219,7 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     wire = rec["wire_bytes_per_step"] * 8 / rate * 1e6
     rec["tcp_each_way_gbps"] = rate / 1e9
     rec["tcp_between"] = ceiling["between"]
+    rec["tcp_streams"] = ceiling["streams"]
     rec["wire_tcp_us"] = wire
     rec["step_vs_tcp_limit"] = rec["step_us"] / max(rec["compute_us"], wire)
 
@@ -295,8 +296,8 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
         if first.get("wire_tcp_us") is not None:
             nominal = (f", {first['tcp_each_way_gbps'] / first['link_rate_gbps']:.0%} of the link's "
                        "rate") if first.get("link_rate_gbps") else ""
-            _say(f"# TCP between {' and '.join(first['tcp_between'])}, both ways at once (4 flows each "
-                 f"way, before the runs): {first['tcp_each_way_gbps']:.3g} Gbit/s each way{nominal}; "
+            _say(f"# TCP between {' and '.join(first['tcp_between'])}, both ways at once "
+                 f"({first['tcp_streams']} flows each way, before the runs): {first['tcp_each_way_gbps']:.3g} Gbit/s each way{nominal}; "
                  f"the wire at that rate {first['wire_tcp_us'] / 1e3:.1f} ms, x that limit: "
                  + ", ".join(f"{r['backend']} {r['step_vs_tcp_limit']:.2f}x" for r in records
                              if r.get("step_vs_tcp_limit")))

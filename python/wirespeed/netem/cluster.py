@@ -378,11 +378,13 @@ def measure_cluster(c: Cluster, seconds: float = 1.0) -> dict:
     return out
 
 
-def measure_both_ways(c: Cluster, a: int, b: int, streams: int = 4, seconds: float = 1.0) -> dict:
+def measure_both_ways(c: Cluster, a: int, b: int, streams: int = 16, seconds: float = 1.0) -> dict:
     """What TCP carries between hosts a and b while both send at once, `streams` flows each way:
     the rate a job's collectives can get between them, which on this machine can be well below
     the links' cap (every packet crosses two veths, a bridge and two htb queues on the same cores
-    the ranks use). Bits per second each way, and the slower of the two."""
+    the ranks use). Bits per second each way, and the slower of the two. 16 flows by default: enough
+    to fill a link whose flows are capped (8 of 250 Mbit/s fill 2 Gbit/s), with room for two flows
+    landing in one cap's bucket."""
     ha, hb = c.hosts[a], c.hosts[b]
     ab, ba = tcp_throughput_many([(ha.netns, hb.netns, hb.addr), (hb.netns, ha.netns, ha.addr)],
                                  streams, seconds)
