@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -245,6 +246,40 @@ def dist_sync_strided(c: Ctx):
                total(c.world, 2 * m * c.world, dt)[::2][c.rank * m:(c.rank + 1) * m])
 
 
+def pg_methods(c: Ctx):
+    """The ProcessGroup's own methods, in each of torch's overloads (options; a list and an op; one
+    tensor and an op; one tensor and a root; a timeout), blocking and not, as DDP's C++ reducer and
+    hand-written callers use them: the wirespeed group runs some straight on its backend, and must
+    pass the others to torch's binding whole."""
+    pg = c.group
+    ops = ((dist.ReduceOp.SUM, lambda ts: sum(ts)), (dist.ReduceOp.MAX, lambda ts: torch.stack(ts).amax(0)))
+
+    def waited(w):
+        if w is not None:        # a blocking call may complete inline and return None
+            w.wait()
+
+    for n, dt, tag in grid():
+        ins = [data(r, n, dt) for r in range(c.world)]
+        for op, want_of in ops:
+            want = want_of(ins).to(dt)
+            for blocking in (True, False):
+                opts = dist.AllreduceOptions()
+                opts.reduceOp, opts.asyncOp = op, not blocking
+                x = data(c.rank, n, dt)
+                waited(pg.allreduce([x], opts))
+                c.same(f"pg.allreduce([t], opts) {op} blocking={blocking} {tag}", x, want)
+            x = data(c.rank, n, dt)
+            waited(pg.allreduce([x], op))
+            c.same(f"pg.allreduce([t], op) {op} {tag}", x, want)
+            x = data(c.rank, n, dt)
+            waited(pg.allreduce(x, op))
+            c.same(f"pg.allreduce(t, op) {op} {tag}", x, want)
+        x = data(c.rank, n, dt, 3)
+        waited(pg.broadcast(x, c.world - 1))
+        c.same(f"pg.broadcast(t, root) {tag}", x, data(c.world - 1, n, dt, 3))
+    waited(pg.barrier(timedelta(seconds=30)))
+
+
 # ---- _coalescing_manager (what FSDP1 and DDP's coalesced paths use) ----
 
 def coalescing_manager(c: Ctx):
@@ -366,6 +401,7 @@ CASES = {
     "dist.gather+scatter[async]": dist_gather_scatter,
     "dist.isend+irecv": dist_send_recv,
     "dist.*[sync,strided]": dist_sync_strided,
+    "ProcessGroup methods[overloads]": pg_methods,
     "_coalescing_manager": coalescing_manager,
     "_c10d_functional+wait_tensor": c10d_functional,
     "_functional_collectives": funcol_calls,

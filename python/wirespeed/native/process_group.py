@@ -13,8 +13,16 @@ dispatcher, its C++ wrappers of a Python Work and the flight recorder's hook cos
 call here (the call itself costs ~10 us blocking, ~20 us async with its wait, in a group of one),
 so collectives called on this group go straight to the backend. torch's flight recorder and
 collective hooks therefore do not see them. They take torch's path when an async op's Work must be
-registered for a compiled graph's wait_tensor (allow_inflight_collective_as_graph_input), and
-always with TORCH_DIST_NAN_CHECK=1, so the NaN check sees every call.
+registered for a compiled graph's wait_tensor (allow_inflight_collective_as_graph_input), when the
+call is one of torch's other overloads (`allreduce(tensor, op)`, `broadcast(tensor, root)`,
+`barrier(timeout)`: no options object), and always with TORCH_DIST_NAN_CHECK=1, so the NaN check
+sees every call.
+
+`dist.all_reduce(t, group=g)` of one dense CPU tensor, summed and blocking, is the latency case (the
+4 KiB benchmark, and every small blocking sum in a training loop): `allreduce` runs it here, in its
+own frame, straight into the native call, rather than through the generic route and the backend's
+method (a second Python call, a bound-method lookup, the arguments repacked, asyncOp read twice:
+~0.5 us of the ~1.9 us this group added per call, measured in a group of one).
 """
 from __future__ import annotations
 
@@ -24,22 +32,28 @@ import torch
 import torch.distributed as dist
 
 from .backend import WirespeedBackend
+from .tensors import REDUCE_DTYPES, SUM
 
 _CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
 _CPU = torch.device("cpu")
+_STRIDED = torch.strided
+_C10D = torch._C._distributed_c10d
+_AllreduceOptions = _C10D.AllreduceOptions
 
 
-_inflight_as_graph_input = torch._C._distributed_c10d._allow_inflight_collective_as_graph_input
+_inflight_as_graph_input = _C10D._allow_inflight_collective_as_graph_input
 
 
-def _direct(name: str, opts_at: int):
+def _direct(name: str, opts_at: int, opts_type):
     """A collective run on the backend directly, or through torch's ProcessGroup (dispatcher, hooks)
-    when that is needed (see the module's doc). `opts_at`: where the options are among the arguments."""
+    when that is needed (see the module's doc). `opts_at`: where the options are among the arguments;
+    `opts_type`: their class. Only a call with such an options object goes direct: torch's other
+    overloads of the method take an op, a root or a timeout there, which torch's binding translates."""
     via_torch = getattr(dist.ProcessGroup, name)
 
     def call(self, *args, **kwargs):
         opts = kwargs.get("opts", args[opts_at] if len(args) > opts_at else None)
-        if self._direct and opts is not None and (not opts.asyncOp or not _inflight_as_graph_input()):
+        if self._direct and type(opts) is opts_type and (not opts.asyncOp or not _inflight_as_graph_input()):
             return getattr(self._backend, name)(*args, **kwargs)
         return via_torch(self, *args, **kwargs)
     # pybind11 runs the C++ base (torch's dispatcher) rather than this override again when it sees
@@ -58,19 +72,39 @@ class WirespeedProcessGroup(dist.ProcessGroup):
         self._set_default_backend(_CUSTOM)
         self._register_backend(_CPU, _CUSTOM, backend)
         self._direct = os.environ.get("TORCH_DIST_NAN_CHECK", "0") != "1"
+        # The native blocking all_reduce, for `allreduce`'s latency case; None: no such case.
+        self._sum_now = backend.native.all_reduce if self._direct else None
 
-    allreduce = _direct("allreduce", 1)
-    broadcast = _direct("broadcast", 1)
-    reduce = _direct("reduce", 1)
-    allgather = _direct("allgather", 2)
-    all_gather_single = _direct("all_gather_single", 2)
-    reduce_scatter = _direct("reduce_scatter", 2)
-    reduce_scatter_single = _direct("reduce_scatter_single", 2)
-    alltoall = _direct("alltoall", 2)
-    all_to_all_single = _direct("all_to_all_single", 4)
-    gather = _direct("gather", 2)
-    scatter = _direct("scatter", 2)
-    barrier = _direct("barrier", 0)
+    _allreduce = _direct("allreduce", 1, _AllreduceOptions)
+
+    def allreduce(self, *args, **kwargs):
+        # The latency case (module doc): dist.all_reduce's allreduce([t], opts), blocking, summed,
+        # one dense contiguous CPU tensor of a reducible dtype: the same checks as the backend's
+        # fast path (WirespeedBackend.allreduce), cheapest first, asyncOp and reduceOp read once
+        # (reduceOp, a new pybind object per read, costs ~0.3 us of the path). Anything else takes
+        # the generic route, which passes async ops, other ops and layouts to the backend whole.
+        if len(args) == 2 and not kwargs and self._sum_now is not None:
+            tensors, opts = args
+            if type(opts) is _AllreduceOptions and not opts.asyncOp and len(tensors) == 1:
+                t = tensors[0]
+                code = REDUCE_DTYPES.get(t.dtype)
+                if (code is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+                        and opts.reduceOp == SUM):
+                    self._sum_now(t.data_ptr(), t.numel(), code, 0, t, True)
+                    return None
+        return self._allreduce(*args, **kwargs)
+
+    broadcast = _direct("broadcast", 1, _C10D.BroadcastOptions)
+    reduce = _direct("reduce", 1, _C10D.ReduceOptions)
+    allgather = _direct("allgather", 2, _C10D.AllgatherOptions)
+    all_gather_single = _direct("all_gather_single", 2, _C10D.AllgatherOptions)
+    reduce_scatter = _direct("reduce_scatter", 2, _C10D.ReduceScatterOptions)
+    reduce_scatter_single = _direct("reduce_scatter_single", 2, _C10D.ReduceScatterOptions)
+    alltoall = _direct("alltoall", 2, _C10D.AllToAllOptions)
+    all_to_all_single = _direct("all_to_all_single", 4, _C10D.AllToAllOptions)
+    gather = _direct("gather", 2, _C10D.GatherOptions)
+    scatter = _direct("scatter", 2, _C10D.ScatterOptions)
+    barrier = _direct("barrier", 0, _C10D.BarrierOptions)
 
     def gather_single(self, output, input, opts):
         return self._backend.gather_single(output, input, opts)
