@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""all_reduce, all_gather, reduce_scatter and broadcast: wirespeed against Open MPI in the same processes.
+"""all_reduce, all_gather, reduce_scatter and broadcast: wirespeed against Open MPI and gloo in the same processes.
 
     .venv/bin/python benchmarks/collectives_vs_mpi.py                      # 2, 4, 8 ranks; 4K..64M
     .venv/bin/python benchmarks/collectives_vs_mpi.py --worlds 2 --sizes 4K,64K,1M --colls all_reduce
@@ -11,13 +11,15 @@ the same buffers' sizes:
 - `ws-native`: wirespeed's native API, the blocking form (`g.all_reduce(ptr, n, dtype, op, t, True)`: t owns the memory),
   as MPI_Allreduce is blocking;
 - `ws-torch`: `torch.distributed.all_reduce(t, group=wirespeed_group)` and friends (async_op=False);
-- `Open MPI`: `comm.Allreduce(MPI.IN_PLACE, buf)`, `Allgather`, `Reduce_scatter_block`, `Bcast`.
+- `Open MPI`: `comm.Allreduce(MPI.IN_PLACE, buf)`, `Allgather`, `Reduce_scatter_block`, `Bcast`;
+- `gloo`: the very torch calls of ws-torch on a `dist.new_group(backend="gloo")` group of the same
+  ranks: torch's own CPU backend, what a torch user gets without wirespeed;
 - `torch floor`: the ws-torch calls on a group of torch's own C++ "fake" backend, which moves no
   data and returns a completed Work at once: what torch's API costs before any backend runs, the
   least any backend can take through `torch.distributed` (not a collective, so not checked;
   "n/a" where this torch lacks the fake backend).
 
-Timing, the same for all three (nccl-tests' method): warm-up ops, a barrier, a loop of `iters`
+Timing, the same for every contender (nccl-tests' method): warm-up ops, a barrier, a loop of `iters`
 back-to-back ops, the elapsed time / iters on each rank, the maximum over ranks. `iters` is
 calibrated once per case so a loop lasts ~--loop-ms, and is the same on every rank. The contenders are
 measured in turn (the order rotates each round) for --rounds rounds; a case's time is the median
@@ -63,7 +65,7 @@ from wirespeed.launch.environment import free_port
 SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20,
          "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20}
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
-IMPLS = ["ws-native", "ws-torch", "mpi"]
+IMPLS = ["ws-native", "ws-torch", "mpi", "gloo"]
 FLOOR = "torch-floor"
 
 
@@ -128,8 +130,8 @@ class Case:
                     "all_gather": lambda: comm.Allgather(na, nb),
                     "reduce_scatter": lambda: comm.Reduce_scatter_block(na, nb, op=MPI.SUM),
                     "broadcast": lambda: comm.Bcast(na, root=0)}[coll]
-        if self.impl in ("ws-torch", FLOOR):
-            g = ctx["group" if self.impl == "ws-torch" else "fake"]
+        if self.impl in ("ws-torch", "gloo", FLOOR):
+            g = ctx[{"ws-torch": "group", "gloo": "gloo", FLOOR: "fake"}[self.impl]]
             return {"all_reduce": lambda: dist.all_reduce(a, group=g),
                     "all_gather": lambda: dist.all_gather_into_tensor(b, a, group=g),
                     "reduce_scatter": lambda: dist.reduce_scatter_tensor(b, a, group=g),
@@ -224,12 +226,14 @@ def worker(a):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     group = dist.new_group(backend="wirespeed")
+    gloo = dist.new_group(backend="gloo")  # its own group, as ws-torch has: not the default group's
     try:
         import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers torch's "fake" backend)
         fake = dist.new_group(backend="fake")
     except Exception:  # a torch without its testing package or the fake backend: no floor column
         fake = None
-    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native, "fake": fake}
+    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native, "gloo": gloo,
+           "fake": fake}
     impls = IMPLS + ([FLOOR] if fake is not None else [])
     sizes = [SIZES[s] for s in a.sizes.split(",")]
     colls = a.colls.split(",")
@@ -422,11 +426,12 @@ def main():
         print(f"# ranks run at niceness {a.nice}")
     print(f"# {os.cpu_count()} CPUs; float32 sum; time = max over ranks of (loop of back-to-back ops / iters), "
           f"median of {a.rounds} rounds")
-    print("# MPI/x = Open MPI's time / x's time (>= 1: wirespeed as fast or faster); busbw in GB/s")
+    print("# MPI/x = Open MPI's time / x's time (>= 1: x as fast as Open MPI or faster); busbw in GB/s")
+    print("# gloo = the ws-torch calls on a torch group of gloo, torch's own CPU backend")
     print("# torch floor = the same torch call on torch's C++ 'fake' backend (moves nothing): torch's own cost")
     hdr = (f"{'collective':<14} {'ranks':>5} {'size':>5} | {'ws-native':>10} {'ws-torch':>10} {'Open MPI':>10} "
-           f"{'torch floor':>11} | {'bw native':>9} {'bw MPI':>7} | {'MPI/native':>10} {'MPI/torch':>9} "
-           f"{'MPI/floor':>9}")
+           f"{'gloo':>10} {'torch floor':>11} | {'bw native':>9} {'bw MPI':>7} | {'MPI/native':>10} {'MPI/torch':>9} "
+           f"{'MPI/gloo':>8} {'MPI/floor':>9}")
     rows = []
     bound_sizes = [l for l in a.sizes.split(",") if SIZES[l] >= BOUND_FROM] if "all_reduce" in a.colls.split(",") else []
     cores = os.cpu_count()
@@ -449,13 +454,13 @@ def main():
             for label in a.sizes.split(","):
                 nbytes = SIZES[label]
                 r = res[f"{coll}|{nbytes}"]
-                nat, tor, mpi = (r[i]["median"] for i in IMPLS)
+                nat, tor, mpi, glo = (r[i]["median"] for i in IMPLS)
                 floor = r[FLOOR]["median"] if FLOOR in r else None
                 f = busbw_factor(coll, w)
-                print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} "
+                print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} {fmt(glo):>10} "
                       f"{fmt(floor) if floor else 'n/a':>11} | "
                       f"{nbytes / nat * f / 1e9:9.2f} {nbytes / mpi * f / 1e9:7.2f} | {mpi / nat:10.2f} "
-                      f"{mpi / tor:9.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}", flush=True)
+                      f"{mpi / tor:9.2f} {mpi / glo:8.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}", flush=True)
                 rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in r}))
         if bws:
             print(f"# all_reduce against the copy bound: busbw <= min(ranks, cores) x C / ranks, C = the faster "
@@ -467,7 +472,8 @@ def main():
                 bound = allreduce_copy_bound(w, cores, copy_bw)
                 r = res[f"all_reduce|{nbytes}"]
                 cells, over = [], []
-                for impl, name in (("ws-native", "ws-native"), ("ws-torch", "ws-torch"), ("mpi", "Open MPI")):
+                for impl, name in (("ws-native", "ws-native"), ("ws-torch", "ws-torch"), ("mpi", "Open MPI"),
+                                   ("gloo", "gloo")):
                     bw = nbytes / r[impl]["median"] * busbw_factor("all_reduce", w)
                     cells.append(f"{name} {bw / 1e9:5.2f} GB/s = {bw / bound:4.2f}")
                     if bw > bound:
