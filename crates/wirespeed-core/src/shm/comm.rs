@@ -440,14 +440,24 @@ impl Net {
 
     /// Copy `len` bytes at `src` into `addr` in rank `r`, a range rank r published for this rank to fill.
     ///
-    /// Not marked unsafe, but it reads through `src`: its one caller (broadcast_split, on the root)
-    /// passes `len` bytes of its buffer, readable for the call.
+    /// Not marked unsafe, but it reads through `src`: its callers (broadcast_split on the root,
+    /// rsag) pass `len` bytes of their own buffer, readable for the call.
+    ///
+    /// This is where a rank writes into a peer's own memory, which the peer's caller frees once
+    /// the call returns. A peer returns early only after marking itself aborted or closed (its
+    /// final sync timed out, or it failed): then nothing is written. (What stays open: a writer
+    /// stalled for the whole timeout between this check and the system call.)
     pub(crate) fn write_to(&self, r: usize, addr: u64, src: *const u8, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
+        let seg = &self.segs[r];
+        if seg.aborted().load(Acquire) != 0 {
+            return Err(Error::PeerAborted { rank: self.job_rank(r), reason: seg.reason() });
+        }
         // SAFETY: the caller's promise above: `src` is `len` readable bytes. The remote range is
-        // the back half of the buffer rank r published for this op, as write_peer requires.
+        // part of the buffer rank r published for this rank to fill in this op, as write_peer
+        // requires, and rank r has not given up on the op (checked just above).
         unsafe { sys::write_peer(self.pids[r], addr, src, len) }.map_err(|errno| self.peer_copy_error(r, errno, "process_vm_writev"))?;
         // As for reads: a peer that gave up meanwhile did not get these bytes where it wanted them.
         self.after_copy(r)
