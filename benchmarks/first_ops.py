@@ -15,6 +15,10 @@ median over repeats, the maximum over ranks:
   each repeat (caches and TLB refilled with something else, as compute between steps would).
 - `alone, 20 ms asleep / spinning before each`: one library, each rank idle (sleeping) or busy on
   its core without touching memory for about as long as the other library's turn lasts at 16 MiB.
+- `--as-benchmark` adds `as collectives_vs_mpi.py, N ops`: every contender of that script
+  (wirespeed native and through torch, Open MPI, torch's fake-backend floor) takes its turn in the
+  same rotating order with its own ~20 ms loop (iterations calibrated as there), 3 rounds as there
+  repeated 7 times; the first ops of each loop of wirespeed native and Open MPI are shown.
 Each library's result is checked before anything is timed (collectives_vs_mpi.Case.check).
 """
 from __future__ import annotations
@@ -32,13 +36,52 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
-from collectives_vs_mpi import SIZES, Case  # noqa: E402
+from collectives_vs_mpi import FLOOR, IMPLS, SIZES, Case, calibrate  # noqa: E402
 from wirespeed.launch.environment import free_port  # noqa: E402
 
 POSITIONS, REPEATS = 8, 20
 
 
-def worker(nbytes):
+def as_collectives_vs_mpi(ctx, nbytes, cases):
+    """The turns of collectives_vs_mpi.py (its worker's rotation, calibration and warm-up), each
+    op of the loops of wirespeed native and Open MPI timed alone."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+    comm, rank = ctx["comm"], ctx["rank"]
+    try:
+        import importlib
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers torch's "fake" backend
+        ctx = dict(ctx, fake=dist.new_group(backend="fake"))
+        impls = IMPLS + [FLOOR]
+    except Exception:
+        impls = list(IMPLS)
+    cs = {i: cases.get(i) or Case(i, "all_reduce", nbytes, ctx) for i in impls}
+    for i in impls:
+        if i != FLOOR and i not in cases:
+            cs[i].check()
+    iters = {i: calibrate(cs[i], comm, 20e-3) for i in impls}
+    shown = ("ws-native", "mpi")
+    pos = {i: [[] for _ in range(min(POSITIONS, iters[i]))] for i in shown}
+    for _ in range(7):
+        for rnd in range(3):
+            for impl in impls[rnd % len(impls):] + impls[:rnd % len(impls)]:
+                c, n = cs[impl], iters[impl]
+                for _ in range(max(1, n // 20)):
+                    c.call()
+                comm.Barrier()
+                for k in range(n):
+                    t0 = time.perf_counter()
+                    c.call()
+                    if impl in shown and k < POSITIONS:
+                        pos[impl][k].append(time.perf_counter() - t0)
+    for impl in shown:
+        med = [comm.allreduce(statistics.median(p), op=MPI.MAX) for p in pos[impl]]
+        if rank == 0:
+            label = f"as collectives_vs_mpi.py, {iters[impl]} ops"
+            print(f"{label:34} {impl:9} " + " ".join(f"{m * 1e3:6.2f}" for m in med), flush=True)
+
+
+def worker(nbytes, as_benchmark=False):
     from mpi4py import MPI
     import numpy as np
     import torch
@@ -90,6 +133,8 @@ def worker(nbytes):
         run("alone, 20 ms asleep before each", (impl,), lambda: time.sleep(0.02))
     for impl in ("ws-native", "mpi"):
         run("alone, 20 ms spinning before each", (impl,), spin)
+    if as_benchmark:
+        as_collectives_vs_mpi(ctx, nbytes, cases)
     dist.destroy_process_group()
 
 
@@ -97,12 +142,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--size", default="16M", help=f"from {','.join(SIZES)}")
+    ap.add_argument("--as-benchmark", action="store_true",
+                    help="also time the ops in collectives_vs_mpi.py's turns (all its contenders, ~20 ms loops)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.size not in SIZES or a.ranks < 2:
         ap.error(f"--size from {','.join(SIZES)}; --ranks >= 2")
     if a.worker:
-        return worker(SIZES[a.size])
+        return worker(SIZES[a.size], a.as_benchmark)
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise SystemExit("mpirun not found: install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
@@ -112,7 +159,7 @@ def main():
         cmd.append("--allow-run-as-root")
     for v in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"):
         cmd += ["-x", v]
-    cmd += [sys.executable, os.path.abspath(__file__), "--worker", "--size", a.size]
+    cmd += [sys.executable, os.path.abspath(__file__), "--worker", "--size", a.size] + ["--as-benchmark"] * a.as_benchmark
     print("# load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the start", flush=True)
     rc = subprocess.run(cmd, env=env, timeout=900).returncode
     print("# load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end", flush=True)
