@@ -92,7 +92,9 @@ def worker(nbytes, as_benchmark=False):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     group = dist.new_group(backend="wirespeed")
-    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native}
+    # The contenders' groups as collectives_vs_mpi.py makes them (gloo's own, not the default one).
+    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native,
+           "gloo": dist.new_group(backend="gloo")}
     cases = {i: Case(i, "all_reduce", nbytes, ctx) for i in ("ws-native", "mpi")}
     for c in cases.values():
         c.check()
