@@ -60,7 +60,10 @@ import subprocess
 import sys
 import time
 
-from wirespeed.launch.environment import free_port
+# The checkout's package first, before anything of wirespeed is imported (here and in the ranks):
+# run from a worktree, the script measures that tree's wirespeed, not one installed elsewhere.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from wirespeed.launch.environment import free_port  # noqa: E402
 
 SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20,
          "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20}
@@ -221,7 +224,6 @@ def worker(a):
     rank, world = comm.Get_rank(), comm.Get_size()
     import torch
     import torch.distributed as dist
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import wirespeed.native  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
