@@ -94,7 +94,7 @@ impl Tuning {
         if !fits {
             return ShmAlgo::Rsag;
         }
-        let (oneshot, staged, rsag) = cost_us(bytes as f64, world as f64, cpus as f64);
+        let (oneshot, staged, rsag) = cost_us(bytes as f64, world as f64, cpus as f64, self.block_bytes as f64);
         if oneshot <= staged && oneshot <= rsag {
             ShmAlgo::OneShot
         } else if staged <= rsag {
@@ -213,11 +213,15 @@ pub fn cost_across_hosts_us(s: f64, n: f64, h: f64) -> (f64, f64) {
 }
 
 /// Estimated microseconds of (oneshot, staged, rsag) for `s` bytes per rank among `n` ranks on
-/// `cpus` cores. Constants measured on the development VM (2 vCPUs of an AMD EPYC, KVM) with
-/// `cargo run --release --example shm_costs` and the C probes described in docs/small-messages.md:
+/// `cpus` cores, rsag reading and writing in blocks of `block` bytes. Constants measured first on
+/// a development VM of 2 vCPUs of an AMD EPYC (KVM) with `cargo run --release --example shm_costs`
+/// and the C probes described in docs/small-messages.md, rsag's again on 2 vCPUs of an Intel Xeon
+/// after its write-back (2026-11-26, `WIRESPEED_ALGO=... wirespeed bench -c all_reduce`, 16 KiB to
+/// 1 MiB at 2, 4 and 8 ranks: docs/small-messages.md):
 /// - reading data another core just wrote: ~10 GB/s (10-13 measured from 64 KiB to 1 MiB); a copy
-///   within one core's cache: ~30 GB/s; process_vm_readv between processes: ~5 GB/s effective
-///   (page pinning on top of the copy) and ~1.5 us per call;
+///   within one core's cache: ~30 GB/s; process_vm_readv/writev between processes ~1.5 us per
+///   call, and ~15 GB/s for blocks whose other end is in this core's cache (rsag's reads land in
+///   a cache-resident scratch, its writes come from the block it just reduced);
 /// - a sync point: ~2 us when every rank has a core; when ranks outnumber cores, each sync waits
 ///   for the others' time slices, ~3 us per rank per core (barrier: 6.2 us at 4 ranks on 2 cores,
 ///   12.2 us at 8), and every byte term stretches by n/cpus, the cores being shared.
@@ -226,17 +230,20 @@ pub fn cost_across_hosts_us(s: f64, n: f64, h: f64) -> (f64, f64) {
 /// - staged: two syncs; copy S in, read (n-1)/n·S of peers' slots reducing, as much again copying
 ///   the reduced chunks out. Ties with oneshot at 2 ranks (same bytes, one sync more), wins above a
 ///   few KiB from 3 ranks up.
-/// - rsag: three syncs, 2(n-1) process_vm_readv calls moving 2·S·(n-1)/n: needs no slot room, so it
-///   takes what does not fit in the slot.
-pub fn cost_us(s: f64, n: f64, cpus: f64) -> (f64, f64, f64) {
+/// - rsag: two syncs; per block of a rank's chunk, n-1 reads and n-1 writes (system calls) moving
+///   2·S·(n-1)/n in all; no slot room needed, so it also takes what does not fit in the slot.
+///   Measured it wins from ~16 KiB at 2 ranks, ~128 KiB at 4 and ~256 KiB at 8 (2 cores); the
+///   model, with its per-call cost, moves over later (~75 KiB, ~110 KiB, ~256 KiB).
+pub fn cost_us(s: f64, n: f64, cpus: f64, block: f64) -> (f64, f64, f64) {
     let cross = 10_000.0; // bytes per us
     let local = 30_000.0;
-    let cma = 5_000.0;
+    let cma = 15_000.0;
     let call = 1.5;
     let (sync, stretch) = if n > cpus { (3.0 * n / cpus, n / cpus) } else { (2.0, 1.0) };
     let oneshot = sync + stretch * (s / local + (n - 1.0) * s / cross);
     let staged = 2.0 * sync + stretch * (s / local + 2.0 * (n - 1.0) / n * s / cross);
-    let rsag = 3.0 * sync + 2.0 * (n - 1.0) * call + stretch * 2.0 * (n - 1.0) / n * s / cma;
+    let blocks = (s / n / block.max(1.0)).ceil().max(1.0);
+    let rsag = 2.0 * sync + stretch * (2.0 * (n - 1.0) * blocks * call + 2.0 * (n - 1.0) / n * s / cma);
     (oneshot, staged, rsag)
 }
 
@@ -249,14 +256,20 @@ mod tests {
         let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN };
         assert_eq!(t.pick_all_reduce(4096, 2, 2), ShmAlgo::OneShot);
         assert_eq!(t.pick_all_reduce(4096, 4, 2), ShmAlgo::OneShot);
-        // Two ranks: the same bytes either way, oneshot has one sync fewer, up to the slot's size.
-        assert_eq!(t.pick_all_reduce(1 << 20, 2, 2), ShmAlgo::OneShot);
-        assert_eq!(t.pick_all_reduce(1 << 20, 2, 16), ShmAlgo::OneShot);
-        // More ranks: oneshot reads (n-1)·S, staged about 2·S: staged from a few KiB on.
+        // Two ranks: oneshot while its one sync is most of the cost; rsag once the bytes are
+        // (it moves half of them each way, with both ends of each copy in cache).
+        assert_eq!(t.pick_all_reduce(16 << 10, 2, 2), ShmAlgo::OneShot);
+        assert_eq!(t.pick_all_reduce(128 << 10, 2, 2), ShmAlgo::Rsag);
+        assert_eq!(t.pick_all_reduce(1 << 20, 2, 2), ShmAlgo::Rsag);
+        assert_eq!(t.pick_all_reduce(1 << 20, 2, 16), ShmAlgo::Rsag);
+        // More ranks: oneshot reads (n-1)·S, staged about 2·S: staged from a few KiB on, until
+        // rsag's system calls are paid for by its cache-hot copies.
         assert_eq!(t.pick_all_reduce(64 << 10, 4, 2), ShmAlgo::Staged);
-        assert_eq!(t.pick_all_reduce(1 << 20, 4, 2), ShmAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(256 << 10, 4, 2), ShmAlgo::Rsag);
+        assert_eq!(t.pick_all_reduce(1 << 20, 4, 2), ShmAlgo::Rsag);
         assert_eq!(t.pick_all_reduce(16 << 10, 8, 16), ShmAlgo::Staged);
-        assert_eq!(t.pick_all_reduce(1 << 20, 8, 2), ShmAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(64 << 10, 8, 2), ShmAlgo::Staged);
+        assert_eq!(t.pick_all_reduce(1 << 20, 8, 2), ShmAlgo::Rsag);
         // Beyond the slot only the direct reads remain.
         assert_eq!(t.pick_all_reduce((1 << 20) + 64, 2, 2), ShmAlgo::Rsag);
         assert_eq!(t.pick_all_reduce(64 << 20, 2, 2), ShmAlgo::Rsag);
