@@ -218,7 +218,11 @@ def max_op():
     return MPI.MAX
 
 
-def worker(a):
+def rank_setup():
+    """This rank's contenders, each in the same processes: MPI's world, and torch.distributed with
+    a wirespeed group, a gloo group of its own (as ws-torch has: not the default group's) and
+    torch's fake group where this torch has it. Returns (ctx, impls): what Case takes, and the
+    contenders to run (the floor only with the fake group)."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -228,7 +232,7 @@ def worker(a):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     group = dist.new_group(backend="wirespeed")
-    gloo = dist.new_group(backend="gloo")  # its own group, as ws-torch has: not the default group's
+    gloo = dist.new_group(backend="gloo")
     try:
         import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers torch's "fake" backend)
         fake = dist.new_group(backend="fake")
@@ -236,7 +240,13 @@ def worker(a):
         fake = None
     ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native, "gloo": gloo,
            "fake": fake}
-    impls = IMPLS + ([FLOOR] if fake is not None else [])
+    return ctx, IMPLS + ([FLOOR] if fake is not None else [])
+
+
+def worker(a):
+    import torch.distributed as dist
+    ctx, impls = rank_setup()
+    comm, rank = ctx["comm"], ctx["rank"]
     sizes = [SIZES[s] for s in a.sizes.split(",")]
     colls = a.colls.split(",")
     results = {}

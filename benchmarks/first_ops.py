@@ -16,7 +16,7 @@ median over repeats, the maximum over ranks:
 - `alone, 20 ms asleep / spinning before each`: one library, each rank idle (sleeping) or busy on
   its core without touching memory for about as long as the other library's turn lasts at 16 MiB.
 - `--as-benchmark` adds `as collectives_vs_mpi.py, N ops`: every contender of that script
-  (wirespeed native and through torch, Open MPI, torch's fake-backend floor) takes its turn in the
+  (wirespeed native and through torch, Open MPI, gloo, torch's fake-backend floor) takes its turn in the
   same rotating order with its own ~20 ms loop (iterations calibrated as there), 3 rounds as there
   repeated 7 times; the first ops of each loop of wirespeed native and Open MPI are shown.
 Each library's result is checked before anything is timed (collectives_vs_mpi.Case.check).
@@ -24,7 +24,6 @@ Each library's result is checked before anything is timed (collectives_vs_mpi.Ca
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shutil
 import statistics
@@ -36,25 +35,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
-from collectives_vs_mpi import FLOOR, IMPLS, SIZES, Case, calibrate  # noqa: E402
+from collectives_vs_mpi import FLOOR, SIZES, Case, calibrate, rank_setup  # noqa: E402
 from wirespeed.launch.environment import free_port  # noqa: E402
 
 POSITIONS, REPEATS = 8, 20
 
 
-def as_collectives_vs_mpi(ctx, nbytes, cases):
+def as_collectives_vs_mpi(ctx, impls, nbytes, cases):
     """The turns of collectives_vs_mpi.py (its worker's rotation, calibration and warm-up), each
     op of the loops of wirespeed native and Open MPI timed alone."""
-    import torch.distributed as dist
     from mpi4py import MPI
     comm, rank = ctx["comm"], ctx["rank"]
-    try:
-        import importlib
-        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers torch's "fake" backend
-        ctx = dict(ctx, fake=dist.new_group(backend="fake"))
-        impls = IMPLS + [FLOOR]
-    except Exception:
-        impls = list(IMPLS)
     cs = {i: cases.get(i) or Case(i, "all_reduce", nbytes, ctx) for i in impls}
     for i in impls:
         if i != FLOOR and i not in cases:
@@ -84,17 +75,10 @@ def as_collectives_vs_mpi(ctx, nbytes, cases):
 def worker(nbytes, as_benchmark=False):
     from mpi4py import MPI
     import numpy as np
-    import torch
     import torch.distributed as dist
-    import wirespeed.native  # noqa: F401  (registers the backend)
-    comm = MPI.COMM_WORLD
-    rank, world = comm.Get_rank(), comm.Get_size()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
-    group = dist.new_group(backend="wirespeed")
-    # The contenders' groups as collectives_vs_mpi.py makes them (gloo's own, not the default one).
-    ctx = {"rank": rank, "world": world, "comm": comm, "group": group, "native": group.native,
-           "gloo": dist.new_group(backend="gloo")}
+    # The contenders' groups as collectives_vs_mpi.py makes them.
+    ctx, impls = rank_setup()
+    comm, rank, world = ctx["comm"], ctx["rank"], ctx["world"]
     cases = {i: Case(i, "all_reduce", nbytes, ctx) for i in ("ws-native", "mpi")}
     for c in cases.values():
         c.check()
@@ -136,7 +120,7 @@ def worker(nbytes, as_benchmark=False):
     for impl in ("ws-native", "mpi"):
         run("alone, 20 ms spinning before each", (impl,), spin)
     if as_benchmark:
-        as_collectives_vs_mpi(ctx, nbytes, cases)
+        as_collectives_vs_mpi(ctx, impls, nbytes, cases)
     dist.destroy_process_group()
 
 
