@@ -14,6 +14,7 @@ The exact parts mirror the core and rendezvous.py, so a change there shows here 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 
 def blocked(hosts: int, per_host: int) -> list[int]:
@@ -43,9 +44,9 @@ def pair_streams(host_of: list[int], local_of: list[int], a: int, b: int, nstrea
 
 
 def tcp_sockets(host_of: list[int], rank: int, nstreams: int = 12) -> int:
-    """The TCP stream sockets `rank` holds once connected (its listener not included)."""
-    local_of = _locals(host_of)
-    return sum(pair_streams(host_of, local_of, rank, r, nstreams) for r in range(len(host_of)))
+    """The TCP stream sockets `rank` holds once connected to every rank (its listener not
+    included; a rank on its own host, itself too, counts none)."""
+    return tcp_sockets_to(host_of, rank, range(len(host_of)), nstreams)
 
 
 def small_all_reduce_peers(host_of: list[int], rank: int) -> list[int]:
@@ -67,7 +68,7 @@ def small_all_reduce_peers(host_of: list[int], rank: int) -> list[int]:
     return sorted({leaders[(i + 1) % n], leaders[(i - 1) % n]})
 
 
-def tcp_sockets_to(host_of: list[int], rank: int, peers: list[int], nstreams: int = 12) -> int:
+def tcp_sockets_to(host_of: list[int], rank: int, peers: Iterable[int], nstreams: int = 12) -> int:
     """The TCP stream sockets `rank` holds once it has used (or been used by) exactly `peers`."""
     local_of = _locals(host_of)
     return sum(pair_streams(host_of, local_of, rank, p, nstreams) for p in peers)

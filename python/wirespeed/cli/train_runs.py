@@ -215,13 +215,14 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     carry (the `wire_us` beside them is at the link's nominal rate)."""
     if not ceiling or not rec.get("wire_bytes_per_step") or rec.get("hosts", 1) < 2:
         return
+    from ..workloads.train_whatif import step_over_limit, wire_time_us
     rate = ceiling["each_way_bps"]
-    wire = rec["wire_bytes_per_step"] * 8 / rate * 1e6
+    wire = wire_time_us(rec["wire_bytes_per_step"], rate)
     rec["tcp_each_way_gbps"] = rate / 1e9
     rec["tcp_between"] = ceiling["between"]
     rec["tcp_streams"] = ceiling["streams"]
     rec["wire_tcp_us"] = wire
-    rec["step_vs_tcp_limit"] = rec["step_us"] / max(rec["compute_us"], wire)
+    _, rec["step_vs_tcp_limit"] = step_over_limit(rec["step_us"], rec["compute_us"], wire)
 
 
 def _one_rank_run(cfg, backend: str, args, env: dict, tmp: Path) -> dict | None:

@@ -45,6 +45,18 @@ def wire_bytes(calls: list[tuple[str, int]], hosts: int) -> float:
     return sum(busbw_factor(c, hosts) * n for c, n in calls)
 
 
+def wire_time_us(wire_bytes: float, rate_bps: float) -> float:
+    """How long a link of rate_bps takes to carry wire_bytes, in us."""
+    return wire_bytes * 8 / rate_bps * 1e6
+
+
+def step_over_limit(step_us: float, compute_us: float, wire_us: float | None) -> tuple[float, float | None]:
+    """The lower limit max(compute, wire) perfect overlap would reach, and the step over it
+    (None where the limit is 0)."""
+    limit = max(compute_us, wire_us or 0.0)
+    return limit, (step_us / limit if limit > 0 else None)
+
+
 def bounds(step_us: float, compute_us: float, calls: list[tuple[str, int]], hosts: int,
            rate_bps: float | None) -> dict:
     """The record's bound fields: wire time, the lower limit max(compute, wire) and the step as a
@@ -53,12 +65,10 @@ def bounds(step_us: float, compute_us: float, calls: list[tuple[str, int]], host
     out = {"hosts": hosts, "wire_bytes_per_step": wire_bytes(calls, hosts)}
     wire = None
     if hosts > 1 and rate_bps:
-        wire = out["wire_bytes_per_step"] * 8 / rate_bps * 1e6
+        wire = wire_time_us(out["wire_bytes_per_step"], rate_bps)
         out["link_rate_gbps"] = rate_bps / 1e9
     out["wire_us"] = wire
-    limit = max(compute_us, wire or 0.0)
-    out["lower_limit_us"] = limit
-    out["step_vs_limit"] = step_us / limit if limit > 0 else None
+    out["lower_limit_us"], out["step_vs_limit"] = step_over_limit(step_us, compute_us, wire)
     return out
 
 
@@ -155,7 +165,7 @@ class StepModel:
                     "compute_us": c, "comm_us": comm,
                     "exposed_pct": 100.0 * max(0.0, step - c) / step,
                     "samples_per_s": per_rank * world, "samples_per_s_per_rank": per_rank,
-                    "wire_us": wire_bytes(self.calls, h) * 8 / r * 1e6,
+                    "wire_us": wire_time_us(wire_bytes(self.calls, h), r),
                     # null: no link rate keeps exposed communication under the threshold.
                     "network_bound_below_gbps": None if math.isinf(bound) else bound / 1e9,
                     "fitted_on": {"hosts": self.layout.hosts, "ranks_per_host": per_host,
