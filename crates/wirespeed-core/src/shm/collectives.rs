@@ -204,44 +204,66 @@ impl Comm {
         let esize = dtype.size();
         self.check_lengths(parity, &|_| count * esize, h.kind)?;
         let bytes = count * esize;
-        if bytes > 0 {
-            let block = self.tuning.block_bytes.min(bytes).next_multiple_of(64);
-            // Each peer's block lands at the same offset within a page as its source: on AMD Zen
-            // (this VM), a `rep movsb` copy (the kernel's, for process_vm_readv) whose destination
-            // lies 1-31 bytes past its source modulo 4096 runs ~20x slower (2 GB/s, not 40).
-            let stride = block + 4096;
-            let scratch = (self.scratch(stride * self.world + 4096) as usize).next_multiple_of(4096);
-            let mut srcs: Vec<*const u8> = vec![std::ptr::null(); self.world];
-            let mut b = 0;
-            while b < bytes {
-                let nb = block.min(bytes - b);
-                for j in 0..self.world {
-                    srcs[j] = if j == self.rank {
-                        (send[j].0 + b) as *const u8
-                    } else {
-                        let p = self.net.segs[j].piece(parity, self.rank);
-                        if p.mode == MODE_SLOT {
-                            // SAFETY: rank j staged this piece in its slot of this parity
-                            // (`pieces`: loc + len within the slot), and b < bytes = len
-                            // (check_lengths), so the pointer stays inside j's mapping.
-                            unsafe { self.net.segs[j].slot(parity).add(p.loc as usize + b) as *const u8 }
-                        } else {
-                            let dst = scratch + j * stride + (p.loc as usize + b) % 4096;
-                            self.net.read_from(j, p.loc + b as u64, dst as *mut u8, nb)?;
-                            dst as *const u8
-                        }
-                    };
-                }
-                // Each source holds nb bytes: send[rank] + b (check_lengths made it `bytes`
-                // long), a peer's staged piece (above), or the block read into scratch slot j
-                // (stride block + 4096: room for the in-page offset plus nb, alignment kept).
-                // SAFETY: `out + b` is writable for nb bytes (contract); it aliases only send[rank].
-                unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / esize, dtype, op, self.world) };
-                b += nb;
-            }
-        }
+        // SAFETY: this fn's contract, which is reduce_blocks': `send` readable, `out` writable for
+        // `bytes` and aliasing only send[rank]; check_lengths made every piece `bytes` long.
+        unsafe { self.reduce_blocks(parity, send, out, bytes, dtype, op, |_, _| Ok(()))? };
         let sync_due = self.any_direct(parity);
         Ok((parity, sync_due))
+    }
+
+    /// out[0..bytes] = op over ranks j of what j published to this rank (`parity`'s pieces,
+    /// `bytes` long each: the caller checked), block by block in cache: each peer's block is read
+    /// from its slot where staged, else into a cache-resident scratch; `each(b, nb)` runs after
+    /// the block at byte b (nb bytes) is reduced into `out`, while it is still in this core's cache.
+    ///
+    /// # Safety
+    /// As `reduce_to_me`'s: send[rank] readable for `bytes`; `out` writable for `bytes` bytes and
+    /// ours alone, overlapping no send range except send[rank] at the same address; aligned for
+    /// `dtype`.
+    #[allow(clippy::too_many_arguments)]
+    // SAFETY: unsafe to call: `reduce_blocks` relies on its callers for this (`# Safety` above).
+    unsafe fn reduce_blocks(&mut self, parity: usize, send: &[Buf], out: usize, bytes: usize, dtype: DType, op: ReduceOp,
+                            mut each: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let esize = dtype.size();
+        let block = self.tuning.block_bytes.min(bytes).next_multiple_of(64);
+        // Each peer's block lands at the same offset within a page as its source: on AMD Zen
+        // (this VM), a `rep movsb` copy (the kernel's, for process_vm_readv) whose destination
+        // lies 1-31 bytes past its source modulo 4096 runs ~20x slower (2 GB/s, not 40).
+        let stride = block + 4096;
+        let scratch = (self.scratch(stride * self.world + 4096) as usize).next_multiple_of(4096);
+        let mut srcs: Vec<*const u8> = vec![std::ptr::null(); self.world];
+        let mut b = 0;
+        while b < bytes {
+            let nb = block.min(bytes - b);
+            for j in 0..self.world {
+                srcs[j] = if j == self.rank {
+                    (send[j].0 + b) as *const u8
+                } else {
+                    let p = self.net.segs[j].piece(parity, self.rank);
+                    if p.mode == MODE_SLOT {
+                        // SAFETY: rank j staged this piece in its slot of this parity
+                        // (`pieces`: loc + len within the slot), and b < bytes = len
+                        // (the caller's check), so the pointer stays inside j's mapping.
+                        unsafe { self.net.segs[j].slot(parity).add(p.loc as usize + b) as *const u8 }
+                    } else {
+                        let dst = scratch + j * stride + (p.loc as usize + b) % 4096;
+                        self.net.read_from(j, p.loc + b as u64, dst as *mut u8, nb)?;
+                        dst as *const u8
+                    }
+                };
+            }
+            // Each source holds nb bytes: send[rank] + b (`bytes` long), a peer's staged piece
+            // (above), or the block read into scratch slot j (stride block + 4096: room for the
+            // in-page offset plus nb, alignment kept).
+            // SAFETY: `out + b` is writable for nb bytes (contract); it aliases only send[rank].
+            unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / esize, dtype, op, self.world) };
+            each(b, nb)?;
+            b += nb;
+        }
+        Ok(())
     }
 
     /// Run an op; any error except a mismatch every rank saw breaks the group (peers learn why).

@@ -4,7 +4,6 @@ use super::Mode;
 use crate::api::Buf;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
-use crate::kernels::reduce::reduce_many;
 use crate::shm::comm::Comm;
 use crate::shm::segment::DescHeader;
 
@@ -41,56 +40,19 @@ impl Comm {
         let parity = self.publish_and_sync(h, &pieces)?;
         let mine = send[me].1;
         self.check_lengths(parity, &|_| mine, h.kind)?;
-        let r = if mine > 0 {
-            let block = self.tuning.block_bytes.min(mine).next_multiple_of(64);
-            // Each peer's block lands at the same offset within a page as its source: on AMD Zen,
-            // a `rep movsb` copy (the kernel's, for process_vm_readv) whose destination lies 1-31
-            // bytes past its source modulo 4096 runs ~20x slower (2 GB/s, not 40).
-            let stride = block + 4096;
-            let scratch = (self.scratch(stride * world + 4096) as usize).next_multiple_of(4096);
-            let mut srcs: Vec<*const u8> = vec![std::ptr::null(); world];
-            let out = send[me].0;
-            let at: Vec<u64> = (0..world).map(|j| self.net.segs[j].piece(parity, me).loc).collect();
-            let net = self.net.clone();
-            let mut b = 0;
-            let mut res = Ok(());
-            while b < mine {
-                let nb = block.min(mine - b);
-                for j in 0..world {
-                    srcs[j] = if j == me {
-                        (out + b) as *const u8
-                    } else {
-                        let dst = scratch + j * stride + (at[j] as usize + b) % 4096;
-                        res = net.read_from(j, at[j] + b as u64, dst as *mut u8, nb);
-                        if res.is_err() {
-                            break;
-                        }
-                        dst as *const u8
-                    };
-                }
-                if res.is_err() {
-                    break;
-                }
-                // Each source holds nb bytes: out + b (our chunk, `mine` bytes) or the block read
-                // into scratch slot j (stride block + 4096: room for the in-page offset plus nb).
-                // SAFETY: `out + b` is writable for nb bytes (this fn's contract) and aliases only
-                // srcs[me], at the same address, as reduce_many allows.
-                unsafe { reduce_many((out + b) as *mut u8, &srcs, nb / es, dtype, op, world) };
+        let out = send[me].0;
+        let at: Vec<u64> = (0..world).map(|j| self.net.segs[j].piece(parity, me).loc).collect();
+        let net = self.net.clone();
+        // SAFETY: this fn's contract: our chunk send[me] is readable and writable, `out` is it, at
+        // the same address; check_lengths made every peer's piece to this rank `mine` long.
+        let r = unsafe {
+            self.reduce_blocks(parity, &send, out, mine, dtype, op, |b, nb| {
                 for k in 1..world {
                     let j = (me + k) % world;
-                    if let Err(e) = net.write_to(j, at[j] + b as u64, (out + b) as *const u8, nb) {
-                        res = Err(e);
-                        break;
-                    }
+                    net.write_to(j, at[j] + b as u64, (out + b) as *const u8, nb)?;
                 }
-                if res.is_err() {
-                    break;
-                }
-                b += nb;
-            }
-            res
-        } else {
-            Ok(())
+                Ok(())
+            })
         };
         // Peers may still be reading and writing this rank's buffer. Even after a failed write,
         // wait (bounded by the timeout, cut short by peers' aborts) for them to be done with it.
