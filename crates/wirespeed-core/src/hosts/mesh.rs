@@ -286,6 +286,8 @@ pub struct Mesh {
     timeout: Duration,
     /// Lazy mode: what a first post needs to dial.
     lazy: Option<Lazy>,
+    /// What every ticket's timeout tells about connections (made once: tickets share it).
+    note: Note,
     /// What was posted through `Transport` and not yet waited, by handle; None once waited.
     posted: Vec<Option<Posted>>,
 }
@@ -386,7 +388,8 @@ impl Mesh {
             }
         }
         listener.expect.sealed.store(true, Release);
-        Ok(Mesh { rank, conns, listener, timeout, lazy: None, posted: Vec::new() })
+        let note = Note { links: None, refused: listener.inner.clone_refused() };
+        Ok(Mesh { rank, conns, listener, timeout, lazy: None, note, posted: Vec::new() })
     }
 
     /// Lazy mode: a `Conn` with no streams for every remote rank, attached to what its peer
@@ -414,8 +417,9 @@ impl Mesh {
             conns[r] = Some(c);
             parsed[r] = addr;
         }
+        let note = Note { links: Some(links.clone()), refused: listener.inner.clone_refused() };
         let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token };
-        Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), posted: Vec::new() })
+        Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), note, posted: Vec::new() })
     }
 
     /// Lazy mode: the first post toward `r` dials it (unless `r` dialled first, or this rank does
@@ -501,13 +505,15 @@ impl Mesh {
 
     fn conn(&self, r: usize) -> Result<&Conn> {
         let c = self.conns.get(r).and_then(|c| c.as_ref()).ok_or_else(|| Error::Unsupported(format!("rank {r} is not reached over TCP")))?;
-        self.touch(r)?;
+        // A connection with its streams needs no dial: skip the link's lock on every post after.
+        if !c.is_attached() {
+            self.touch(r)?;
+        }
         Ok(c)
     }
 
     fn note(&self) -> Note {
-        let l = self.listener.inner.clone_refused();
-        Note { links: self.lazy.as_ref().map(|lz| lz.links.clone()), refused: l }
+        self.note.clone()
     }
 
     /// Remote ranks this rank holds streams with now (lazy mode: those used so far).
