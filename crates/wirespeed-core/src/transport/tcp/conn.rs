@@ -485,12 +485,7 @@ impl Conn {
 
     /// Whether the streams are made (always, but for a `pending` connection not yet attached).
     pub fn is_attached(&self) -> bool {
-        self.inner.streams.get().is_some()
-    }
-
-    /// Fail the connection with `e`: every pending request gets it, later posts fail at once.
-    pub fn fail(&self, e: Error) {
-        self.inner.fail(e);
+        self.inner.attached()
     }
 
     /// A handle that attaches the streams of this connection once they are made (by a dial
@@ -547,7 +542,7 @@ impl Conn {
             // active ones. Streams not made yet are not kicked: `attach` makes them (before it
             // takes this lock to pull), so checked under the lock, either they are here or
             // `attach` will find the chunks.
-            let attached = c.streams.get().is_some();
+            let attached = c.attached();
             for (i, idle) in q.idle.iter_mut().enumerate().take(n).filter(|_| attached) {
                 if kick.len() == nchunks {
                     break;
@@ -721,7 +716,7 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
     // Held throughout: `close` either runs before (and the streams are shut here) or waits and
     // finds them registered, to forget.
     let closing = c.closing.lock().unwrap();
-    if *closing || c.streams.get().is_some() {
+    if *closing || c.attached() {
         for s in &socks {
             let _ = s.shutdown(Shutdown::Both);
         }
