@@ -35,6 +35,7 @@ CORE = {
     "WIRESPEED_NCCL_PLUGIN": "where the NCCL plugin library is",
     "WIRESPEED_CONNECT": "when ranks on different hosts connect: lazy (on first use, the default) or eager (all at setup)",
     "WIRESPEED_JOB_SECRET": "the secret every TCP connection of a job proves (wirespeed's launchers make one per job)",
+    "WIRESPEED_JOB_ID": "the job's identity every rank proves (default: the launcher's: torchrun run id, SLURM job and step, MPI namespace)",
 }
 
 INTERNAL_PREFIX = "_WIRESPEED_"

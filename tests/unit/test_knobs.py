@@ -11,8 +11,8 @@ from wirespeed.tune.knobs import KNOBS
 from wirespeed.tune.sweep import Setting, setting_env
 
 ROOT = Path(__file__).resolve().parents[2]
-# Read by Python, not by the crates: the plugin's location.
-PYTHON_READ = {"WIRESPEED_NCCL_PLUGIN"}
+# Read by Python, not by the crates: the plugin's location, the job's identity (native/admission.py).
+PYTHON_READ = {"WIRESPEED_NCCL_PLUGIN", "WIRESPEED_JOB_ID"}
 
 
 def names_the_crates_read() -> set[str]:

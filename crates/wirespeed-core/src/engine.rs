@@ -335,6 +335,14 @@ impl Engine {
         true
     }
 
+    /// Break the group from outside its ops (a rank of the job found to be another process):
+    /// the next op, and any op waiting on a peer, fails with `e`, and peers waiting on this
+    /// rank learn it as they do after any failure here. Does not block on an op in progress:
+    /// the drain applies it before its next op.
+    pub fn abort(&self, e: Error) {
+        self.shared.abort(&e, false);
+    }
+
     /// Keep `owner` for the engine's life, as a failed op's: for a caller that held an op's memory
     /// itself through a blocking `run` (an empty owner) and must not let it go now that the op
     /// failed.

@@ -56,7 +56,7 @@ fn reduction(dtype_code: u32, op_code: u32) -> PyResult<(DType, ReduceOp)> {
 
 /// One rank's membership in a group: created unconnected (so its info can go through a store),
 /// then connected, after which ops are submitted and awaited by id.
-#[pyclass(module = "wirespeed._native")]
+#[pyclass(module = "wirespeed._native", weakref)]
 struct Group {
     pending: Mutex<Option<Setup>>,
     engine: Option<Engine>,
@@ -272,6 +272,19 @@ impl Group {
     /// engine holds past the ops' completion (tests, diagnostics).
     fn held(&self) -> PyResult<(usize, usize)> {
         Ok(self.engine()?.held())
+    }
+
+    /// Break the group with `why` (wirespeed.native.admission: a rank of this job was claimed
+    /// again): this rank's next op fails with it, and so do its peers' ops waiting on this rank.
+    fn abort(&self, why: String) -> PyResult<()> {
+        self.engine()?.abort(Error::Stranger(why));
+        Ok(())
+    }
+
+    /// Whether `close` ran (the claims watch stops watching a closed group).
+    #[getter]
+    fn closed(&self) -> bool {
+        self.engine.is_none() && self.pending.lock().unwrap().is_none()
     }
 
     /// Stop the worker and unmap everything (also happens when the object is collected).

@@ -179,7 +179,7 @@ impl Listener {
         let vet = Box::new(move |k: &[u8; 32]| -> std::result::Result<(), String> {
             let (t, from, to, w, n) = parse_key(k).ok_or("not a wirespeed group's hello")?;
             if t != token {
-                return Err(format!("rank {from} of another job (job token differs)"));
+                return Err(format!("rank {from} of another job (job token differs: another job, or another or no WIRESPEED_JOB_SECRET)"));
             }
             let want = streams.get(from).copied().unwrap_or(0);
             if to != rank || w != world || n != want {

@@ -1,0 +1,211 @@
+"""Who may be a rank of this job: the claims on rank numbers, the job's identity, and the watch
+that stops a job whose rank was claimed twice after it started computing.
+
+A process joins a native group by claiming a rank number in the store and proving the job's
+token. Two ways a process that is not the job's own could get in, and what stops each:
+
+- **A process of another job** (a stale rank, another job given this job's MASTER_PORT): the
+  launcher's identity of the job (torchrun's run id, SLURM's job and step, Open MPI's namespace,
+  or WIRESPEED_JOB_ID) and the job secret, where there is one, are folded into the token every
+  rank proves, over shared memory and TCP alike, so the other job's process proves another token
+  and is refused. Every rank also publishes a digest of the identity with its host id and
+  compares everyone's before connecting, so a process of another job is refused by name on
+  every rank of both jobs before any of them computes.
+- **A rank number claimed twice within one identity** (a launcher that started a rank twice, two
+  jobs that carry no launcher identity): the later claimant fails at once and leaves a note in
+  the store. Ranks that already checked their claims before the later claim came learn of it
+  from the watch: a thread that reads the note every few seconds and breaks the group with it,
+  so the next collective fails on every rank with the same line (the core hands the reason to
+  peers waiting in a collective with the rank that broke).
+
+Nothing here stops a process that can read the store *and* sets itself up as the job's own
+(same identity, no secret): only WIRESPEED_JOB_SECRET, which the store does not hold, does; a
+group across hosts without one says so once at set-up (docs/transport.md, "Who can join").
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import threading
+import weakref
+
+from ..errors import RankClaimedTwice
+
+SECRET = "WIRESPEED_JOB_SECRET"
+JOB_ID = "WIRESPEED_JOB_ID"
+
+# How often the watch reads the store's note, at the least; a larger job reads less often, so
+# the store serves about world / period requests a second for it (100 at 1,000 ranks).
+WATCH_PERIOD_S = 2.0
+WATCH_REQUESTS_PER_S = 100.0
+
+
+def claims_round() -> str:
+    # torchrun's store outlives its workers and torch reuses the group's prefix after a restart.
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def me() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def job_identity(env=None) -> str:
+    """The job as its launcher names it, e.g. "torchrun run 5f2c / slurm job 812 step 0"; "" when
+    no launcher names it. WIRESPEED_JOB_ID, when set, is the whole identity (ranks started by
+    several launches of one job give it the same value)."""
+    env = os.environ if env is None else env
+    if env.get(JOB_ID):
+        return f"job {env[JOB_ID]}"
+    parts = []
+    if env.get("TORCHELASTIC_RUN_ID"):
+        parts.append(f"torchrun run {env['TORCHELASTIC_RUN_ID']}")
+    if env.get("SLURM_JOB_ID"):
+        parts.append(f"slurm job {env['SLURM_JOB_ID']} step {env.get('SLURM_STEP_ID', '?')}")
+    mpi = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
+    if mpi:
+        parts.append(f"mpi job {mpi}")
+    return " / ".join(parts)
+
+
+def identity_digest(identity: str) -> str:
+    """What a rank publishes of its identity: short, fixed-length, no comma."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def job_token(store_token: bytes, identity: str, env=None) -> bytes:
+    """The 16-byte token this rank proves: the store's random token with the job's identity and
+    secret folded in, so a process that read the store but belongs to another job (or lacks the
+    secret) holds another token."""
+    env = os.environ if env is None else env
+    h = hashlib.sha256(b"wirespeed job token\0" + store_token)
+    h.update(b"\0" + identity.encode())
+    h.update(b"\0" + env.get(SECRET, "").encode())
+    return h.digest()[:16]
+
+
+_SAID = []
+
+
+def say_what_the_store_admits() -> None:
+    """Once a process, on rank 0 of a group across hosts without a job secret: what admits a
+    rank, and how to close it."""
+    if os.environ.get(SECRET) or _SAID:
+        return
+    _SAID.append(True)
+    sys.stderr.write(
+        f"wirespeed: note: no {SECRET}: any process that can read this job's store can join it as a "
+        f"rank over TCP; export one random value of {SECRET} to every rank (e.g. "
+        f"{SECRET}=$(openssl rand -hex 16)) to admit only this job's ranks\n")
+    sys.stderr.flush()
+
+
+def check_identities(rank: int, digests: list[str], identity: str) -> None:
+    """Refuse, naming it, a rank whose job identity is not this rank's (every rank reads every
+    digest, so every rank of both jobs refuses)."""
+    mine = identity_digest(identity)
+    for r, d in enumerate(digests):
+        if d != mine:
+            raise RankClaimedTwice(
+                f"rank {r} of this rendezvous belongs to another job than rank {rank} ({me()}, "
+                f"{identity or 'no launcher names this job'}): a rank of another job uses this job's "
+                "rendezvous; end it, or give each job its own MASTER_PORT")
+
+
+def claim(store, rank: int) -> int:
+    """Claim `rank`; returns this claim's number (for check_claims)."""
+    g = claims_round()
+    n = store.add(f"wirespeed/{g}/claims/{rank}", 1)
+    store.set(f"wirespeed/{g}/claimant/{rank}/{n}", me())
+    if n > 1:
+        before = store.get(f"wirespeed/{g}/claimant/{rank}/{n - 1}").decode()
+        if before != me():  # else this process re-initialises: a new round of its own
+            _claimed_twice(store, rank, before, me())
+    return n
+
+
+def _note_key() -> str:
+    return f"wirespeed/{claims_round()}/duplicate"
+
+
+def _claimed_twice(store, rank: int, first: str, second: str):
+    msg = (f"rank {rank} was claimed twice, by {first} and by {second}: a rank of another job (or "
+           "a second copy of one) uses this job's rendezvous; end it, or give this job its own "
+           "MASTER_PORT")
+    store.set(_note_key(), msg)  # every rank's check, and the watch, see it
+    raise RankClaimedTwice(msg)
+
+
+def check_claims(store, rank: int, n: int) -> None:
+    key = _note_key()
+    if store.check([key]):
+        raise RankClaimedTwice(store.get(key).decode())
+    last = store.add(f"wirespeed/{claims_round()}/claims/{rank}", 0)
+    if last > n:  # claimed again after this process did
+        other = store.get(f"wirespeed/{claims_round()}/claimant/{rank}/{last}").decode()
+        if other != me():
+            _claimed_twice(store, rank, me(), other)
+
+
+class _Watch:
+    """One thread for the process, reading each watched group's note in the store every few
+    seconds and breaking the group with it. A group leaves the watch when it is collected or
+    closed, or when its store cannot be read any more (its job is over)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._groups: list[list] = []   # [weakref to the group, store, key, period, due]
+        self._stop = threading.Event()
+        self._thread = None
+
+    def add(self, group, store, world: int) -> None:
+        import time
+        period = max(WATCH_PERIOD_S, world / WATCH_REQUESTS_PER_S)
+        with self._lock:
+            self._groups.append([weakref.ref(group), store, _note_key(), period, time.monotonic() + period])
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wirespeed-claims-watch", daemon=True)
+                # Stop before the interpreter's shutdown joins threads and finalizes: the thread
+                # must not be inside a store call while torch's objects are torn down.
+                threading._register_atexit(self.stop)
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=1.0)
+
+    def _run(self) -> None:
+        import time
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            with self._lock:
+                due = [e for e in self._groups if e[4] <= now]
+            for e in due:
+                if self._stop.is_set():
+                    return
+                ref, store, key, period, _ = e
+                e[4] = now + period
+                group = ref()
+                try:
+                    if group is None or group.closed:
+                        raise LookupError
+                    if not store.check([key]):
+                        continue
+                    why = store.get(key).decode()
+                    group.abort(why)
+                except Exception:  # noqa: BLE001 (collected, closed, or the store is gone)
+                    pass
+                with self._lock:
+                    if e in self._groups:
+                        self._groups.remove(e)
+
+
+_WATCH = _Watch()
+
+
+def watch(group, store, world: int) -> None:
+    """Break `group` with the store's note if a rank of its job is claimed again later."""
+    _WATCH.add(group, store, world)
