@@ -133,3 +133,19 @@ def test_plot_output_that_cannot_be_written(capsys, tmp_path):
     assert "-o /proc/x.png: cannot write there" in refused(capsys, "plot", good, "-o", "/proc/x.png")
     assert main(["plot", str(good), "-o", str(tmp_path / "ok.png")]) == 0  # the same records plot
     assert (tmp_path / "ok.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("cmd", [["bench", "-N", "2", "--sizes", "4K", "-n", "2"], ["links", "-N", "2"]])
+def test_an_open_file_limit_too_low_is_named_before_any_rank_starts(cmd):
+    # On 482a6d1: gloo's "pipe: Too many open files", then torch's C++ stack from the other rank
+    # (29 lines, exit 1); across emulated hosts, a link probe calling a host's link down.
+    import resource
+    import subprocess
+    import sys
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+    p = subprocess.run([sys.executable, "-m", "wirespeed.cli.main", *cmd], capture_output=True, text=True,
+                       timeout=60, preexec_fn=low)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.count("\n") == 1 and "the open-file limit (ulimit -n) is 16" in p.stderr, p.stderr

@@ -5,6 +5,7 @@ import os
 import sys
 
 from ..errors import WirespeedError
+from ..limits import check_open_files
 from . import (batching, bench, cluster, compare, env, flags, launch, links, model, objects, plan,
                plot, plugin, predict, train, tune)
 from .common import Parser, fail
@@ -44,6 +45,7 @@ def main(argv=None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        check_open_files()
         check_outputs_here(args)
         return args.func(args, argv) or 0
     except WirespeedError as e:
