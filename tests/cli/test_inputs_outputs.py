@@ -284,6 +284,15 @@ def test_only_the_writing_rank_of_an_outer_launcher_checks(monkeypatch):
 def test_predict_refuses_unbounded_what_ifs_and_computes_large_ones(capsys, tmp_path, files):
     err = refused(capsys, "predict", "--from", files["bench"], "--nprocs", 1_000_000, "--ranks-per-host", 1000)
     assert "262144 ranks or fewer" in err
+    # Refused before the layouts are built (on 482a6d1 a billion ranks built a 3.7 GB layout,
+    # then a MemoryError traceback), by host count too.
+    import tracemalloc
+    tracemalloc.start()
+    for flags in (["--nprocs", 1_000_000_000], ["--hosts", 10 ** 12, "--ranks-per-host", 8]):
+        err = refused(capsys, "predict", "--from", files["bench"], *flags)
+        assert "ranks or fewer" in err
+    assert tracemalloc.get_traced_memory()[1] < 50e6
+    tracemalloc.stop()
     err = refused(capsys, "predict", "--from", files["bench"], "--nprocs", 200_000, "--ranks-per-host", 1000,
                   "--sizes", ",".join(f"{k}K" for k in range(1, 40)))
     assert "give fewer --sizes or ranks" in err

@@ -90,9 +90,6 @@ def check_work(fits: list[SeriesFit], layouts: list[F.Layout], sizes: list[int] 
     model's cost grows as n log n per size and series, and was unbounded: 1,000,000 ranks ran on
     with no output)."""
     big = max((l.world for l in layouts), default=0)
-    if big > MAX_RANKS:
-        raise UsageError(f"{big} ranks: predict {MAX_RANKS} ranks or fewer (a predicted record lists "
-                         "every rank's host)")
     calls = sum(len(sizes or sizes_of(sf)) for sf in fits)
     work = sum(l.world * max(1, l.world.bit_length()) for l in layouts) * calls
     if work > MAX_RANK_STEPS:
@@ -104,7 +101,11 @@ def check_work(fits: list[SeriesFit], layouts: list[F.Layout], sizes: list[int] 
 def layouts_from_flags(nprocs: list[int] | None, hosts: list[int] | None,
                        ranks_per_host: int | None) -> list[F.Layout]:
     """The layouts to predict: --nprocs N (with --ranks-per-host K, default 1), or --hosts H, or
-    both (then K = N / H)."""
+    both (then K = N / H). Each is sized before it is built: a layout lists every rank."""
+    for n in [*(nprocs or ()), *((h * (ranks_per_host or 1)) for h in (hosts or ()) if not nprocs)]:
+        if n > MAX_RANKS:
+            raise UsageError(f"{n} ranks: predict {MAX_RANKS} ranks or fewer (a predicted record lists "
+                             "every rank's host)")
     if nprocs and hosts:
         if len(nprocs) != 1 or len(hosts) != 1:
             raise UsageError("with both --nprocs and --hosts give one of each (or a list of only one)")
