@@ -2,7 +2,7 @@
 each backend given, in fresh processes; what the network costs the step (docs/train.md).
 
 Run by hand with several backends, the shell runs one single-backend `wirespeed train` after the
-other (cli/train_runs.py), each starting its own ranks as every rank-running command does
+other (train/shell.py), each starting its own ranks as every rank-running command does
 (`run_job`), then compares them. Under torchrun, srun or mpirun (with gloo, wirespeed or nccl) it is one rank of one backend.
 """
 from __future__ import annotations
@@ -88,8 +88,8 @@ def split_backends(text) -> list[str]:
 def config_from_args(args) -> tuple[list[str], "object"]:
     """(backends, the TrainConfig of the first), every flag checked: one line, exit 2, on the first
     that is wrong, before any rank starts."""
-    from ..workloads.train import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
-    from ..workloads.trainnets import NetSpec, check_spec
+    from ..train.rank import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
+    from ..train.nets import NetSpec, check_spec
     if not args.model:
         raise UsageError("which network? give --model gpt or a torchvision name such as resnet18")
     if args.parallel not in PARALLEL:
@@ -178,7 +178,7 @@ def main(args, argv) -> int:
     if args.state_out is None and rank_info(need_master=False) is None:
         # The user's shell: each backend in processes of its own, then the comparison.
         from .rankjob import check_rank_flags
-        from .train_runs import run_backends
+        from ..train.shell import run_backends
         check_rank_flags(args)
         check_memory(cfg, cfg.nproc)
         return run_backends(backends, cfg, args, repeat=_int(args, "--repeat"))
@@ -197,7 +197,7 @@ def check_memory(cfg, ranks_here: int) -> None:
     """Refuse, in one line, a run whose ranks on this host cannot fit its memory (train.rank_bytes:
     a floor; GPUs: one rank's share of its own GPU)."""
     from ..launch.memory import buffer_budget
-    from ..workloads.train import rank_bytes
+    from ..train.rank import rank_bytes
     if cfg.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -232,7 +232,7 @@ def predictions(rec: dict, out: dict, whatif: WhatIf) -> list[dict]:
     """The what-if's predicted records (none when it was not asked for)."""
     if not out.get("comm_records"):
         return []
-    from ..workloads.train_whatif import StepModel
+    from ..train.whatif import StepModel
     model = StepModel(rec, out["calls"], out["comm_records"], whatif.measured_bps)
     return model.predicted(whatif.hosts or [model.layout.hosts], whatif.rates or [None])
 
@@ -240,14 +240,14 @@ def predictions(rec: dict, out: dict, whatif: WhatIf) -> list[dict]:
 def run_as_rank(cfg, args, info, backend, device) -> int:
     from ..envinfo import record_env
     json_path, state_out = args.json, args.state_out
-    from ..workloads.train import run_rank
+    from ..train.rank import run_rank
     lead = info.rank == 0
     if lead:
         _print_header(cfg, info)
     with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
         out = run_rank(cfg, info, backend, device, watchdog)
     if lead:
-        from .train_runs import table
+        from ..train.shell import table
         whatif = whatif_from_args(args)
         rec = train_record(cfg, info.world_size, out, record_env(), whatif.measured_bps)
         print(table([rec]))
@@ -256,7 +256,7 @@ def run_as_rank(cfg, args, info, backend, device) -> int:
             print("# no what-if: every rank ran on one host, and the what-if prices the links "
                   "between hosts")
         if preds:
-            from ..workloads.train_whatif import whatif_table
+            from ..train.whatif import whatif_table
             print(f"# what-if for {cfg.backend}, fitted on this run and its collectives benched "
                   f"alone ({WHATIF_ITERS} checked calls per size):")
             print(whatif_table(preds))
@@ -289,7 +289,7 @@ def _print_header(cfg, info) -> None:
 def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None = None) -> dict:
     """The wirespeed.train/1 record of one backend's run (docs/records.md)."""
     from ..launch.cluster import link_fields
-    from ..workloads.train_whatif import bounds
+    from ..train.whatif import bounds
     step, compute = out["step"], out["compute"]
     step_us, compute_us = step["time_us"], compute["time_us"]
     per_rank = cfg.spec.batch_size / (step_us * 1e-6) if step_us > 0 else 0.0
@@ -314,7 +314,7 @@ def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None
         "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
         "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
         **({"timeline": out["timeline"]} if "timeline" in out else {}),
-        # The wire time and the lower limit max(compute, wire) (workloads/train_whatif.py).
+        # The wire time and the lower limit max(compute, wire) (train/whatif.py).
         **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),
                  measured_bps or (link_fields().get("link_rate_gbps", 0) * 1e9) or None),
         "env": {**env, "hosts": out["hosts"]}})

@@ -102,7 +102,7 @@ def table(records: list[dict], first: dict | None = None) -> str:
 
 
 def timeline_line(r: dict) -> str:
-    """Where in the step a backend's communication ran (workloads/timeline.py), and the rate the
+    """Where in the step a backend's communication ran (train/timeline.py), and the rate the
     link's bytes moved at while some bucket was in the backend's hands."""
     t = r["timeline"]
     line = (f"# timeline {r['backend']} (median step of the rank done last): forward pass done at "
@@ -215,7 +215,7 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     carry (the `wire_us` beside them is at the link's nominal rate)."""
     if not ceiling or not rec.get("wire_bytes_per_step") or rec.get("hosts", 1) < 2:
         return
-    from ..workloads.train_whatif import step_over_limit, wire_time_us
+    from .whatif import step_over_limit, wire_time_us
     rate = ceiling["each_way_bps"]
     wire = wire_time_us(rec["wire_bytes_per_step"], rate)
     rec["tcp_each_way_gbps"] = rate / 1e9
@@ -254,7 +254,7 @@ def _compare(rec: dict, base: dict, state: dict, init) -> None:
 def initial_params(spec):
     """The parameters every run starts from (the seeded build), flat, as the runs hand theirs back."""
     import torch
-    from ..workloads.trainnets import build
+    from .nets import build
     return torch.cat([p.detach().float().reshape(-1) for p in build(spec, "cpu").parameters()])
 
 
@@ -310,7 +310,7 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
                  f"{one['samples_per_s']:.2f} samples/s): "
                  + ", ".join(f"{r['backend']} {r['scaling_efficiency']:.2f}" for r in records))
         if predicted:
-            from ..workloads.train_whatif import whatif_table
+            from .whatif import whatif_table
             _say("# what-if (predicted; each backend's model fitted on its own run and its "
                  "collectives benched alone):")
             _say(whatif_table(list(predicted)))

@@ -19,8 +19,8 @@ import torch
 
 from ..bench.harness import summarize
 from ..errors import RanksDisagree, UsageError
-from .train_whatif import COLLECTIVE_OF
-from .trainnets import NetSpec, batch, blocks_of, build, loss_of
+from .whatif import COLLECTIVE_OF
+from .nets import NetSpec, batch, blocks_of, build, loss_of
 
 PARALLEL = ("ddp", "fsdp")
 # Steps after which rank 0 keeps the parameters for the comparison across backends: the first,
@@ -44,7 +44,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     # After the timed steps, bench the step's own collectives (for the what-if): calls per size.
     whatif_iters: int = 0
-    # DDP: time each step's buckets through a comm hook (workloads/timeline.py).
+    # DDP: time each step's buckets through a comm hook (train/timeline.py).
     timeline: bool = False
 
 
@@ -148,7 +148,7 @@ def wrap(cfg: TrainConfig, net, device: str):
     bytes): every gradient once, in buckets planned as DDP plans them, workloads/bucketing.py)."""
     grads = [p for p in net.parameters() if p.requires_grad]
     if cfg.parallel == "ddp":
-        from .bucketing import plan_buckets
+        from ..workloads.bucketing import plan_buckets
         itemsize = grads[0].element_size() if grads else 4
         plan = plan_buckets([p.numel() for p in grads], itemsize,
                             "ddp", int(cfg.bucket_mb * (1 << 20)))
@@ -329,14 +329,14 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
 
 def bench_calls(cfg: TrainConfig, info, backend, device: str, calls, hosts: list[str],
                 watchdog) -> list[dict]:
-    """The step's own collectives at the step's sizes (and a small anchor, train_whatif), timed
+    """The step's own collectives at the step's sizes (and a small anchor, train/whatif.py), timed
     and checked by bench's harness in these processes: the records the what-if fits. Every rank
     returns them."""
     from ..bench.config import BenchConfig
     from ..bench.harness import run_rank as bench_rank
     from ..launch.cluster import link_fields
     from ..report.records import record
-    from .train_whatif import bench_sizes
+    from .whatif import bench_sizes
     out, wrong = [], 0
     link = link_fields()
     for coll, sizes in bench_sizes(calls).items():
