@@ -92,7 +92,7 @@ def _before_start(info) -> None:
 
 def run_as_rank(cfg, args, info, backend, device) -> int:
     from ..explain.links_rank import run_links
-    from .rankjob import guarded_rank
+    from ..bench.watchdog import guarded_rank
     lead = info.rank == 0
 
     def say(text):

@@ -15,8 +15,9 @@ from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job, uses_torch_distributed)
+from ..bench.watchdog import guarded_rank
 from .common import add
 from ..report.records import record
 

@@ -16,8 +16,9 @@ from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (Job, check_local_gpus, guarded_rank, parse_iters_timeout, parse_num,
+from .rankjob import (Job, check_local_gpus, parse_iters_timeout, parse_num,
                       resolve_backend, run_job, uses_torch_distributed)
+from ..bench.watchdog import guarded_rank
 from ..report.records import record
 
 

@@ -16,8 +16,9 @@ from functools import partial
 from ..errors import UsageError
 from . import flags
 from .common import add
-from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
+from ..bench.watchdog import guarded_rank
 from ..report.records import record
 
 
@@ -173,8 +174,8 @@ def main(args, argv) -> int:
         if "nccl" not in backends:
             raise UsageError(f"--fast-net moves NCCL's traffic through the wirespeed network plugin; "
                              f"--backend {args.backend} has no nccl: add it")
-        from .bench import _enable_fast_net
-        _enable_fast_net("nccl")   # every rank this process starts inherits it
+        from ..bench.fastnet import enable_fast_net
+        enable_fast_net("nccl")   # every rank this process starts inherits it
     if args.state_out is None and rank_info(need_master=False) is None:
         # The user's shell: each backend in processes of its own, then the comparison.
         from .rankjob import check_rank_flags
@@ -271,8 +272,8 @@ def run_as_rank(cfg, args, info, backend, device) -> int:
             torch.save(out["params"], state_out)
         sys.stdout.flush()
     if cfg.backend == "nccl":
-        from .bench import _fast_net_unproven   # --fast-net: NCCL's logs must show the plugin
-        if _fast_net_unproven(backend, info):
+        from ..bench.fastnet import fast_net_unproven   # --fast-net: NCCL's logs must show the plugin
+        if fast_net_unproven(backend, info):
             return 1
     return 0
 
