@@ -94,7 +94,7 @@ def test_the_quotable_line():
 
 
 def test_train_records_are_read_by_the_one_reader(tmp_path):
-    from wirespeed.cli.train import train_record
+    from wirespeed.train.rank import train_record
     from wirespeed.train.rank import TrainConfig
     from wirespeed.train.nets import NetSpec
     figures = {"time_us": 2000.0, "time_min_us": 1900.0, "time_max_us": 2500.0, "time_p99_us": 2500.0}
