@@ -21,12 +21,13 @@ def enable_fast_net(backend: str) -> None:
     os.environ.update(env)
     # NCCL falls back to its sockets without a word when a plugin does not load: have it log
     # which network it took, to a file per process, which each rank reads after the run.
-    from ..nccl_log import LOG_DIR_VAR, debug_env
+    from ..launch.environment import nccl_log_dir
+    from ..nccl_log import debug_env
     os.environ.update(debug_env(os.environ))
-    if os.environ.get(LOG_DIR_VAR):
+    if nccl_log_dir():
         # NCCL writes to stdout instead where the folder is missing; ranks on other machines make
         # it again before their backend starts (bench/run.py: before_start).
-        os.makedirs(os.environ[LOG_DIR_VAR], exist_ok=True)
+        os.makedirs(nccl_log_dir(), exist_ok=True)
 
 
 def fast_net_unproven(backend, info) -> bool:
@@ -34,8 +35,9 @@ def fast_net_unproven(backend, info) -> bool:
     (docs/plugin.md): every rank's NCCL must have taken network wirespeed, and the job's
     connections between hosts gone through it. Every rank must call it (one allgather); each
     rank names its own problem, rank 0 the job's."""
-    from ..nccl_log import LOG_DIR_VAR, NET_NAME, own_log_findings
-    log_dir = os.environ.get(LOG_DIR_VAR)
+    from ..launch.environment import nccl_log_dir
+    from ..nccl_log import NET_NAME, own_log_findings
+    log_dir = nccl_log_dir()
     if not log_dir or os.environ.get("NCCL_NET") != NET_NAME or info.world_size < 2:
         return False   # not --fast-net, or one rank alone (train's scaling run): nothing to carry
     problem, conns = own_log_findings(log_dir)

@@ -34,17 +34,17 @@ def _gpu_sharing(backend, device: str, cfg: BenchConfig) -> list[str]:
 def before_start(cfg: BenchConfig, info) -> None:
     from .memory import check_fits
     validate_for_world(cfg, info.world_size)
-    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
+    from ..launch.environment import nccl_log_dir, spawned_here
+    if not spawned_here():
         # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
         check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
                    cfg.device)
     if cfg.host_per_rank:
         from ..launch.gpus import set_host_per_rank
         set_host_per_rank(info.rank)  # before the backend starts: libraries read it at init
-    from ..nccl_log import LOG_DIR_VAR
-    if cfg.backend == "nccl" and os.environ.get(LOG_DIR_VAR):
+    if cfg.backend == "nccl" and nccl_log_dir():
         # Here too: a rank on another machine (ssh, srun) has no folder the launcher made.
-        os.makedirs(os.environ[LOG_DIR_VAR], exist_ok=True)
+        os.makedirs(nccl_log_dir(), exist_ok=True)
 
 
 def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
@@ -56,7 +56,8 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
     lead = info.rank == 0
     records = []
     env = record_env() if lead else {}
-    from ..launch.cluster import host_link_sent_bytes, link_fields
+    from ..launch.cluster import host_link_sent_bytes
+    from ..launch.environment import link_fields
     link = link_fields()  # link_rate_gbps etc. when the ranks run on the emulated cluster
     run_id = time.strftime("%Y%m%d-%H%M%S")
     progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)

@@ -5,7 +5,6 @@ Run by hand it spawns -N local ranks; under torchrun, srun or mpirun it is one r
 """
 from __future__ import annotations
 
-import os
 from functools import partial
 
 from ..errors import UsageError
@@ -102,7 +101,8 @@ def _launch(c, args, start) -> int:
 
 
 def _before_start(c, args, info) -> tuple:
-    local = os.environ.get("_WIRESPEED_LOCAL_SPAWN") == "1"
+    from ..launch.environment import spawned_here
+    local = spawned_here()
     return (pick_total(args.total, c, 1 if local else info.local_world_size),)
 
 

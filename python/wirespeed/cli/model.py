@@ -148,7 +148,8 @@ def _before_start(cfg, args, info) -> tuple:
     from ..workloads.config import validate
     shapes = resolve_shapes(args)
     validate(cfg, info.world_size)
-    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
+    from ..launch.environment import spawned_here
+    if not spawned_here():
         _check_memory(shapes, cfg, info.local_world_size)
     return (shapes,)
 

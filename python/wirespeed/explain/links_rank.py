@@ -182,7 +182,7 @@ def labels_of(result) -> tuple[list[str], list[str]]:
 
 def records_of(cfg: LinksConfig, result, run_id: str) -> list[dict]:
     from ..envinfo import record_env
-    from ..launch.cluster import link_fields
+    from ..launch.environment import link_fields
     from .fields import short_host
     env = record_env()
     env["hosts"] = result["hosts"]

@@ -18,12 +18,11 @@ import sys
 from ..errors import UsageError
 from ..netem import cluster as C
 from ..netem.ns import run_in_netns
-from .environment import with_job_secret
+from . import environment as E
+from .environment import IFNAME_VARS, with_job_secret
 from .local import _die_with_parent, supervise
 
 # Each library's knob for "use this interface", all pointed at the host's emulated link.
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include",
-               "OMPI_MCA_oob_tcp_if_include", "WIRESPEED_IFNAME")
 
 
 def placement(nproc: int, hosts: int, ranks_per_host: int | None) -> list[int]:
@@ -70,7 +69,7 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
     """What every rank on the cluster gets, whoever starts it: the links' interface for every
     library, and the link rates for the records."""
     env = dict(os.environ if base is None else base)
-    env.update(_WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+    env.update(E.local_spawn_env(), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                **link_env(cluster))
     for var in IFNAME_VARS:
         env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
@@ -81,12 +80,7 @@ def link_env(cluster: C.Cluster) -> dict:
     """What tells a process that it runs on the emulated cluster, and at which link rates, so
     that bench's records carry them (link_fields) whoever started it: this launcher, or torchrun
     and mpirun started with `wirespeed cluster exec`."""
-    env = {"_WIRESPEED_CLUSTER": cluster.name, "_WIRESPEED_LINK_RATE_BPS": str(cluster.rate_bps)}
-    if cluster.flow_rate_bps:
-        env["_WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
-    if cluster.host_rates:  # hosts with a link of their own rate (cluster up --host-rate)
-        env["_WIRESPEED_HOST_RATES_BPS"] = ",".join(f"{i}={r}" for i, r in cluster.host_rates.items())
-    return env
+    return E.link_env(cluster.name, cluster.rate_bps, cluster.flow_rate_bps, cluster.host_rates)
 
 
 def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=None) -> list[dict]:
@@ -99,7 +93,7 @@ def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=No
         env = dict(common)
         env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(peers.index(r)),
                    LOCAL_WORLD_SIZE=str(len(peers)), MASTER_ADDR=master.addr,
-                   MASTER_PORT=str(master_port), _WIRESPEED_CLUSTER_HOST=f"h{h}")
+                   MASTER_PORT=str(master_port), **E.cluster_host_env(h))
         envs.append(env)
     return envs
 
@@ -172,28 +166,12 @@ def link_problems(cluster: C.Cluster, hosts_of: list[int]) -> list[str]:
     return lines
 
 
-def link_fields() -> dict:
-    """What a rank started on the emulated cluster adds to each record (empty elsewhere)."""
-    raw = os.environ.get("_WIRESPEED_LINK_RATE_BPS")
-    if not raw or not raw.isdigit():
-        return {}
-    out = {"link_rate_gbps": int(raw) / 1e9, "cluster": os.environ.get("_WIRESPEED_CLUSTER")}
-    flow = os.environ.get("_WIRESPEED_FLOW_RATE_BPS")
-    if flow and flow.isdigit():
-        out["flow_rate_gbps"] = int(flow) / 1e9
-    own = os.environ.get("_WIRESPEED_HOST_RATES_BPS")
-    if own:
-        pairs = [p.split("=", 1) for p in own.split(",") if "=" in p]
-        out["host_rates_gbps"] = {f"h{i}": int(r) / 1e9 for i, r in pairs if i.isdigit() and r.isdigit()}
-    return out
-
-
 def host_link_sent_bytes():
     """On a host of the emulated cluster, a reader of the bytes the host has sent over its link
     (its interface's counter, headers included, in this process's network namespace); None
     elsewhere: on a real host other traffic shares the interface, so the count would not be
     the job's."""
-    if not os.environ.get("_WIRESPEED_CLUSTER"):
+    if not E.on_cluster():
         return None
     ifname = C.IFNAME
 

@@ -15,12 +15,9 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .environment import DEFAULT_PORT, JOB_SECRET
+from .environment import DEFAULT_PORT, IFNAME_VARS, JOB_SECRET, LINK_VARS, link_env
 
 
-# What `wirespeed cluster exec` tells a process about the emulated links (launch/cluster.link_env).
-LINK_VARS = ("_WIRESPEED_CLUSTER", "_WIRESPEED_LINK_RATE_BPS", "_WIRESPEED_FLOW_RATE_BPS",
-             "_WIRESPEED_HOST_RATES_BPS")
 
 
 @dataclass
@@ -58,10 +55,7 @@ def _link_env(ns_hosts) -> dict:
     for name in C.cluster_names():
         c = C.load(name)
         if c and set(ns_hosts) <= {h.netns for h in c.hosts}:
-            env = {"_WIRESPEED_CLUSTER": c.name, "_WIRESPEED_LINK_RATE_BPS": str(c.rate_bps)}
-            if c.flow_rate_bps:
-                env["_WIRESPEED_FLOW_RATE_BPS"] = str(c.flow_rate_bps)
-            return env
+            return link_env(c.name, c.rate_bps, c.flow_rate_bps)
     return {}
 
 
@@ -70,7 +64,6 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
          fast_net=None) -> list[RankLaunch]:
     """Each rank's full command line, in rank order. Pure but for `resolve` and `free_port`.
     `fast_net`: the plugin's variables (wirespeed.netplugin.fast_net_env) for every rank."""
-    from .cluster import IFNAME_VARS
     environ = os.environ if environ is None else environ
     ns_info = {h.name: resolve(h.name) for h in hosts if h.netns}
     first = hosts[0]

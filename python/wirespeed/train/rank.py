@@ -336,7 +336,7 @@ def bench_calls(cfg: TrainConfig, info, backend, device: str, calls, hosts: list
     returns them."""
     from ..bench.config import BenchConfig
     from ..bench.harness import run_rank as bench_rank
-    from ..launch.cluster import link_fields
+    from ..launch.environment import link_fields
     from .whatif import bench_sizes
     out, wrong = [], 0
     link = link_fields()
@@ -385,8 +385,8 @@ def check_memory(cfg, ranks_here: int) -> None:
 
 
 def before_start(cfg, info) -> None:
-    import os
-    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":   # under an outer launcher: nobody checked
+    from ..launch.environment import spawned_here
+    if not spawned_here():   # under an outer launcher: nobody checked
         check_memory(cfg, info.local_world_size)
 
 
@@ -449,7 +449,7 @@ def _print_header(cfg, info) -> None:
 
 def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None = None) -> dict:
     """The wirespeed.train/1 record of one backend's run (docs/records.md)."""
-    from ..launch.cluster import link_fields
+    from ..launch.environment import link_fields
     from .whatif import bounds
     step, compute = out["step"], out["compute"]
     step_us, compute_us = step["time_us"], compute["time_us"]
