@@ -25,7 +25,7 @@ FORBIDDEN = {
               "netem", "train"},
     # `wirespeed train`'s home: a workload over launch/, backends/, bench/ and explain/; cli/ only
     # parses its flags and hands over, and no other command's package reaches into it.
-    "train": {"cli"},
+    "train": {"cli", "compare", "tune"},
     "workloads": {"cli", "train"},
     "explain": {"cli", "train"},
 }

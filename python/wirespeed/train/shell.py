@@ -5,17 +5,17 @@ the parameters of every backend against the first's."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..compare.runner import failure_line
 from ..errors import EXIT_MISMATCH
 from ..knobs import for_children
+from ..launch.child import failure_line, run_child
 from ..report.outputs import run_dir
-from ..report.records import read_records, write_jsonl
+from ..report.records import write_jsonl
 
 # Backends may add a reduction's terms in different orders (float reassociation: ~1e-7 of a
 # gradient, none with 2 ranks), and a network can amplify that over steps: BatchNorm over a few
@@ -32,38 +32,51 @@ from ..report.records import read_records, write_jsonl
 PARAM_TOLERANCE = 1e-2
 
 
-def child_argv(cfg, backend: str, json_path: Path, state_path: Path, args) -> list[str]:
-    """One backend's run, every setting explicit (the children get no flag twins)."""
-    s = cfg.spec
-    argv = ["train", "--model", s.model, "--parallel", cfg.parallel, "--batch-size", str(s.batch_size),
-            "--image-size", str(s.image_size), "--layers", str(s.layers), "--hidden", str(s.hidden),
-            "--heads", str(s.heads), "--seq-len", str(s.seq_len), "--vocab", str(s.vocab),
-            "--bucket-mb", f"{cfg.bucket_mb:g}", "--optimizer", cfg.optimizer, "--backend", backend,
-            "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
-            "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", str(json_path),
-            "--state-out", str(state_path), "--no-save"] + (["--timeline"] if cfg.timeline else [])
-    for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
-        if getattr(args, flag, None):
-            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    if args.master_port:
-        argv += ["--master-port", str(args.master_port)]
-    if args.cluster:
-        argv += ["--cluster", args.cluster]
-        if args.ranks_per_host:
-            argv += ["--ranks-per-host", str(args.ranks_per_host)]
-    return argv
+@dataclass
+class TrainRun:
+    """One backend's run: a single-backend `wirespeed train` in processes of its own, every setting
+    explicit (the children get no flag twins; tests/unit/test_argv_roundtrip.py parses it back)."""
+    cfg: object                      # the TrainConfig every backend runs (train/rank.py)
+    backend: str
+    json_path: str
+    state_path: str
+    measured_link_rate: str | None = None   # the what-if's flags, as given
+    what_if_hosts: str | None = None
+    what_if_rate: str | None = None
+    master_port: str | None = None
+    cluster: str | None = None
+    ranks_per_host: int | None = None
 
+    @classmethod
+    def of(cls, cfg, backend: str, json_path, state_path, args, what_if: bool = True) -> "TrainRun":
+        """The run of `backend` the shell's flags (`args`) ask for; what_if=False leaves the
+        what-if out (the one-rank run scaling is measured against)."""
+        return cls(cfg, backend, str(json_path), str(state_path),
+                   measured_link_rate=getattr(args, "measured_link_rate", None),
+                   what_if_hosts=getattr(args, "what_if_hosts", None) if what_if else None,
+                   what_if_rate=getattr(args, "what_if_rate", None) if what_if else None,
+                   master_port=args.master_port, cluster=args.cluster,
+                   ranks_per_host=args.ranks_per_host)
 
-def _run(cmd: list[str], env: dict) -> tuple[int, str]:
-    """Run a child with its stdout passed through and its stderr passed through as it comes and
-    kept (the error line names the failing rank): (exit status, stderr)."""
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
-    kept = []
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        kept.append(line)
-    return proc.wait(), "".join(kept)
+    def argv(self) -> list[str]:
+        cfg, s = self.cfg, self.cfg.spec
+        argv = ["train", "--model", s.model, "--parallel", cfg.parallel, "--batch-size", str(s.batch_size),
+                "--image-size", str(s.image_size), "--layers", str(s.layers), "--hidden", str(s.hidden),
+                "--heads", str(s.heads), "--seq-len", str(s.seq_len), "--vocab", str(s.vocab),
+                "--bucket-mb", f"{cfg.bucket_mb:g}", "--optimizer", cfg.optimizer, "--backend", self.backend,
+                "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
+                "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", self.json_path,
+                "--state-out", self.state_path, "--no-save"] + (["--timeline"] if cfg.timeline else [])
+        for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
+            if getattr(self, flag):
+                argv += ["--" + flag.replace("_", "-"), str(getattr(self, flag))]
+        if self.master_port:
+            argv += ["--master-port", str(self.master_port)]
+        if self.cluster:
+            argv += ["--cluster", self.cluster]
+            if self.ranks_per_host:
+                argv += ["--ranks-per-host", str(self.ranks_per_host)]
+        return argv
 
 
 def _say(text: str = "") -> None:
@@ -145,16 +158,16 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
             t0 = time.monotonic()
             # The ranks' own output (header, table) goes straight through; errors are kept to be
             # named in the summary.
-            code, stderr = _run([sys.executable, "-m", "wirespeed.cli.main",
-                                 *child_argv(cfg, backend, json_path, state_path, args)], env)
+            run = run_child(TrainRun.of(cfg, backend, json_path, state_path, args).argv(), env, json_path,
+                            echo=True)
             took = time.monotonic() - t0
-            if code != 0 or not json_path.exists():
-                why = failure_line(stderr, code)
+            if run.code != 0 or not run.wrote:
+                why = failure_line(run.stderr, run.code)
                 failures.append((backend, why))
-                codes.append(code or 1)
+                codes.append(run.code or 1)
                 _say(f"{tag}: FAILED after {took:.1f} s: {why}")
                 continue
-            got = read_records(json_path)
+            got = run.records
             rec = next(r for r in got if not r.get("predicted"))
             rec["repeat"] = rep
             rec["_predicted"] = [r for r in got if r.get("predicted")]
@@ -228,18 +241,16 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
 def _one_rank_run(cfg, backend: str, args, env: dict, tmp: Path) -> dict | None:
     """The first backend's step on one rank (same batch per rank): what scaling efficiency is
     measured against. Its failure is reported and leaves the figure out, not the run."""
-    import argparse
     from dataclasses import replace
     one = replace(cfg, nproc=1, whatif_iters=0)
-    quiet = argparse.Namespace(**{**vars(args), "what_if_hosts": None, "what_if_rate": None})
     json_path, state_path = tmp / "one-rank.jsonl", tmp / "one-rank.pt"
     _say(f"[scaling] {backend}, 1 rank")
-    code, stderr = _run([sys.executable, "-m", "wirespeed.cli.main",
-                         *child_argv(one, backend, json_path, state_path, quiet)], env)
-    if code != 0 or not json_path.exists():
-        _say(f"[scaling] FAILED: {failure_line(stderr, code)}; no scaling efficiency")
+    run = run_child(TrainRun.of(one, backend, json_path, state_path, args, what_if=False).argv(), env,
+                    json_path, echo=True)
+    if run.code != 0 or not run.wrote:
+        _say(f"[scaling] FAILED: {failure_line(run.stderr, run.code)}; no scaling efficiency")
         return None
-    return read_records(json_path)[0]
+    return run.records[0]
 
 
 def _compare(rec: dict, base: dict, state: dict, init) -> None:
