@@ -12,7 +12,6 @@ from ..bench.dtypes import parse_dtypes, parse_ops
 from ..bench.fastnet import enable_fast_net
 from ..bench.run import before_start, run_as_rank, validate_for_world
 from ..errors import UsageError
-from ..sizes import sizes_from_flags
 from . import flags
 from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout, parse_num,
                       resolve_backend, run_job)
@@ -34,11 +33,8 @@ def register(sub) -> None:
     add(p, "--plan", default=None, metavar="PLAN.json",
         help="time and check this MSCCL++ execution plan, executed by CPU ranks (--backend wirespeed), "
         "instead of -c")
-    add(p, "-b", "--minbytes", default="8", help="smallest size (8, 32K, 128M, 1G; binary units)")
-    add(p, "-e", "--maxbytes", default="64M", help="largest size")
-    add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
-    add(p, "-i", "--stepbytes", default=None, help="add this many bytes each step instead of -f")
-    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    flags.sweep(p, minbytes="8", factor="2", stepbytes=True,
+                min_help="smallest size (8, 32K, 128M, 1G; binary units)")
     add(p, "-d", "--dtype", default="float32",
         help="comma list of float32, float16, bfloat16, float64, int8, uint8, int32, int64, or all")
     add(p, "-o", "--op", default="sum", help="comma list of sum, prod, min, max, avg, or all")
@@ -69,7 +65,7 @@ def config_from_args(args) -> BenchConfig:
     colls = [c.name for c in parse_collectives(args.collective)]
     dtypes = [d.name for d in parse_dtypes(args.dtype)]
     ops = parse_ops(args.op)
-    sizes = sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+    sizes = flags.sizes(args)
     if args.plan:
         colls, dtypes, ops = _plan_settings(args, dtypes, ops)
     backend, device = resolve_backend(args.backend, args.device)
