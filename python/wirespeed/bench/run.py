@@ -133,10 +133,9 @@ def time_method_text(cfg: BenchConfig) -> str:
 def _report(cfg: BenchConfig, records, run_id) -> None:
     from ..report.plot import plot_records
     from ..report.records import write_csv, write_jsonl
-    from ..report.table import footer, markdown_table, nccl_table
+    from ..report.table import footer, link_summary, markdown_table, nccl_table
     print(markdown_table(records) if cfg.format == "md" else nccl_table(records, cfg.per_op_columns))
     print(footer(records))
-    from ..launch.cluster import link_summary
     if link_summary(records):
         print(link_summary(records))
     if cfg.json_path:
