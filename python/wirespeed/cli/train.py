@@ -168,7 +168,7 @@ def main(args, argv) -> int:
         check_rank_flags(args)
         from ..train.rank import check_memory
         check_memory(cfg, cfg.nproc)
-        return run_backends(backends, cfg, args, repeat=_int(args, "--repeat"))
+        return run_backends(backends, cfg, shell_settings(args), repeat=_int(args, "--repeat"))
     if len(backends) > 1:
         raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
     return run_job(_job, args, argv)
@@ -194,3 +194,11 @@ def _launch_local(cfg, start) -> int:
     return start(cfg.nproc)
 
 
+def shell_settings(args):
+    """What the several-backend shell does besides the runs (train/shell.py), from the flags."""
+    from ..train.shell import ShellSettings
+    return ShellSettings(cluster=args.cluster, ranks_per_host=args.ranks_per_host,
+                         master_port=args.master_port, measured_link_rate=args.measured_link_rate,
+                         what_if_hosts=args.what_if_hosts, what_if_rate=args.what_if_rate,
+                         scaling=not args.no_scaling, json_path=args.json, plot_path=args.plot,
+                         save_dir=None if args.no_save else args.save_dir)

@@ -33,6 +33,22 @@ PARAM_TOLERANCE = 1e-2
 
 
 @dataclass
+class ShellSettings:
+    """What the shell does besides the runs' own settings (cli/train.py fills it from the flags):
+    where the ranks run, the what-if's flags as given, the one-rank run, and its outputs."""
+    cluster: str | None = None
+    ranks_per_host: int | None = None
+    master_port: str | None = None
+    measured_link_rate: str | None = None
+    what_if_hosts: str | None = None
+    what_if_rate: str | None = None
+    scaling: bool = True                 # --no-scaling turns the one-rank run off
+    json_path: str | None = None
+    plot_path: str | None = None
+    save_dir: str | None = "runs"       # None: --no-save
+
+
+@dataclass
 class TrainRun:
     """One backend's run: a single-backend `wirespeed train` in processes of its own, every setting
     explicit (the children get no flag twins; tests/unit/test_argv_roundtrip.py parses it back)."""
@@ -48,15 +64,16 @@ class TrainRun:
     ranks_per_host: int | None = None
 
     @classmethod
-    def of(cls, cfg, backend: str, json_path, state_path, args, what_if: bool = True) -> "TrainRun":
-        """The run of `backend` the shell's flags (`args`) ask for; what_if=False leaves the
-        what-if out (the one-rank run scaling is measured against)."""
+    def of(cls, cfg, backend: str, json_path, state_path, shell: ShellSettings,
+           what_if: bool = True) -> "TrainRun":
+        """The run of `backend` the shell asks for; what_if=False leaves the what-if out (the
+        one-rank run scaling is measured against)."""
         return cls(cfg, backend, str(json_path), str(state_path),
-                   measured_link_rate=getattr(args, "measured_link_rate", None),
-                   what_if_hosts=getattr(args, "what_if_hosts", None) if what_if else None,
-                   what_if_rate=getattr(args, "what_if_rate", None) if what_if else None,
-                   master_port=args.master_port, cluster=args.cluster,
-                   ranks_per_host=args.ranks_per_host)
+                   measured_link_rate=shell.measured_link_rate,
+                   what_if_hosts=shell.what_if_hosts if what_if else None,
+                   what_if_rate=shell.what_if_rate if what_if else None,
+                   master_port=shell.master_port, cluster=shell.cluster,
+                   ranks_per_host=shell.ranks_per_host)
 
     def argv(self) -> list[str]:
         cfg, s = self.cfg, self.cfg.spec
@@ -138,13 +155,13 @@ def quote(first: dict, r: dict) -> str:
             f"{first['exposed_pct']:.0f}% -> {r['exposed_pct']:.0f}% of the step)")
 
 
-def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
+def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1) -> int:
     """Each backend in fresh processes, the list `repeat` times in the same order (A B A B), so
     slow drift of a busy machine spreads over every backend; a backend's figures are those of its
     median run (by step time). Returns the exit status."""
     runs: dict[str, list[dict]] = {b: [] for b in backends}
     failures, codes = [], []
-    ceiling = _link_ceiling(cfg, args)
+    ceiling = _link_ceiling(cfg, shell)
     base = init = None   # the first backend's parameters, every other run compared with them
     env = for_children(os.environ)
     total = len(backends) * repeat
@@ -158,7 +175,7 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
             t0 = time.monotonic()
             # The ranks' own output (header, table) goes straight through; errors are kept to be
             # named in the summary.
-            run = run_child(TrainRun.of(cfg, backend, json_path, state_path, args).argv(), env, json_path,
+            run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell).argv(), env, json_path,
                             echo=True)
             took = time.monotonic() - t0
             if run.code != 0 or not run.wrote:
@@ -179,8 +196,8 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                 _compare(rec, base, state, init)
             runs[backend].append(rec)
             _say(f"{tag}: done in {took:.1f} s")
-        one = _one_rank_run(cfg, backends[0], args, env, Path(tmp)) \
-            if cfg.nproc > 1 and not args.no_scaling and not failures else None
+        one = _one_rank_run(cfg, backends[0], shell, env, Path(tmp)) \
+            if cfg.nproc > 1 and shell.scaling and not failures else None
     records = [_median_run(rs) for rs in runs.values() if rs]
     for r in records:
         _with_ceiling(r, ceiling)
@@ -192,11 +209,11 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
     mismatched = [b for b, rs in runs.items()
                   if any(max(r.get("params_diff_steps") or [0]) > PARAM_TOLERANCE for r in rs)]
     _report(records, failures, mismatched, one, predicted)
-    _save(records + predicted, args)
-    if args.plot and records:
+    _save(records + predicted, shell)
+    if shell.plot_path and records:
         from ..report.plot import plot_records
-        plot_records(records + predicted, args.plot)
-        _say(f"# plot: {args.plot}")
+        plot_records(records + predicted, shell.plot_path)
+        _say(f"# plot: {shell.plot_path}")
     if failures:
         sys.stderr.write(f"wirespeed: error: {'; '.join(f'{b}: {w}' for b, w in failures)}\n")
         return codes[0]
@@ -208,16 +225,16 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
     return 0
 
 
-def _link_ceiling(cfg, args) -> dict | None:
+def _link_ceiling(cfg, shell: ShellSettings) -> dict | None:
     """On the emulated cluster, what TCP carries between the job's first two hosts, both ways at
     once (launch.cluster.job_link_ceiling), measured before the runs; None elsewhere, or when the
     probe fails (said, and the run goes on: it is a figure beside the run's, not the run)."""
-    if not getattr(args, "cluster", None) or cfg.nproc < 2:
+    if not shell.cluster or cfg.nproc < 2:
         return None
     from ..launch.cluster import job_link_ceiling
     from ..netem.ns import NetemError
     try:
-        return job_link_ceiling(args.cluster, cfg.nproc, getattr(args, "ranks_per_host", None))
+        return job_link_ceiling(shell.cluster, cfg.nproc, shell.ranks_per_host)
     except NetemError as e:
         _say(f"# the links' TCP rate could not be measured ({e}); no TCP bound")
         return None
@@ -238,14 +255,14 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     _, rec["step_vs_tcp_limit"] = step_over_limit(rec["step_us"], rec["compute_us"], wire)
 
 
-def _one_rank_run(cfg, backend: str, args, env: dict, tmp: Path) -> dict | None:
+def _one_rank_run(cfg, backend: str, shell: ShellSettings, env: dict, tmp: Path) -> dict | None:
     """The first backend's step on one rank (same batch per rank): what scaling efficiency is
     measured against. Its failure is reported and leaves the figure out, not the run."""
     from dataclasses import replace
     one = replace(cfg, nproc=1, whatif_iters=0)
     json_path, state_path = tmp / "one-rank.jsonl", tmp / "one-rank.pt"
     _say(f"[scaling] {backend}, 1 rank")
-    run = run_child(TrainRun.of(one, backend, json_path, state_path, args, what_if=False).argv(), env,
+    run = run_child(TrainRun.of(one, backend, json_path, state_path, shell, what_if=False).argv(), env,
                     json_path, echo=True)
     if run.code != 0 or not run.wrote:
         _say(f"[scaling] FAILED: {failure_line(run.stderr, run.code)}; no scaling efficiency")
@@ -338,12 +355,12 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
         _say(f"# {backend} failed: {why}")
 
 
-def _save(records, args) -> None:
+def _save(records, shell: ShellSettings) -> None:
     if not records:
         return
-    if args.json:
-        write_jsonl(args.json, records)
-    out = run_dir(None if args.no_save else args.save_dir, "train", time.strftime("%Y%m%d-%H%M%S"))
+    if shell.json_path:
+        write_jsonl(shell.json_path, records)
+    out = run_dir(shell.save_dir, "train", time.strftime("%Y%m%d-%H%M%S"))
     if out:
         write_jsonl(out / "records.jsonl", records)
         _say(f"# saved records in {out}/")
