@@ -8,7 +8,12 @@
   run, so commands drop them before starting others. A flag whose twin would be a core knob gets
   another twin (`predict --algo` <- WIRESPEED_PREDICT_ALGO) unless it means the same thing.
 - **Launcher back-channels** (`_WIRESPEED_*`, note the underscore): what a launcher tells the rank
-  processes it starts (`internal("CLUSTER")`). Never a user's setting; dropped like twins.
+  processes it starts (`internal("CLUSTER")`, each named in BACK_CHANNELS; launch/environment.py
+  reads and writes them). Never a user's setting; dropped like twins.
+- **Diagnostics** (`DIAGNOSTIC`): read to say more, never to change what moves.
+
+Python code names these variables here and touches them in the process environment in a few
+files only (tests/unit/test_knobs.py holds the list).
 """
 from __future__ import annotations
 
@@ -38,16 +43,42 @@ CORE = {
     "WIRESPEED_JOB_ID": "the job's identity every rank proves (default: the launcher's: torchrun run id, SLURM job and step, MPI namespace)",
 }
 
+# Read by wirespeed's Python to say more about what happened; they change nothing that moves.
+# Not core knobs (the crates never read them), so commands drop them for their children as twins.
+DIAGNOSTIC = {
+    "WIRESPEED_SETUP_STATS": "1: every group setup prints its figures on stderr (native/rendezvous.py)",
+}
+
+TWIN_PREFIX = "WIRESPEED_"
 INTERNAL_PREFIX = "_WIRESPEED_"
+
+# Launcher back-channels, by internal name; launch/environment.py reads and writes them.
+BACK_CHANNELS = {
+    "LOCAL_SPAWN": "1: started by wirespeed's own spawn, mpirun or cluster launch, whose shell "
+                   "checked memory and outputs already",
+    "CLUSTER": "the emulated cluster this process runs on",
+    "CLUSTER_HOST": "its host there (h0, h1, ...)",
+    "LINK_RATE_BPS": "the emulated links' rate, bit/s",
+    "FLOW_RATE_BPS": "the emulated per-flow cap, bit/s",
+    "HOST_RATES_BPS": "hosts whose link has a rate of its own: i=bps,...",
+    "NCCL_LOG_DIR": "--fast-net: where each rank's NCCL writes the log the rank then checks",
+}
 
 
 def internal(name: str) -> str:
     """A launcher back-channel's variable: internal("CLUSTER") -> _WIRESPEED_CLUSTER."""
+    if name not in BACK_CHANNELS:
+        raise KeyError(f"{name}: not a back-channel named in knobs.BACK_CHANNELS")
     return INTERNAL_PREFIX + name
 
 
+def twin(flag: str) -> str:
+    """A flag's environment twin: --max-bytes -> WIRESPEED_MAX_BYTES."""
+    return TWIN_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
 def is_twin(name: str) -> bool:
-    return name.startswith("WIRESPEED_") and name not in CORE
+    return name.startswith(TWIN_PREFIX) and name not in CORE
 
 
 def for_children(env: dict, drop=()) -> dict:

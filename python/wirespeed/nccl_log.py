@@ -23,6 +23,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+from .launch.environment import NCCL_LOG_DIR
 from .netplugin import NET_NAME
 
 # hostname:pid:tid [device] NCCL INFO ... (NCCL's prefix since 2.x; the hostname may hold ':' only
@@ -95,7 +96,7 @@ def fast_net_summary(text: str, net: str = NET_NAME) -> str:
 
 # --- bench --fast-net: each rank's NCCL writes its log to a file, which the rank reads afterwards ---
 
-LOG_DIR_VAR = "_WIRESPEED_NCCL_LOG_DIR"   # set: this job's ranks check their NCCL log
+LOG_DIR_VAR = NCCL_LOG_DIR   # set: this job's ranks check their NCCL log
 
 
 def debug_env(environ) -> dict:

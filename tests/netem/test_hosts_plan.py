@@ -36,7 +36,7 @@ def test_placement_round_robin_and_blocks():
 
 
 def test_ssh_plan_gives_every_rank_torchrun_env():
-    from wirespeed.cli.launch import plan
+    from wirespeed.launch.remote import plan
     hosts = [HostEntry("node01", 2), HostEntry("node02", 2)]
     ranks = plan(hosts, [2, 2], ["wirespeed", "bench", "-e", "64M"], ifname="eth1",
                  exports=("FOO",), environ={"FOO": "a b"}, ssh="ssh -p 2222", workdir="/data/run")
@@ -55,7 +55,7 @@ def test_ssh_plan_gives_every_rank_torchrun_env():
 
 
 def test_ssh_plan_from_an_emulated_host_hands_on_the_link_rates():
-    from wirespeed.cli.launch import plan
+    from wirespeed.launch.remote import plan
     ranks = plan([HostEntry("wsnet-a-h1", 1)], [1], ["wirespeed", "bench"],
                  environ={"_WIRESPEED_CLUSTER": "a", "_WIRESPEED_LINK_RATE_BPS": "400000000"})
     remote = shlex.split(ranks[0].argv[-1])

@@ -144,8 +144,8 @@ def fast_net(monkeypatch, tmp_path):
 def _unproven(other):
     from types import SimpleNamespace
 
-    from wirespeed.cli.bench import _fast_net_unproven
-    return _fast_net_unproven(_TwoRanks(other), SimpleNamespace(rank=0, world_size=2))
+    from wirespeed.bench.fastnet import fast_net_unproven
+    return fast_net_unproven(_TwoRanks(other), SimpleNamespace(rank=0, world_size=2))
 
 
 def test_bench_fast_net_passes_when_every_rank_used_the_plugin(fast_net, capsys):
@@ -182,8 +182,8 @@ def test_bench_fast_net_fails_without_a_log(fast_net, capsys):
 def test_one_rank_alone_has_nothing_to_prove(fast_net):
     from types import SimpleNamespace
 
-    from wirespeed.cli.bench import _fast_net_unproven
-    assert _fast_net_unproven(None, SimpleNamespace(rank=0, world_size=1)) is False
+    from wirespeed.bench.fastnet import fast_net_unproven
+    assert fast_net_unproven(None, SimpleNamespace(rank=0, world_size=1)) is False
 
 
 def test_bench_without_fast_net_checks_nothing(monkeypatch):

@@ -68,7 +68,7 @@ def test_bench_fast_net_needs_the_nccl_backend():
 
 
 def test_launch_plan_sets_the_plugin_for_every_rank(plugin):
-    from wirespeed.cli.launch import plan
+    from wirespeed.launch.remote import plan
     from wirespeed.netplugin import fast_net_env
     fast = fast_net_env({"LD_LIBRARY_PATH": "/opt/cuda/lib"})
     assert fast == {"NCCL_NET_PLUGIN": str(plugin), "NCCL_NET": "wirespeed",

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from wirespeed.cli.main import main
-from wirespeed.cli.train_runs import _median_run, param_difference, quote
+from wirespeed.train.shell import _median_run, param_difference, quote
 from wirespeed.errors import RanksDisagree
 from wirespeed.report.records import load, write_jsonl
-from wirespeed.workloads.train import check_digests
+from wirespeed.train.rank import check_digests
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,9 +94,9 @@ def test_the_quotable_line():
 
 
 def test_train_records_are_read_by_the_one_reader(tmp_path):
-    from wirespeed.cli.train import train_record
-    from wirespeed.workloads.train import TrainConfig
-    from wirespeed.workloads.trainnets import NetSpec
+    from wirespeed.train.rank import train_record
+    from wirespeed.train.rank import TrainConfig
+    from wirespeed.train.nets import NetSpec
     figures = {"time_us": 2000.0, "time_min_us": 1900.0, "time_max_us": 2500.0, "time_p99_us": 2500.0}
     out = {"step": figures, "compute": {**figures, "time_us": 1500.0}, "state_digest": "ab" * 32,
            "bytes_per_step": 4096.0, "calls_per_step": 1.0, "parameters": 1024,
@@ -112,8 +112,8 @@ def test_train_records_are_read_by_the_one_reader(tmp_path):
 
 
 def test_the_memory_floor_grows_with_what_a_rank_keeps():
-    from wirespeed.workloads.train import TrainConfig, rank_bytes
-    from wirespeed.workloads.trainnets import NetSpec, build
+    from wirespeed.train.rank import TrainConfig, rank_bytes
+    from wirespeed.train.nets import NetSpec, build
     spec = NetSpec("gpt", 4, layers=2, hidden=64, heads=4, seq_len=32, vocab=256)
     params = sum(p.numel() * 4 for p in build(spec, "cpu").parameters())
     sgd = rank_bytes(TrainConfig(spec))

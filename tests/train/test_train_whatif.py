@@ -1,4 +1,4 @@
-"""The training step's bounds and what-if (workloads/train_whatif.py), on records whose times come
+"""The training step's bounds and what-if (train/whatif.py), on records whose times come
 from a known latency and link: every figure is checked against the same arithmetic written out
 here by hand, so a wrong factor, a wrong layout or a wrong overlap rule fails."""
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from wirespeed.cli.main import main
-from wirespeed.workloads.train_whatif import (NETWORK_BOUND_SHARE, StepModel, bench_sizes, bounds,
+from wirespeed.train.whatif import (NETWORK_BOUND_SHARE, StepModel, bench_sizes, bounds,
                                                wire_bytes)
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,5 @@
-"""The WIRESPEED_* namespace (knobs.py): core knobs are exactly what the native code reads, no
+"""The WIRESPEED_* namespace (knobs.py): core knobs are exactly what the native code reads, few files
+touch the variables in the environment by name (every name said in knobs.py), no
 flag's environment twin is a core knob, and commands that start others pass the user's core
 knobs on (WIRESPEED_NSTREAMS=4 wirespeed compare ... runs its benches with 4 streams)."""
 import re
@@ -62,3 +63,60 @@ def test_children_keep_core_knobs_and_drop_twins_and_back_channels(monkeypatch):
     env = setting_env(Setting())
     assert "WIRESPEED_NSTREAMS" not in env and env["WIRESPEED_IFNAME"] == "ws0" and "WIRESPEED_PLOT" not in env
     assert for_children({"WIRESPEED_ALGO": "ring", "PATH": "/bin"}) == {"WIRESPEED_ALGO": "ring", "PATH": "/bin"}
+
+
+# The files that may touch a WIRESPEED_* variable in the process environment by name: the one reader
+# of launchers and back-channels, the --host-per-rank host ids, the NCCL plugin's location, and the
+# native group's setup report. Everywhere else a name comes from knobs.py (internal(), twin()) or
+# launch/environment.py (spawned_here, link_fields, ...), and no Python code configures the core by
+# writing its own environment.
+ENV_TOUCHERS = {
+    "launch/environment.py", "launch/gpus.py", "netplugin.py", "native/rendezvous.py",
+    "plans/execute.py",   # until Group(knobs=) lands
+}
+# A full variable name (or the bare prefix from which one is built), as a string or a keyword.
+NAME = re.compile(r"_?WIRESPEED_[A-Z0-9_]*")
+
+
+def touches_wirespeed_environment(source: str) -> bool:
+    """A file that uses the process environment (os.environ, os.getenv, an `environ` passed in)
+    and names a WIRESPEED_* or _WIRESPEED_* variable literally."""
+    import ast
+    tree = ast.parse(source)
+    uses_env = any((isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv", "putenv", "unsetenv"))
+                   or (isinstance(n, ast.Name) and n.id == "environ")
+                   or (isinstance(n, ast.arg) and n.arg == "environ")
+                   for n in ast.walk(tree))
+    names = any((isinstance(n, ast.Constant) and isinstance(n.value, str) and NAME.fullmatch(n.value))
+                or (isinstance(n, ast.keyword) and n.arg and NAME.fullmatch(n.arg))
+                for n in ast.walk(tree))
+    return uses_env and names
+
+
+def test_few_files_touch_wirespeed_variables_in_the_environment():
+    pkg = ROOT / "python" / "wirespeed"
+    found = {str(f.relative_to(pkg)) for f in pkg.rglob("*.py") if touches_wirespeed_environment(f.read_text())}
+    assert found <= ENV_TOUCHERS, sorted(found - ENV_TOUCHERS)
+    assert len(found) <= 4 + ("plans/execute.py" in ENV_TOUCHERS), sorted(found)
+    # the check itself sees a literal read, a write through a keyword, and a name built from the prefix
+    assert touches_wirespeed_environment('import os\nos.environ.get("_WIRESPEED_LOCAL_SPAWN")')
+    assert touches_wirespeed_environment('def f(environ):\n    environ.update(_WIRESPEED_CLUSTER="ws")')
+    assert touches_wirespeed_environment('import os\nos.environ["WIRESPEED_" + "X"]')
+    assert not touches_wirespeed_environment('import os\nos.environ.get(internal("CLUSTER"))')
+
+
+def test_every_name_is_said_in_knobs():
+    from wirespeed.knobs import BACK_CHANNELS, DIAGNOSTIC, twin
+    import pytest
+    with pytest.raises(KeyError):
+        internal("NO_SUCH_CHANNEL")
+    assert twin("--max-bytes") == "WIRESPEED_MAX_BYTES"
+    assert set(DIAGNOSTIC).isdisjoint(CORE) and "LOCAL_SPAWN" in BACK_CHANNELS
+    pkg = ROOT / "python" / "wirespeed"
+    used = set()
+    for f in pkg.rglob("*.py"):
+        used |= set(re.findall(r'"(_?WIRESPEED_[A-Z0-9_]+)"', f.read_text()))
+    # every full name Python reads is a core knob, a diagnostic or a back-channel; the others
+    # are flag twins given explicitly (add(..., twin=...))
+    twins = {"WIRESPEED_PLAN_SIZES", "WIRESPEED_PREDICT_ALGO"}
+    assert used - set(CORE) - set(DIAGNOSTIC) - twins == set(), sorted(used - set(CORE) - set(DIAGNOSTIC) - twins)

@@ -11,7 +11,7 @@ from wirespeed.launch.hosts import HostEntry
 
 
 def _plan_envs(environ):
-    from wirespeed.cli.launch import plan
+    from wirespeed.launch.remote import plan
     hosts = [HostEntry("node01", 1), HostEntry("wsnet-x-h1", 1, netns=True)]
     ranks = plan(hosts, [1, 1], ["wirespeed", "bench"], environ=environ,
                  resolve=lambda ns: ("10.9.0.2", "eth0", ["ip", "netns", "exec", ns]))

@@ -12,8 +12,10 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 from ..errors import PeerTimeout
+from ..faults import rank_error
 
 TICK_S = 0.25
 
@@ -66,3 +68,16 @@ class Watchdog:
                     # At once, without the interpreter's teardown: torch's takes seconds, and a
                     # library thread may hold locks a clean exit would wait on.
                     os._exit(PeerTimeout.exit_code)
+
+
+@contextmanager
+def guarded_rank(rank: int, timeout_s: float):
+    """The body of a rank's work under a watchdog (no step may outlast the timeout); a library
+    exception leaves as one WirespeedError line naming the rank, never a traceback."""
+    watchdog = Watchdog(timeout_s, rank)
+    try:
+        yield watchdog
+    except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
+        raise rank_error(rank, e) from None
+    finally:
+        watchdog.close()

@@ -5,18 +5,14 @@ Run by hand it spawns -N local ranks; under torchrun, srun or mpirun it is one r
 """
 from __future__ import annotations
 
-import os
-import sys
-import time
 from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
-from ..sizes import format_size, human_bytes, parse_size
+from ..sizes import format_size, parse_size
 from .common import add
-from ..report.records import record
 
 MAX_DEFAULT_TOTAL = 4 << 30  # the 1 x 4 GB of the comparison, when the machine has room for it
 
@@ -49,9 +45,11 @@ def _config(args):
         raise UsageError("--chunks needs call counts of at least 1, e.g. 1,10,100,1000")
     iters, timeout = parse_iters_timeout(args)
     backend, device = resolve_backend(args.backend, args.device)
-    return dict(dtype=dts[0], chunks=sorted(set(chunks)), backend=backend, device=device,
-                nproc=default_nproc(args.nproc, device), warmup=parse_num(args.warmup_iters,
-                "--warmup-iters"), iters=iters, timeout=timeout)
+    from ..workloads.config import BatchingConfig
+    return BatchingConfig(dtype=dts[0], chunks=sorted(set(chunks)), backend=backend, device=device,
+                          nproc=default_nproc(args.nproc, device), warmup=parse_num(args.warmup_iters,
+                          "--warmup-iters"), iters=iters, timeout=timeout, json_path=args.json,
+                          plot_path=args.plot)
 
 
 def _need(total: int, sharers: int) -> int:
@@ -61,17 +59,17 @@ def _need(total: int, sharers: int) -> int:
 
 def pick_total(text, c, ranks_here: int) -> int:
     from ..launch.memory import buffer_budget
-    sharers, budget = buffer_budget(c["device"], ranks_here)
+    sharers, budget = buffer_budget(c.device, ranks_here)
     if text is None:
         total = MAX_DEFAULT_TOTAL
         while total > (1 << 20) and _need(total, sharers) > budget / 2:  # leave half for the rest
             total //= 2
     else:
         total = parse_size(text)
-    itemsize = c["dtype"].itemsize
-    if total < itemsize * max(c["chunks"]):
-        raise UsageError(f"--total {format_size(total)} is too small for {max(c['chunks'])} chunks of "
-                         f"{c['dtype'].name}: give at least {format_size(itemsize * max(c['chunks']))}")
+    itemsize = c.dtype.itemsize
+    if total < itemsize * max(c.chunks):
+        raise UsageError(f"--total {format_size(total)} is too small for {max(c.chunks)} chunks of "
+                         f"{c.dtype.name}: give at least {format_size(itemsize * max(c.chunks))}")
     if _need(total, sharers) > budget:
         fit = 1 << 20
         while _need(fit * 2, sharers) <= budget:
@@ -88,95 +86,26 @@ def main(args, argv) -> int:
 
 def _job(args) -> Job:
     c = _config(args)
-    return Job(c["backend"], c["device"], c["timeout"], launch=partial(_launch, c, args),
-               before_start=partial(_before_start, c, args), work=partial(run_as_rank, c, args))
+    return Job(c.backend, c.device, c.timeout, launch=partial(_launch, c, args),
+               before_start=partial(_before_start, c, args), work=partial(_run_as_rank, c))
 
 
 def _launch(c, args, start) -> int:
     from ..backends import create
     from ..launch.memory import check_local_ranks
-    check_local_ranks(c["nproc"])
-    create(c["backend"], c["device"])
-    check_local_gpus(c["nproc"], c["backend"])
-    total = pick_total(args.total, c, c["nproc"])
-    return start(c["nproc"], ["--total", str(total)])
+    check_local_ranks(c.nproc)
+    create(c.backend, c.device)
+    check_local_gpus(c.nproc, c.backend)
+    total = pick_total(args.total, c, c.nproc)
+    return start(c.nproc, ["--total", str(total)])
 
 
 def _before_start(c, args, info) -> tuple:
-    local = os.environ.get("_WIRESPEED_LOCAL_SPAWN") == "1"
+    from ..launch.environment import spawned_here
+    local = spawned_here()
     return (pick_total(args.total, c, 1 if local else info.local_world_size),)
 
 
-def run_as_rank(c, args, info, backend, device, total: int) -> int:
-    import torch
-
-    from ..workloads.batching import measure_chunks
-    dt = c["dtype"]
-    # Under an outer launcher each host picked its own default: all use the smallest.
-    total = int(min(r[0] for r in backend.allgather_floats([float(total)])))
-    lead = info.rank == 0
-    if lead:
-        print(f"# wirespeed batching: {format_size(total)} of {dt.name} all_reduce (sum) as "
-              f"{', '.join(map(str, c['chunks']))} calls; backend {c['backend']}, device {c['device']}, "
-              f"{info.world_size} ranks")
-        print(f"# {c['iters']} timed steps after {c['warmup']} warm-up; time = median over steps of the "
-              "slowest rank; every chunk count checked with exact data")
-        sys.stdout.flush()
-    rows = []
-    with guarded_rank(info.rank, c["timeout"]) as watchdog:
-        buf = torch.empty(total // dt.itemsize, dtype=dt.torch, device=device)
-        for k in c["chunks"]:
-            rows.append(measure_chunks(backend, buf, k, dt, info.rank, info.world_size, c["warmup"],
-                                       c["iters"], watchdog))
-        watchdog.step("finishing")
-        backend.barrier()
-    wrong = sum(r["wrong"] for r in rows)
-    if lead:
-        _report(c, info, total, rows, args)
-        if wrong:
-            sys.stderr.write(f"wirespeed: error: {wrong} wrong elements: the backend returned wrong data\n")
-    return 1 if wrong else 0
-
-
-def _report(c, info, total, rows, args) -> None:
-    from ..envinfo import record_env
-    from ..report.records import write_jsonl
-    from ..workloads.batching import fit_latency_bandwidth
-    fit = fit_latency_bandwidth([(r["chunks"], r["time_us"] * 1e-6) for r in rows], total)
-    print(f"{'calls':>7} {'bytes/call':>11} {'total(ms)':>11} {'per call(us)':>13} {'GB/s':>8} "
-          f"{'fit(ms)':>9} {'#wrong':>7}")
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    env = record_env()
-    records = []
-    for r in rows:
-        t = r["time_us"]
-        model = (r["chunks"] * fit[0] + fit[1] * total) * 1e3 if fit else float("nan")
-        print(f"{r['chunks']:>7} {human_bytes(r['chunk_bytes']):>11} {t / 1e3:>11.3f} "
-              f"{t / r['chunks']:>13.1f} {total / (t * 1e-6) / 1e9 if t else 0:>8.3f} {model:>9.3f} "
-              f"{r['wrong']:>7}")
-        records.append(record("batching", {"run_id": run_id, "backend": c["backend"],
-                        "device": c["device"], "dtype": c["dtype"].name, "world_size": info.world_size,
-                        "total_bytes": total, **r, "per_call_us": t / r["chunks"],
-                        "algbw_gbps": total / (t * 1e-6) / 1e9 if t else 0.0,
-                        "fit_latency_us": fit[0] * 1e6 if fit else None,
-                        "fit_bandwidth_gbps": 1 / fit[1] / 1e9 if fit and fit[1] > 0 else None,
-                        "env": env}))
-    if fit:
-        bw = f"{1 / fit[1] / 1e9:.3f} GB/s" if fit[1] > 0 else "unbounded (b <= 0: noise dominates)"
-        print(f"# fit over {len(rows)} points: t_call = a + b*bytes with a = {fit[0] * 1e6:.1f} us, "
-              f"1/b = {bw}")
-    else:
-        print("# fit: needs at least two different chunk counts")
-    if len(rows) > 1:
-        lo, hi = rows[0], rows[-1]
-        print(f"# {hi['chunks']} calls of {human_bytes(hi['chunk_bytes'])} took "
-              f"{hi['time_us'] / lo['time_us']:.2f}x the time of {lo['chunks']} call(s) of "
-              f"{human_bytes(lo['chunk_bytes'])}")
-    if args.json:
-        write_jsonl(args.json, records)
-    if args.plot:
-        from ..workloads.plots import plot_batching
-        plot_batching(records, fit, total, args.plot)
-        print(f"# plot written to {args.plot}")
-    sys.stdout.flush()
-
+def _run_as_rank(c, info, backend, device, total: int) -> int:
+    from ..workloads.batching import run_as_rank   # imports torch: in the ranks only
+    return run_as_rank(c, info, backend, device, total)

@@ -5,19 +5,17 @@ Run by hand it spawns -N local ranks; under torchrun, srun or mpirun it is one r
 from __future__ import annotations
 
 import os
-import sys
-import time
 from functools import partial
 
 from ..bench.config import BenchConfig
 from ..bench.dtypes import parse_dtypes, parse_ops
+from ..bench.fastnet import enable_fast_net
+from ..bench.run import before_start, run_as_rank, validate_for_world
 from ..errors import UsageError
-from ..sizes import sizes_from_flags
 from . import flags
 from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout, parse_num,
-                      rank_error, resolve_backend, run_job)
+                      resolve_backend, run_job)
 from .common import add
-from ..report.records import record
 
 
 # The names for --help, without importing torch (which every collective module needs) at start-up;
@@ -35,11 +33,8 @@ def register(sub) -> None:
     add(p, "--plan", default=None, metavar="PLAN.json",
         help="time and check this MSCCL++ execution plan, executed by CPU ranks (--backend wirespeed), "
         "instead of -c")
-    add(p, "-b", "--minbytes", default="8", help="smallest size (8, 32K, 128M, 1G; binary units)")
-    add(p, "-e", "--maxbytes", default="64M", help="largest size")
-    add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
-    add(p, "-i", "--stepbytes", default=None, help="add this many bytes each step instead of -f")
-    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    flags.sweep(p, minbytes="8", factor="2", stepbytes=True,
+                min_help="smallest size (8, 32K, 128M, 1G; binary units)")
     add(p, "-d", "--dtype", default="float32",
         help="comma list of float32, float16, bfloat16, float64, int8, uint8, int32, int64, or all")
     add(p, "-o", "--op", default="sum", help="comma list of sum, prod, min, max, avg, or all")
@@ -70,7 +65,7 @@ def config_from_args(args) -> BenchConfig:
     colls = [c.name for c in parse_collectives(args.collective)]
     dtypes = [d.name for d in parse_dtypes(args.dtype)]
     ops = parse_ops(args.op)
-    sizes = sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+    sizes = flags.sizes(args)
     if args.plan:
         colls, dtypes, ops = _plan_settings(args, dtypes, ops)
     backend, device = resolve_backend(args.backend, args.device)
@@ -123,71 +118,9 @@ def main(args, argv) -> int:
 def _job(args) -> Job:
     cfg = config_from_args(args)
     if args.fast_net:
-        _enable_fast_net(cfg.backend)
+        enable_fast_net(cfg.backend)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(launch_local, cfg, args),
-               before_start=partial(_before_start, cfg), work=partial(run_as_rank, cfg))
-
-
-def _enable_fast_net(backend: str) -> None:
-    """Point NCCL at the wirespeed network plugin for this process and the ranks it starts (they
-    inherit the environment); a rank started by another launcher only needs the absolute path."""
-    if backend != "nccl":
-        raise UsageError(f"--fast-net makes NCCL use the wirespeed network plugin; this run uses "
-                         f"{backend}: add --backend nccl (GPU tensors)")
-    from ..netplugin import fast_net_env
-    env = fast_net_env()
-    if os.environ.get("NCCL_NET_PLUGIN") == env["NCCL_NET_PLUGIN"]:
-        env.pop("LD_LIBRARY_PATH")  # set already by the launching process
-    os.environ.update(env)
-    # NCCL falls back to its sockets without a word when a plugin does not load: have it log
-    # which network it took, to a file per process, which each rank reads after the run.
-    from ..nccl_log import LOG_DIR_VAR, debug_env
-    os.environ.update(debug_env(os.environ))
-    if os.environ.get(LOG_DIR_VAR):
-        # NCCL writes to stdout instead where the folder is missing; ranks on other machines make
-        # it again before their backend starts (_before_start).
-        os.makedirs(os.environ[LOG_DIR_VAR], exist_ok=True)
-
-
-def _fast_net_unproven(backend, info) -> bool:
-    """With --fast-net, whether NCCL's own logs fail to show that the plugin carried the traffic
-    (docs/plugin.md): every rank's NCCL must have taken network wirespeed, and the job's
-    connections between hosts gone through it. Every rank must call it (one allgather); each
-    rank names its own problem, rank 0 the job's."""
-    from ..nccl_log import LOG_DIR_VAR, NET_NAME, own_log_findings
-    log_dir = os.environ.get(LOG_DIR_VAR)
-    if not log_dir or os.environ.get("NCCL_NET") != NET_NAME or info.world_size < 2:
-        return False   # not --fast-net, or one rank alone (train's scaling run): nothing to carry
-    problem, conns = own_log_findings(log_dir)
-    rows = backend.allgather_floats([1.0 if problem else 0.0, float(conns)])
-    bad = [r for r, row in enumerate(rows) if row[0]]
-    total = int(sum(row[1] for row in rows))
-    if problem:
-        sys.stderr.write(f"wirespeed: error: --fast-net: rank {info.rank}: {problem}\n")
-    if info.rank == 0:
-        if bad:
-            sys.stderr.write(f"wirespeed: error: --fast-net: NCCL did not use the wirespeed plugin "
-                             f"in rank{'s' if len(bad) > 1 else ''} {','.join(map(str, bad))}: "
-                             "the numbers above are not the plugin's\n")
-        elif total == 0:
-            sys.stderr.write("wirespeed: error: --fast-net: NCCL loaded the wirespeed plugin but no "
-                             f"connection went through it (no 'via NET/{NET_NAME}' in its logs, "
-                             f"{log_dir}): the ranks shared a host, so NCCL used shared memory or "
-                             "P2P; put them on different hosts (--cluster, --host-per-rank)\n")
-        else:
-            print(f"# NCCL's logs ({log_dir}): every rank took network {NET_NAME}; {total} "
-                  f"connection setups via NET/{NET_NAME}")
-    return bool(bad) or total == 0
-
-
-def _validate_for_world(cfg: BenchConfig, world: int) -> None:
-    if cfg.plan:
-        from ..bench.harness import plan_collective
-        plan = plan_collective(cfg).plan
-        if plan.nranks != world:
-            raise UsageError(f"{cfg.plan}: the plan is for {plan.nranks} ranks, the job has {world}")
-    if cfg.root >= world:
-        raise UsageError(f"--root {cfg.root} is not a rank of a {world}-rank job (ranks 0..{world - 1})")
+               before_start=partial(before_start, cfg), work=partial(run_as_rank, cfg))
 
 
 def launch_local(cfg: BenchConfig, args, start) -> int:
@@ -199,7 +132,7 @@ def launch_local(cfg: BenchConfig, args, start) -> int:
     from ..bench.harness import check_something_runs
     adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
     check_something_runs(cfg, adapter, cfg.nproc, cfg.device)
-    _validate_for_world(cfg, cfg.nproc)
+    validate_for_world(cfg, cfg.nproc)
     if cfg.plan:
         _check_plan_placement(cfg, args)
         _check_plan_fits(cfg)
@@ -263,131 +196,3 @@ def _ranks_on_one_host(cfg: BenchConfig, cluster, ranks_per_host) -> int:
     return most_ranks_on_one_host(cfg.nproc, hosts, ranks_per_host, cfg.host_per_rank)
 
 
-def _gpu_sharing(backend, device: str, cfg: BenchConfig) -> list[str]:
-    """Header lines when ranks share a GPU (launch/gpus.py); every rank must call it."""
-    from ..launch.gpus import gpu_id, host_id, mps_running, sharing_lines
-    hosts, gpus = backend.allgather_text(host_id()), backend.allgather_text(gpu_id(device))
-    return sharing_lines(hosts, gpus, cfg.backend, mps_running())
-
-
-def _before_start(cfg: BenchConfig, info) -> None:
-    from ..bench.memory import check_fits
-    _validate_for_world(cfg, info.world_size)
-    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
-        # Under an outer launcher nobody checked memory yet; each host's ranks check their share.
-        check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, info.world_size, info.local_world_size,
-                   cfg.device)
-    if cfg.host_per_rank:
-        from ..launch.gpus import set_host_per_rank
-        set_host_per_rank(info.rank)  # before the backend starts: libraries read it at init
-    from ..nccl_log import LOG_DIR_VAR
-    if cfg.backend == "nccl" and os.environ.get(LOG_DIR_VAR):
-        # Here too: a rank on another machine (ssh, srun) has no folder the launcher made.
-        os.makedirs(os.environ[LOG_DIR_VAR], exist_ok=True)
-
-
-def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
-    """One rank of the job, its backend started: run every case, and on rank 0 report."""
-    from ..bench.harness import run_rank, steps
-    from ..envinfo import record_env
-    from ..report.progress import Progress
-
-    lead = info.rank == 0
-    records = []
-    env = record_env() if lead else {}
-    from ..launch.cluster import host_link_sent_bytes, link_fields
-    link = link_fields()  # link_rate_gbps etc. when the ranks run on the emulated cluster
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    progress = Progress(sum(1 for _ in steps(cfg)), enabled=lead and cfg.progress)
-    try:
-        env["hosts"] = backend.host_names()
-        from ..bench.agreement import check_same_settings
-        check_same_settings(backend, cfg, info.rank)  # else a rank would meet the wrong collective
-        shared = _gpu_sharing(backend, device, cfg) if cfg.device == "cuda" else []
-        if lead:
-            _print_header(cfg, info, env, shared)
-
-        def keep(m):
-            if lead:
-                records.append(record("bench", {"run_id": run_id, "backend": cfg.backend,
-                                "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env}))
-        total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance,
-                               host_link_sent_bytes())
-    except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
-        progress.close()
-        raise rank_error(info.rank, e) from None
-    finally:
-        progress.close()
-    if lead:
-        _report(cfg, records, run_id)
-    if cfg.backend == "nccl" and _fast_net_unproven(backend, info):
-        return 1
-    if total_wrong:
-        if lead:
-            sys.stderr.write(f"wirespeed: error: {total_wrong} wrong elements: the backend returned "
-                             "wrong data (see the #wrong column)\n")
-        return 1
-    return 0
-
-
-def _print_header(cfg, info, env, shared=()) -> None:
-    v = env.get("versions", {})
-    print(f"# wirespeed {v.get('wirespeed')} bench: backend {cfg.backend}, device {cfg.device}, "
-          f"{info.world_size} ranks, torch {v.get('torch')}")
-    print(f"# iters {cfg.iters}, warmup {cfg.warmup_iters}, check {'on' if cfg.check else 'off'}, "
-          f"timeout {cfg.timeout_s:g} s; {time_method_text(cfg)}; GB/s = 1e9 B/s")
-    if cfg.backend == "nccl" and os.environ.get("NCCL_NET") == "wirespeed":
-        print(f"# NCCL network: the wirespeed plugin {os.environ.get('NCCL_NET_PLUGIN')} (--fast-net)")
-    for r, h in enumerate(env.get("hosts", [])):
-        print(f"#  Rank {r:3d} on {h}")
-    if cfg.host_per_rank:
-        print("# --host-per-rank: every rank has a host id of its own (NCCL_HOSTID, WIRESPEED_HOSTID), "
-              "so the backends connect the ranks as nodes of a cluster, over the network stack")
-    for line in shared:
-        print(line)
-    if cfg.plan:
-        from ..bench.harness import plan_collective
-        coll = plan_collective(cfg)
-        p = coll.plan
-        print(f"# plan {p.name!r} ({cfg.plan}): {p.collective}, {p.protocol}, "
-              f"{'in place' if p.inplace else 'out of place'}, executed by {p.nranks} CPU ranks "
-              "(shared memory on a host, wirespeed's engine for port channels)")
-        coll.sizes(cfg.sizes)   # what it rounds or skips, said once, here
-        for note in coll.notes:
-            print(f"# plan {note}")
-    print("#")
-    sys.stdout.flush()
-
-
-def time_method_text(cfg: BenchConfig) -> str:
-    from ..bench.harness import LOOPS
-    text = (f"time = median of up to {LOOPS} loops of {cfg.iters} calls back to back (a loop: one sync, "
-            f"elapsed / {cfg.iters}, slowest rank; nccl-tests' mean over ranks in records)")
-    if cfg.per_op_columns:
-        text += "; p50/p99 = of single calls, each synced, slowest rank per call"
-    return text
-
-
-def _report(cfg: BenchConfig, records, run_id) -> None:
-    from ..report.plot import plot_records
-    from ..report.records import write_csv, write_jsonl
-    from ..report.table import footer, markdown_table, nccl_table
-    print(markdown_table(records) if cfg.format == "md" else nccl_table(records, cfg.per_op_columns))
-    print(footer(records))
-    from ..launch.cluster import link_summary
-    if link_summary(records):
-        print(link_summary(records))
-    if cfg.json_path:
-        write_jsonl(cfg.json_path, records)
-    if cfg.csv_path:
-        write_csv(cfg.csv_path, records)
-    if cfg.plot_path:
-        plot_records(records, cfg.plot_path, title=f"wirespeed bench ({cfg.backend}, {cfg.device})")
-    if cfg.save_dir:
-        d = os.path.join(cfg.save_dir, run_id)
-        if os.path.exists(d):
-            d = f"{d}-{os.getpid()}"
-        write_jsonl(os.path.join(d, "records.jsonl"), records)
-        plot_records(records, os.path.join(d, "plot.png"), title=f"wirespeed bench ({cfg.backend}, {cfg.device})")
-        print(f"# saved records and plot in {d}/")
-    sys.stdout.flush()

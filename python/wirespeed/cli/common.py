@@ -9,11 +9,7 @@ from typing import NoReturn
 from ..errors import UsageError
 from ..flagvalues import Default
 from ..knobs import CORE
-
-
-def env_twin(flag: str) -> str:
-    """--max-bytes -> WIRESPEED_MAX_BYTES: every flag can be set from the environment too."""
-    return "WIRESPEED_" + flag.lstrip("-").replace("-", "_").upper()
+from ..knobs import twin as env_twin   # --max-bytes -> WIRESPEED_MAX_BYTES: every flag has one
 
 
 def add(parser: argparse.ArgumentParser, *names, default=None, help="", twin: str | None = None,

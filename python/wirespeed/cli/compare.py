@@ -22,10 +22,7 @@ def register(sub) -> None:
     add(p, "--nprocs", default="2,4,8", help="comma list of world sizes (local ranks)")
     add(p, "-c", "--collective", default="all_reduce", help="comma list of collectives, or all")
     add(p, "-o", "--op", default="sum", help="comma list of reduction ops")
-    add(p, "-b", "--minbytes", default="4K", help="smallest size")
-    add(p, "-e", "--maxbytes", default="64M", help="largest size")
-    add(p, "-f", "--stepfactor", default="2", help="multiply the size by this each step")
-    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    flags.sweep(p, minbytes="4K", factor="2")
     flags.iterations(p, warmup="5", iters="20", unit="iterations per size", who="a run fails")
     add(p, "--repeat", default="1",
         help="run the whole matrix this many times, interleaved; report median and spread")
@@ -59,11 +56,10 @@ def config_from_args(args):
     from ..bench.dtypes import parse_dtypes, parse_ops
     from ..compare.plan import PLANNED, CompareConfig, parse_nprocs, split_list
     from .rankjob import parse_iters_timeout
-    from ..sizes import sizes_from_flags
     backends = split_list(args.backends, "--backends") if args.backends \
         else list(dict.fromkeys([*BACKENDS, *PLANNED]))
     dtypes = [d.name for d in parse_dtypes(args.dtypes)]
-    sizes = sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor)
+    sizes = flags.sizes(args)
     iters, timeout = parse_iters_timeout(args)
     return CompareConfig(
         backends=backends, dtypes=dtypes, devices=split_list(args.devices, "--devices"),

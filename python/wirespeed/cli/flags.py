@@ -1,5 +1,5 @@
 """Flags that several commands share, declared (and where they have one, validated) once: how many
-iterations and how long to wait (-w/-n/-T), which ranks run (--backend/--device/-N/--master-port),
+iterations and how long to wait (-w/-n/-T), which sizes (-b/-e/-f/--sizes), which ranks run (--backend/--device/-N/--master-port),
 where they run (--cluster/--ranks-per-host/--host-per-rank), and what a command writes (`output`:
 every file or directory flag, proven writable by `check_outputs` before any work). Each command
 says only what its iterations count and its buffers hold."""
@@ -14,6 +14,25 @@ def iterations(p, *, warmup: str, iters: str, unit: str, timeout: str = "300",
     add(p, "-w", "--warmup-iters", default=warmup, help=f"untimed {unit}")
     add(p, "-n", "--iters", default=iters, help=timed or f"timed {unit}")
     add(p, "-T", "--timeout", default=timeout, help=f"seconds without progress before {who}")
+
+
+def sweep(p, *, minbytes: str, factor: str, stepbytes: bool = False, min_help: str = "smallest size"):
+    """-b/--minbytes, -e/--maxbytes, -f/--stepfactor (with `stepbytes`, bench's -i/--stepbytes too)
+    and --sizes: the sizes of bench, compare and tune, each with its own defaults; `sizes` reads
+    them back."""
+    add(p, "-b", "--minbytes", default=minbytes, help=min_help)
+    add(p, "-e", "--maxbytes", default="64M", help="largest size")
+    add(p, "-f", "--stepfactor", default=factor, help="multiply the size by this each step")
+    if stepbytes:
+        add(p, "-i", "--stepbytes", default=None, help="add this many bytes each step instead of -f")
+    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+
+
+def sizes(args) -> list[int]:
+    """The sizes `sweep`'s flags ask for (sizes.sizes_from_flags checks them)."""
+    from ..sizes import sizes_from_flags
+    return sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor,
+                            getattr(args, "stepbytes", None))
 
 
 def ranks(p, *, holds: str = "the buffers", backends: str = "gloo, nccl, ...",

@@ -3,15 +3,11 @@ link, print the GB/s and latency matrices, a heatmap, records, and a last line n
 (docs/links.md). Runs as a job like bench: local ranks, --cluster, or under torchrun/srun/mpirun."""
 from __future__ import annotations
 
-import os
-import sys
-import time
 from functools import partial
 
 from ..errors import UsageError
 from . import flags
 from .common import add
-from ..report.records import record
 
 
 def register(sub) -> None:
@@ -52,7 +48,8 @@ def config_from_args(args):
         raise UsageError("--lat-iters must be at least 1")
     return LinksConfig(backend=backend, device=device, nbytes=nbytes - nbytes % 4, iters=iters,
                        warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), lat_iters=lat,
-                       by=args.by, timeout_s=timeout)
+                       by=args.by, timeout_s=timeout, json_path=args.json, plot_path=args.plot,
+                       save_dir=None if args.no_save else args.save_dir)
 
 
 def main(args, argv) -> int:
@@ -61,10 +58,11 @@ def main(args, argv) -> int:
 
 
 def _job(args):
+    from ..explain.links_rank import run_as_rank
     from .rankjob import Job
     cfg = config_from_args(args)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch, cfg, args),
-               before_start=_before_start, work=partial(run_as_rank, cfg, args))
+               before_start=_before_start, work=partial(run_as_rank, cfg))
 
 
 def _launch(cfg, args, start) -> int:
@@ -90,86 +88,3 @@ def _before_start(info) -> None:
         raise UsageError("links needs 2 ranks or more")
 
 
-def run_as_rank(cfg, args, info, backend, device) -> int:
-    from ..explain.links_rank import run_links
-    from .rankjob import guarded_rank
-    lead = info.rank == 0
-
-    def say(text):
-        if lead:
-            print(text, flush=True)
-
-    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
-        result = run_links(cfg, info, backend, device, watchdog, say)
-        watchdog.step("finishing")
-        backend.barrier()
-    if lead:
-        report(cfg, result, args)
-    return 0
-
-
-def labels_of(result) -> tuple[list[str], list[str]]:
-    """(a label per measured rank, a name per host): `h2` on the emulated cluster, the hostname
-    elsewhere; ranks are told apart as `r5@h2` when a host has several."""
-    from ..explain.fields import short_host
-    hosts, units = result["hosts"], result["units"]
-    host_names = []
-    for r in units:
-        name = short_host(hosts[r])
-        if name not in host_names:
-            host_names.append(name)
-    one_each = len(set(result["host_of_unit"])) == len(units)
-    labels = [short_host(hosts[r]) if one_each else f"r{r}@{short_host(hosts[r])}" for r in units]
-    return labels, host_names
-
-
-def records_of(cfg, result, run_id: str) -> list[dict]:
-    from ..envinfo import record_env
-    from ..launch.cluster import link_fields
-    from ..explain.fields import short_host
-    env = record_env()
-    env["hosts"] = result["hosts"]
-    units, hosts = result["units"], result["hosts"]
-    out = []
-    for (a, b), g in sorted(result["gbps"].items()):
-        out.append(record("links", {"run_id": run_id, "backend": cfg.backend, "device": cfg.device,
-                    "world_size": len(hosts), "src": units[a], "dst": units[b],
-                    "src_host": short_host(hosts[units[a]]), "dst_host": short_host(hosts[units[b]]),
-                    "same_host": hosts[units[a]] == hosts[units[b]], "bytes": cfg.nbytes,
-                    "iters": cfg.iters, "gbps": g, "latency_us": result["lat_us"][(a, b)],
-                    "lat_iters": cfg.lat_iters, **link_fields(), "env": env}))
-    return out
-
-
-def report(cfg, result, args) -> None:
-    from ..explain.pairs import find_slow, matrix_text
-    from ..explain.plots import plot_heatmaps
-    from ..report.records import write_jsonl
-    labels, host_names = labels_of(result)
-    print(f"# bandwidth (GB/s, 1e9 B/s; {cfg.nbytes} B messages), row sends to column")
-    print(matrix_text(labels, result["gbps"], ".3f"))
-    print("# latency (us, half the round trip of 8 B)")
-    print(matrix_text(labels, result["lat_us"], ".1f"))
-    verdict = find_slow(labels, result["host_of_unit"], result["gbps"], host_names)
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    records = records_of(cfg, result, run_id)
-    n = len(labels)
-    grid_g = [[result["gbps"].get((i, j)) for j in range(n)] for i in range(n)]
-    grid_l = [[result["lat_us"].get((i, j)) for j in range(n)] for i in range(n)]
-    title = f"wirespeed links ({cfg.backend}, {cfg.nbytes} B messages)"
-    if args.json:
-        write_jsonl(args.json, records)
-    if args.plot:
-        plot_heatmaps(labels, grid_g, grid_l, args.plot, title)
-    if not args.no_save:
-        d = os.path.join(args.save_dir, f"links-{run_id}")
-        if os.path.exists(d):
-            d = f"{d}-{os.getpid()}"
-        write_jsonl(os.path.join(d, "records.jsonl"), records)
-        plot_heatmaps(labels, grid_g, grid_l, os.path.join(d, "heatmap.png"), title)
-        print(f"# saved records and heatmap in {d}/")
-    print(f"# {result['rounds']} rounds in {result['seconds']:.1f} s; rule: {verdict.compared}, "
-          f"a host (or rank) is slow below half the median of the per-host medians "
-          f"({verdict.median_gbps:.3g} GB/s)" + (f"; {verdict.note}" if verdict.note else ""))
-    print(verdict.line())
-    sys.stdout.flush()

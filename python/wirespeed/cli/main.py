@@ -30,9 +30,9 @@ def check_outputs_here(args) -> None:
     shell that started the ranks checked already, and ranks probing one path at once would trip
     over each other's probe files."""
     if getattr(args, "_runs_ranks", False):
-        from ..launch.environment import rank_info
+        from ..launch.environment import rank_info, spawned_here
         info = rank_info(need_master=False)
-        if info is not None and (info.rank != 0 or os.environ.get("_WIRESPEED_LOCAL_SPAWN") == "1"):
+        if info is not None and (info.rank != 0 or spawned_here()):
             return
     flags.check_outputs(args)
 

@@ -8,17 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
-import time
 from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job, uses_torch_distributed)
 from .common import add
-from ..report.records import record
 
 
 def register(sub) -> None:
@@ -111,7 +108,7 @@ def main(args, argv) -> int:
 def _job(args) -> Job:
     cfg = config_from_args(args)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(launch_local, cfg, args),
-               before_start=partial(_before_start, cfg, args), work=partial(run_as_rank, cfg))
+               before_start=partial(_before_start, cfg, args), work=partial(_run_as_rank, cfg))
 
 
 def _check_memory(shapes, cfg, ranks_here: int) -> None:
@@ -151,95 +148,12 @@ def _before_start(cfg, args, info) -> tuple:
     from ..workloads.config import validate
     shapes = resolve_shapes(args)
     validate(cfg, info.world_size)
-    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":
+    from ..launch.environment import spawned_here
+    if not spawned_here():
         _check_memory(shapes, cfg, info.local_world_size)
     return (shapes,)
 
 
-def run_as_rank(cfg, info, backend, device, shapes) -> int:
-    from ..envinfo import record_env
-    from ..workloads.runner import plan_for, run_rank
-    lead = info.rank == 0
-    plan = plan_for(shapes, cfg)
-    if lead:
-        _print_header(cfg, info, shapes, plan)
-    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
-        results = run_rank(cfg, info, backend, device, shapes, watchdog)
-    bad = [r for r in results if not within_rounding(r["error"], cfg.dtype)]
-    if lead:
-        records = _records(cfg, info, shapes, plan, results, record_env())
-        print(_table(records))
-        if cfg.json_path:
-            from ..report.records import write_jsonl
-            write_jsonl(cfg.json_path, records)
-        if bad:
-            sys.stderr.write(f"wirespeed: error: {', '.join(r['strategy'] for r in bad)}: the result "
-                             "differs from the reference beyond the dtype's rounding\n")
-        sys.stdout.flush()
-    return 1 if bad else 0
-
-
-def within_rounding(error: float, dtype: str) -> bool:
-    """Exact data give 0; where a dtype is too narrow for them, a few units of its rounding."""
-    import torch
-    from ..bench.dtypes import DTYPES
-    return error == 0 or error <= 8 * torch.finfo(DTYPES[dtype].torch).eps
-
-
-def _print_header(cfg, info, shapes, plan) -> None:
-    from ..bench.dtypes import DTYPES
-    itemsize = DTYPES[cfg.dtype].itemsize
-    total = shapes.numel * itemsize
-    print(f"# wirespeed model: {shapes.name} ({shapes.source}), {len(shapes.params)} arrays, "
-          f"{shapes.numel:,} parameters = {total / (1 << 20):.1f} MiB of {cfg.dtype} gradients")
-    print(f"# backend {cfg.backend}, device {cfg.device}, {info.world_size} ranks; "
-          f"{plan.describe(itemsize)}; optimizer {'sgd' if cfg.optimizer else 'none'}")
-    print(f"# {cfg.iters} timed steps after {cfg.warmup_iters} warm-up; time = median over steps of the "
-          "slowest rank; GB/s per rank = gradient bytes / time (1e9 B/s); busbw = GB/s x 2(n-1)/n; "
-          "error = relative L1 against the exact reference")
-    sys.stdout.flush()
-
-
-def _records(cfg, info, shapes, plan, results, env) -> list[dict]:
-    from ..bench.dtypes import DTYPES
-    n = info.world_size
-    total = shapes.numel * DTYPES[cfg.dtype].itemsize
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    out = []
-    for r in results:
-        t = r.get("time_us", 0.0)
-        gbps = total / (t * 1e-6) / 1e9 if t > 0 else 0.0
-        rec = record("model", {"run_id": run_id, "model": shapes.name,
-               "source": shapes.source, "arrays": len(shapes.params), "total_bytes": total,
-               "strategy": r["strategy"], "world_size": n, "time_us": t, "gbps_per_rank": gbps,
-               "busbw_gbps": gbps * 2 * (n - 1) / n if n > 1 else 0.0, "error": r["error"],
-               "backend": cfg.backend, "device": cfg.device, "dtype": cfg.dtype,
-               "bucket_mb": cfg.bucket_label, "bucket_mode": plan.mode, "buckets": len(plan.buckets),
-               "optimizer": "sgd" if cfg.optimizer else "none", "iters": cfg.iters,
-               "warmup_iters": cfg.warmup_iters})
-        rec.update({k: v for k, v in r.items() if k not in rec and k != "strategy"})
-        rec["env"] = env
-        out.append(rec)
-    return out
-
-
-def _table(records) -> str:
-    head = (f"{'strategy':<20} {'servers':>7} {'calls/step':>10} {'time/step(ms)':>14} "
-            f"{'min(ms)':>9} {'max(ms)':>9} {'GB/s/rank':>10} {'busbw':>8} {'error':>9}  notes")
-    lines = [head]
-    for r in records:
-        notes = []
-        if "staleness_mean" in r:
-            notes.append(f"staleness mean {r['staleness_mean']:.2f} max {r['staleness_max']:.0f} "
-                         f"over {r['pushes']} pushes")
-        if "hidden_pct" in r:
-            notes.append(f"compute {r['compute_us'] / 1e3:.1f} ms, comm {r['comm_us'] / 1e3:.1f} ms, "
-                         f"serial {r['serial_us'] / 1e3:.1f} ms: {r['hidden_pct']:.0f}% of the "
-                         "comm hidden")
-        if not r.get("ranks_agree", True):
-            notes.append("RANKS DISAGREE")
-        lines.append(f"{r['strategy']:<20} {r.get('servers') or '-':>7} {r.get('calls_per_step', 0):>10} "
-                     f"{r['time_us'] / 1e3:>14.3f} {r.get('time_min_us', 0) / 1e3:>9.3f} "
-                     f"{r.get('time_max_us', 0) / 1e3:>9.3f} {r['gbps_per_rank']:>10.3f} "
-                     f"{r['busbw_gbps']:>8.3f} {r['error']:>9.2g}  {'; '.join(notes)}")
-    return "\n".join(lines)
+def _run_as_rank(cfg, info, backend, device, shapes) -> int:
+    from ..workloads.runner import run_as_rank   # imports torch: in the ranks only
+    return run_as_rank(cfg, info, backend, device, shapes)

@@ -4,7 +4,6 @@ starting the backend with a one-line error, and the first line of an error."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -111,20 +110,6 @@ def run_job(make_job: Callable[..., Job], args, argv: list[str]) -> int:
         raise rank_error(info.rank, e) from None
     backend.shutdown()
     return code
-
-
-@contextmanager
-def guarded_rank(rank: int, timeout_s: float):
-    """The body of a rank's work under a watchdog (no step may outlast the timeout); a library
-    exception leaves as one WirespeedError line naming the rank, never a traceback."""
-    from ..bench.watchdog import Watchdog
-    watchdog = Watchdog(timeout_s, rank)
-    try:
-        yield watchdog
-    except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
-        raise rank_error(rank, e) from None
-    finally:
-        watchdog.close()
 
 
 def start_backend(name: str, device: str, info, timeout_s: float):

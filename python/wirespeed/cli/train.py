@@ -2,23 +2,19 @@
 each backend given, in fresh processes; what the network costs the step (docs/train.md).
 
 Run by hand with several backends, the shell runs one single-backend `wirespeed train` after the
-other (cli/train_runs.py), each starting its own ranks as every rank-running command does
+other (train/shell.py), each starting its own ranks as every rank-running command does
 (`run_job`), then compares them. Under torchrun, srun or mpirun (with gloo, wirespeed or nccl) it is one rank of one backend.
 """
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from dataclasses import dataclass
 from functools import partial
 
 from ..errors import UsageError
 from . import flags
 from .common import add
-from .rankjob import (Job, check_local_gpus, default_nproc, guarded_rank, parse_iters_timeout,
+from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
-from ..report.records import record
 
 
 def register(sub) -> None:
@@ -88,8 +84,9 @@ def split_backends(text) -> list[str]:
 def config_from_args(args) -> tuple[list[str], "object"]:
     """(backends, the TrainConfig of the first), every flag checked: one line, exit 2, on the first
     that is wrong, before any rank starts."""
-    from ..workloads.train import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
-    from ..workloads.trainnets import NetSpec, check_spec
+    from ..train.rank import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
+    from ..train.whatif import WHATIF_ITERS
+    from ..train.nets import NetSpec, check_spec
     if not args.model:
         raise UsageError("which network? give --model gpt or a torchvision name such as resnet18")
     if args.parallel not in PARALLEL:
@@ -135,20 +132,9 @@ def config_from_args(args) -> tuple[list[str], "object"]:
     return [b for b, _ in resolved], cfg
 
 
-# Calls per size in the what-if's bench of the step's collectives (plus one warm-up).
-WHATIF_ITERS = 5
-
-
-@dataclass
-class WhatIf:
-    """The what-if flags, parsed: host counts, link rates (bit/s), the measured link's rate."""
-    hosts: list[int]
-    rates: list[int]
-    measured_bps: int | None
-
-
-def whatif_from_args(args) -> WhatIf:
+def whatif_from_args(args):
     from ..netem.units import parse_rate
+    from ..train.whatif import WhatIf
     hosts = []
     for part in str(args.what_if_hosts or "").split(","):
         if part.strip():
@@ -173,48 +159,28 @@ def main(args, argv) -> int:
         if "nccl" not in backends:
             raise UsageError(f"--fast-net moves NCCL's traffic through the wirespeed network plugin; "
                              f"--backend {args.backend} has no nccl: add it")
-        from .bench import _enable_fast_net
-        _enable_fast_net("nccl")   # every rank this process starts inherits it
+        from ..bench.fastnet import enable_fast_net
+        enable_fast_net("nccl")   # every rank this process starts inherits it
     if args.state_out is None and rank_info(need_master=False) is None:
         # The user's shell: each backend in processes of its own, then the comparison.
         from .rankjob import check_rank_flags
-        from .train_runs import run_backends
+        from ..train.shell import run_backends
         check_rank_flags(args)
+        from ..train.rank import check_memory
         check_memory(cfg, cfg.nproc)
-        return run_backends(backends, cfg, args, repeat=_int(args, "--repeat"))
+        return run_backends(backends, cfg, shell_settings(args), repeat=_int(args, "--repeat"))
     if len(backends) > 1:
         raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
     return run_job(_job, args, argv)
 
 
 def _job(args) -> Job:
+    from ..train.rank import RankOutputs, before_start, run_as_rank
     _, cfg = config_from_args(args)
+    outputs = RankOutputs(json_path=args.json, plot_path=args.plot, state_out=args.state_out)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch_local, cfg),
-               before_start=partial(_before_start, cfg), work=partial(run_as_rank, cfg, args))
-
-
-def check_memory(cfg, ranks_here: int) -> None:
-    """Refuse, in one line, a run whose ranks on this host cannot fit its memory (train.rank_bytes:
-    a floor; GPUs: one rank's share of its own GPU)."""
-    from ..launch.memory import buffer_budget
-    from ..workloads.train import rank_bytes
-    if cfg.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            return   # the backend's own check says so in its words
-    sharers, budget = buffer_budget(cfg.device, ranks_here)
-    need = rank_bytes(cfg) * sharers
-    if need > budget:
-        raise UsageError(f"{cfg.spec.describe()} under {cfg.parallel} needs at least "
-                         f"{need / (1 << 30):.1f} GiB for {sharers} rank{'s' if sharers > 1 else ''} "
-                         f"but {max(budget, 0) / (1 << 30):.1f} GiB is available: use fewer ranks "
-                         "(-N), a smaller --batch-size or --image-size, or a smaller network")
-
-
-def _before_start(cfg, info) -> None:
-    import os
-    if os.environ.get("_WIRESPEED_LOCAL_SPAWN") != "1":   # under an outer launcher: nobody checked
-        check_memory(cfg, info.local_world_size)
+               before_start=partial(before_start, cfg),
+               work=partial(run_as_rank, cfg, whatif_from_args(args), outputs))
 
 
 def _launch_local(cfg, start) -> int:
@@ -228,93 +194,11 @@ def _launch_local(cfg, start) -> int:
     return start(cfg.nproc)
 
 
-def predictions(rec: dict, out: dict, whatif: WhatIf) -> list[dict]:
-    """The what-if's predicted records (none when it was not asked for)."""
-    if not out.get("comm_records"):
-        return []
-    from ..workloads.train_whatif import StepModel
-    model = StepModel(rec, out["calls"], out["comm_records"], whatif.measured_bps)
-    return model.predicted(whatif.hosts or [model.layout.hosts], whatif.rates or [None])
-
-
-def run_as_rank(cfg, args, info, backend, device) -> int:
-    from ..envinfo import record_env
-    json_path, state_out = args.json, args.state_out
-    from ..workloads.train import run_rank
-    lead = info.rank == 0
-    if lead:
-        _print_header(cfg, info)
-    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
-        out = run_rank(cfg, info, backend, device, watchdog)
-    if lead:
-        from .train_runs import table
-        whatif = whatif_from_args(args)
-        rec = train_record(cfg, info.world_size, out, record_env(), whatif.measured_bps)
-        print(table([rec]))
-        preds = predictions(rec, out, whatif)
-        if cfg.whatif_iters and not preds:
-            print("# no what-if: every rank ran on one host, and the what-if prices the links "
-                  "between hosts")
-        if preds:
-            from ..workloads.train_whatif import whatif_table
-            print(f"# what-if for {cfg.backend}, fitted on this run and its collectives benched "
-                  f"alone ({WHATIF_ITERS} checked calls per size):")
-            print(whatif_table(preds))
-        if json_path:
-            from ..report.records import write_jsonl
-            write_jsonl(json_path, [rec, *preds])
-        if args.plot and not state_out:   # a job of its own (under a launcher): it plots itself
-            from ..report.plot import plot_records
-            plot_records([rec, *preds], args.plot)
-        if state_out:
-            import torch
-            torch.save(out["params"], state_out)
-        sys.stdout.flush()
-    if cfg.backend == "nccl":
-        from .bench import _fast_net_unproven   # --fast-net: NCCL's logs must show the plugin
-        if _fast_net_unproven(backend, info):
-            return 1
-    return 0
-
-
-def _print_header(cfg, info) -> None:
-    print(f"# wirespeed train: {cfg.spec.describe()}, {cfg.parallel}"
-          f"{f' (buckets of {cfg.bucket_mb:g} MiB)' if cfg.parallel == 'ddp' else ''}, "
-          f"{cfg.optimizer}; backend {cfg.backend}, device {cfg.device}, {info.world_size} "
-          f"rank{'s' if info.world_size > 1 else ''}; "
-          f"{cfg.iters} timed steps after {cfg.warmup_iters} warm-up")
-    sys.stdout.flush()
-
-
-def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None = None) -> dict:
-    """The wirespeed.train/1 record of one backend's run (docs/records.md)."""
-    from ..launch.cluster import link_fields
-    from ..workloads.train_whatif import bounds
-    step, compute = out["step"], out["compute"]
-    step_us, compute_us = step["time_us"], compute["time_us"]
-    per_rank = cfg.spec.batch_size / (step_us * 1e-6) if step_us > 0 else 0.0
-    spec = cfg.spec
-    shape = {"layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads,
-             "seq_len": spec.seq_len, "vocab": spec.vocab} if spec.model == "gpt" \
-        else {"image_size": spec.image_size}
-    return record("train", {
-        "run_id": time.strftime("%Y%m%d-%H%M%S"), "backend": cfg.backend, "device": cfg.device,
-        "world_size": world, "model": spec.model, "parallel": cfg.parallel,
-        "batch_size": spec.batch_size, **shape, "unit": spec.unit, "optimizer": cfg.optimizer,
-        "bucket_mb": cfg.bucket_mb if cfg.parallel == "ddp" else None,
-        "parameters": out["parameters"],
-        "samples_per_s": per_rank * world, "samples_per_s_per_rank": per_rank,
-        **({"tokens_per_s": per_rank * world * spec.seq_len} if spec.model == "gpt" else {}),
-        "step_us": step_us, "step_min_us": step["time_min_us"], "step_max_us": step["time_max_us"],
-        "step_p99_us": step["time_p99_us"],
-        "compute_us": compute_us, "compute_min_us": compute["time_min_us"],
-        "compute_max_us": compute["time_max_us"],
-        # Exposed: what the step takes beyond its own compute; 0 when noise puts it below.
-        "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
-        "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
-        "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
-        **({"timeline": out["timeline"]} if "timeline" in out else {}),
-        # The wire time and the lower limit max(compute, wire) (workloads/train_whatif.py).
-        **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),
-                 measured_bps or (link_fields().get("link_rate_gbps", 0) * 1e9) or None),
-        "env": {**env, "hosts": out["hosts"]}})
+def shell_settings(args):
+    """What the several-backend shell does besides the runs (train/shell.py), from the flags."""
+    from ..train.shell import ShellSettings
+    return ShellSettings(cluster=args.cluster, ranks_per_host=args.ranks_per_host,
+                         master_port=args.master_port, measured_link_rate=args.measured_link_rate,
+                         what_if_hosts=args.what_if_hosts, what_if_rate=args.what_if_rate,
+                         scaling=not args.no_scaling, json_path=args.json, plot_path=args.plot,
+                         save_dir=None if args.no_save else args.save_dir)

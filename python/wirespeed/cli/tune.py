@@ -16,10 +16,7 @@ def register(sub) -> None:
     add(p, "-c", "--collective", default="all_reduce", help="comma list of collectives")
     add(p, "-d", "--dtype", default="float32", help="comma list of dtypes")
     add(p, "-o", "--op", default="sum", help="comma list of reduction ops")
-    add(p, "-b", "--minbytes", default="4K", help="smallest size")
-    add(p, "-e", "--maxbytes", default="64M", help="largest size")
-    add(p, "-f", "--stepfactor", default="4", help="multiply the size by this each step")
-    add(p, "--sizes", default=None, help="explicit comma list of sizes instead of -b/-e/-f")
+    flags.sweep(p, minbytes="4K", factor="4")
     add(p, "--repeat", default="3", help="run every setting this many times, interleaved")
     flags.iterations(p, warmup="5", iters="20", unit="calls per size", timed="calls per size in each run",
                      who="a run fails")
@@ -55,7 +52,6 @@ def config_from_args(args):
     from ..launch.gpus import most_ranks_on_one_host
     from ..compare.runner import BenchRun
     from .rankjob import parse_iters_timeout, parse_num
-    from ..sizes import sizes_from_flags
     from ..tune.knobs import parse_values, select
     from ..tune.sweep import TuneConfig
     backend = args.backend or ("nccl" if availability("nccl") is None else "wirespeed")
@@ -80,7 +76,7 @@ def config_from_args(args):
     # Loop timing only: the single-call phase would double the time and the verdict reads the loop's.
     run = BenchRun(backend, device, nproc, [c.name for c in parse_collectives(args.collective)],
                    [d.name for d in parse_dtypes(args.dtype)], parse_ops(args.op),
-                   sizes_from_flags(args.sizes, args.minbytes, args.maxbytes, args.stepfactor), iters,
+                   flags.sizes(args), iters,
                    parse_num(args.warmup_iters, "--warmup-iters"), timeout, args.cluster, args.ranks_per_host,
                    args.host_per_rank, extra=("--no-per-op",))
     cfg = TuneConfig(run=run, knobs=knobs, repeat=repeat, json_path=args.json,

@@ -6,25 +6,15 @@ so slow drift of a noisy machine spreads over every combination instead of favou
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..knobs import for_children
-from ..report.records import read_records
+from ..launch.child import Outcome, run_child
 from .plan import Combo, CompareConfig, Plan
-
-
-@dataclass
-class Outcome:
-    records: list[dict] = field(default_factory=list)
-    failures: list[tuple[str, str]] = field(default_factory=list)   # (what, why)
-    # Combinations that ran but gave no figure for a collective: the backend said n/a to all of it.
-    empty: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -81,35 +71,11 @@ def child_env() -> dict:
     return for_children(os.environ)
 
 
-def failure_line(stderr: str, code: int) -> str:
-    """Why a child command failed: its first `wirespeed: error:` line, else its last line."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("wirespeed: error:")]
-    if errors:
-        return errors[0][len("wirespeed: error:"):].strip()
-    return (lines[-1] if lines else f"exited with code {code}")[:300]
-
-
-def run_bench(run: BenchRun, json_path: Path, env: dict, log_path: Path | None,
-              log_header: str = "") -> tuple[list[dict], str | None, int]:
-    """Run one bench in processes of its own: (its records, why it failed or None, exit code)."""
-    if json_path.exists():
-        json_path.unlink()
-    cmd = [sys.executable, "-m", "wirespeed.cli.main", *run.argv(str(json_path))]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"{log_header}$ {' '.join(cmd)}\n# exit code {proc.returncode}\n{proc.stdout}\n"
-                            f"# stderr\n{proc.stderr}")
-    records = read_records(json_path) if json_path.exists() else []
-    return records, (None if proc.returncode == 0 else failure_line(proc.stderr, proc.returncode)), proc.returncode
-
-
 def run_one(combo: Combo, cfg: CompareConfig, workdir: Path, log_path: Path | None) -> tuple[list[dict], str | None]:
     """Run one combination; (records, None) on success, (records so far, why) when it failed."""
     json_path = workdir / f"{combo.backend}-{combo.device}-{combo.dtype}-n{combo.nproc}.jsonl"
-    records, why, _ = run_bench(bench_run(combo, cfg), json_path, child_env(), log_path)
-    return records, why
+    run = run_child(bench_run(combo, cfg).argv(str(json_path)), child_env(), json_path, log_path)
+    return run.records, run.why
 
 
 def run_matrix(plan: Plan, cfg: CompareConfig, compare_id: str, log_dir: Path | None,

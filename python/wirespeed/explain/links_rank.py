@@ -12,11 +12,14 @@ Latency: half the median round trip of an 8-byte message.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass
 from statistics import median
 
 from ..errors import UsageError
+from ..report.records import record
 from . import pairs as PR
 
 LAT_BYTES = 8
@@ -32,6 +35,9 @@ class LinksConfig:
     lat_iters: int
     by: str                  # "rank", "host" or "auto"
     timeout_s: float
+    json_path: str | None = None
+    plot_path: str | None = None
+    save_dir: str | None = None      # None: --no-save
 
 
 def units_of(hosts: list[str], by: str) -> list[int]:
@@ -136,3 +142,91 @@ def run_links(cfg: LinksConfig, info, backend, device: str, watchdog, say) -> di
             f"{time.perf_counter() - t_round:.1f} s" + (f" (about {left:.0f} s to go)" if left >= 1 else ""))
     return {"hosts": hosts, "units": units, "host_of_unit": host_of_unit, "gbps": gbps, "lat_us": lat,
             "seconds": time.perf_counter() - started, "rounds": len(rounds)}
+
+
+# The job's rank, its backend started (cli/links.py parses the flags and starts the ranks):
+# run_links, then on rank 0 the matrices, records, heatmap and verdict.
+
+
+def run_as_rank(cfg: LinksConfig, info, backend, device) -> int:
+    from ..bench.watchdog import guarded_rank
+    lead = info.rank == 0
+
+    def say(text):
+        if lead:
+            print(text, flush=True)
+
+    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
+        result = run_links(cfg, info, backend, device, watchdog, say)
+        watchdog.step("finishing")
+        backend.barrier()
+    if lead:
+        report(cfg, result)
+    return 0
+
+
+def labels_of(result) -> tuple[list[str], list[str]]:
+    """(a label per measured rank, a name per host): `h2` on the emulated cluster, the hostname
+    elsewhere; ranks are told apart as `r5@h2` when a host has several."""
+    from .fields import short_host
+    hosts, units = result["hosts"], result["units"]
+    host_names = []
+    for r in units:
+        name = short_host(hosts[r])
+        if name not in host_names:
+            host_names.append(name)
+    one_each = len(set(result["host_of_unit"])) == len(units)
+    labels = [short_host(hosts[r]) if one_each else f"r{r}@{short_host(hosts[r])}" for r in units]
+    return labels, host_names
+
+
+def records_of(cfg: LinksConfig, result, run_id: str) -> list[dict]:
+    from ..envinfo import record_env
+    from ..launch.environment import link_fields
+    from .fields import short_host
+    env = record_env()
+    env["hosts"] = result["hosts"]
+    units, hosts = result["units"], result["hosts"]
+    out = []
+    for (a, b), g in sorted(result["gbps"].items()):
+        out.append(record("links", {"run_id": run_id, "backend": cfg.backend, "device": cfg.device,
+                    "world_size": len(hosts), "src": units[a], "dst": units[b],
+                    "src_host": short_host(hosts[units[a]]), "dst_host": short_host(hosts[units[b]]),
+                    "same_host": hosts[units[a]] == hosts[units[b]], "bytes": cfg.nbytes,
+                    "iters": cfg.iters, "gbps": g, "latency_us": result["lat_us"][(a, b)],
+                    "lat_iters": cfg.lat_iters, **link_fields(), "env": env}))
+    return out
+
+
+def report(cfg: LinksConfig, result) -> None:
+    from .pairs import find_slow, matrix_text
+    from .plots import plot_heatmaps
+    from ..report.records import write_jsonl
+    labels, host_names = labels_of(result)
+    print(f"# bandwidth (GB/s, 1e9 B/s; {cfg.nbytes} B messages), row sends to column")
+    print(matrix_text(labels, result["gbps"], ".3f"))
+    print("# latency (us, half the round trip of 8 B)")
+    print(matrix_text(labels, result["lat_us"], ".1f"))
+    verdict = find_slow(labels, result["host_of_unit"], result["gbps"], host_names)
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    records = records_of(cfg, result, run_id)
+    n = len(labels)
+    grid_g = [[result["gbps"].get((i, j)) for j in range(n)] for i in range(n)]
+    grid_l = [[result["lat_us"].get((i, j)) for j in range(n)] for i in range(n)]
+    title = f"wirespeed links ({cfg.backend}, {cfg.nbytes} B messages)"
+    if cfg.json_path:
+        write_jsonl(cfg.json_path, records)
+    if cfg.plot_path:
+        plot_heatmaps(labels, grid_g, grid_l, cfg.plot_path, title)
+    if cfg.save_dir:
+        d = os.path.join(cfg.save_dir, f"links-{run_id}")
+        if os.path.exists(d):
+            d = f"{d}-{os.getpid()}"
+        write_jsonl(os.path.join(d, "records.jsonl"), records)
+        plot_heatmaps(labels, grid_g, grid_l, os.path.join(d, "heatmap.png"), title)
+        print(f"# saved records and heatmap in {d}/")
+    print(f"# {result['rounds']} rounds in {result['seconds']:.1f} s; rule: {verdict.compared}, "
+          f"a host (or rank) is slow below half the median of the per-host medians "
+          f"({verdict.median_gbps:.3g} GB/s)" + (f"; {verdict.note}" if verdict.note else ""))
+    print(verdict.line())
+    sys.stdout.flush()

@@ -18,12 +18,11 @@ import sys
 from ..errors import UsageError
 from ..netem import cluster as C
 from ..netem.ns import run_in_netns
-from .environment import with_job_secret
+from . import environment as E
+from .environment import IFNAME_VARS, with_job_secret
 from .local import _die_with_parent, supervise
 
 # Each library's knob for "use this interface", all pointed at the host's emulated link.
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include",
-               "OMPI_MCA_oob_tcp_if_include", "WIRESPEED_IFNAME")
 
 
 def placement(nproc: int, hosts: int, ranks_per_host: int | None) -> list[int]:
@@ -70,7 +69,7 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
     """What every rank on the cluster gets, whoever starts it: the links' interface for every
     library, and the link rates for the records."""
     env = dict(os.environ if base is None else base)
-    env.update(_WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+    env.update(E.local_spawn_env(), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                **link_env(cluster))
     for var in IFNAME_VARS:
         env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
@@ -81,12 +80,7 @@ def link_env(cluster: C.Cluster) -> dict:
     """What tells a process that it runs on the emulated cluster, and at which link rates, so
     that bench's records carry them (link_fields) whoever started it: this launcher, or torchrun
     and mpirun started with `wirespeed cluster exec`."""
-    env = {"_WIRESPEED_CLUSTER": cluster.name, "_WIRESPEED_LINK_RATE_BPS": str(cluster.rate_bps)}
-    if cluster.flow_rate_bps:
-        env["_WIRESPEED_FLOW_RATE_BPS"] = str(cluster.flow_rate_bps)
-    if cluster.host_rates:  # hosts with a link of their own rate (cluster up --host-rate)
-        env["_WIRESPEED_HOST_RATES_BPS"] = ",".join(f"{i}={r}" for i, r in cluster.host_rates.items())
-    return env
+    return E.link_env(cluster.name, cluster.rate_bps, cluster.flow_rate_bps, cluster.host_rates)
 
 
 def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=None) -> list[dict]:
@@ -99,7 +93,7 @@ def rank_envs(cluster: C.Cluster, hosts_of: list[int], master_port: int, base=No
         env = dict(common)
         env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(peers.index(r)),
                    LOCAL_WORLD_SIZE=str(len(peers)), MASTER_ADDR=master.addr,
-                   MASTER_PORT=str(master_port), _WIRESPEED_CLUSTER_HOST=f"h{h}")
+                   MASTER_PORT=str(master_port), **E.cluster_host_env(h))
         envs.append(env)
     return envs
 
@@ -172,28 +166,12 @@ def link_problems(cluster: C.Cluster, hosts_of: list[int]) -> list[str]:
     return lines
 
 
-def link_fields() -> dict:
-    """What a rank started on the emulated cluster adds to each record (empty elsewhere)."""
-    raw = os.environ.get("_WIRESPEED_LINK_RATE_BPS")
-    if not raw or not raw.isdigit():
-        return {}
-    out = {"link_rate_gbps": int(raw) / 1e9, "cluster": os.environ.get("_WIRESPEED_CLUSTER")}
-    flow = os.environ.get("_WIRESPEED_FLOW_RATE_BPS")
-    if flow and flow.isdigit():
-        out["flow_rate_gbps"] = int(flow) / 1e9
-    own = os.environ.get("_WIRESPEED_HOST_RATES_BPS")
-    if own:
-        pairs = [p.split("=", 1) for p in own.split(",") if "=" in p]
-        out["host_rates_gbps"] = {f"h{i}": int(r) / 1e9 for i, r in pairs if i.isdigit() and r.isdigit()}
-    return out
-
-
 def host_link_sent_bytes():
     """On a host of the emulated cluster, a reader of the bytes the host has sent over its link
     (its interface's counter, headers included, in this process's network namespace); None
     elsewhere: on a real host other traffic shares the interface, so the count would not be
     the job's."""
-    if not os.environ.get("_WIRESPEED_CLUSTER"):
+    if not E.on_cluster():
         return None
     ifname = C.IFNAME
 
@@ -209,37 +187,3 @@ def host_link_sent_bytes():
     except (OSError, ValueError, IndexError):
         return None
     return read
-
-
-def link_summary(records) -> str:
-    """One line per series on the cluster: busbw next to the link rate, and their ratio.
-
-    busbw is in GB/s (1e9 bytes), link rates in Gbit/s; busbw/link = busbw * 8 / link. For a
-    bandwidth-bound collective on a ring it approaches (but cannot pass) the TCP goodput share of
-    the link, about 0.956 (tc counts the Ethernet, IP and TCP headers too).
-    """
-    rows = [r for r in records if r.get("link_rate_gbps") and r["collective"] != "barrier"]
-    if not rows:
-        return ""
-    link = rows[0]["link_rate_gbps"]
-    lines = [f"# emulated link {link:g} Gbit/s per host each way"
-             + (f", {rows[0]['flow_rate_gbps']:g} Gbit/s per TCP flow" if rows[0].get("flow_rate_gbps")
-                else "") + "; busbw/link = busbw (GB/s) x 8 / link (Gbit/s)"]
-    seen: dict = {}
-    for r in rows:
-        key = (r["collective"], r["dtype"], r.get("op"))
-        best = seen.get(key, {}).get(r["bytes"])
-        if best is None or r["busbw_gbps"] > best["busbw_gbps"]:
-            seen.setdefault(key, {})[r["bytes"]] = r
-    for (coll, dtype, op), by_size in seen.items():
-        cells = " ".join(f"{n}:{r['busbw_gbps'] * 8 / link:.3f}" for n, r in by_size.items())
-        lines.append(f"# busbw/link {coll} {dtype}{' ' + op if op else ''} (bytes:ratio) {cells}")
-        if any(r["busbw_gbps"] * 8 > link for r in by_size.values()):
-            # Several ranks per host: a hierarchical algorithm sends fewer bytes across hosts than
-            # busbw's formula assumes, so busbw may pass the link; what crossed cannot.
-            cells = " ".join(f"{n}:{r['link_sent_gbps'] * 8 / link:.3f}" for n, r in by_size.items()
-                             if r.get("link_sent_gbps") is not None)
-            lines.append(f"# sent/link  {coll} {dtype}{' ' + op if op else ''} (bytes:ratio) {cells}"
-                         "   (what the busiest host really sent over its link: busbw above 1 "
-                         "counts bytes a hierarchical algorithm never sent across hosts)")
-    return "\n".join(lines)

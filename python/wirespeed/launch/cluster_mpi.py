@@ -14,13 +14,13 @@ import sys
 
 from ..errors import UsageError
 from ..netem import cluster as C
+from . import environment as E
 from .local import _die_with_parent, supervise
 from .mpirun import ROOT_ENV, mpirun_command
 
 # Variables the ranks need besides Open MPI's own, forwarded with mpirun -x.
-FORWARD = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "WIRESPEED_IFNAME", "_WIRESPEED_CLUSTER",
-           "_WIRESPEED_LINK_RATE_BPS", "_WIRESPEED_FLOW_RATE_BPS", "_WIRESPEED_LOCAL_SPAWN",
-           "OMP_NUM_THREADS")
+FORWARD = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "WIRESPEED_IFNAME", E.CLUSTER, E.LINK_RATE,
+           E.FLOW_RATE, E.LOCAL_SPAWN, "OMP_NUM_THREADS")
 
 
 def write_agent(cluster: C.Cluster) -> str:

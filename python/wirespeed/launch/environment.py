@@ -20,6 +20,7 @@ import socket
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..knobs import internal
 
 DEFAULT_PORT = 29500
 
@@ -214,3 +215,77 @@ def with_job_secret(env: dict) -> dict:
     if not out.get(JOB_SECRET):
         out[JOB_SECRET] = secrets.token_hex(32)
     return out
+
+
+# --- Launcher back-channels (knobs.BACK_CHANNELS): what a launcher tells the ranks it starts.
+# This module is the one that reads them; launchers write them through the helpers below.
+
+LOCAL_SPAWN = internal("LOCAL_SPAWN")
+CLUSTER = internal("CLUSTER")
+CLUSTER_HOST = internal("CLUSTER_HOST")
+LINK_RATE = internal("LINK_RATE_BPS")
+FLOW_RATE = internal("FLOW_RATE_BPS")
+HOST_RATES = internal("HOST_RATES_BPS")
+NCCL_LOG_DIR = internal("NCCL_LOG_DIR")
+# What `wirespeed cluster exec` tells a process about the emulated links (link_env); launchers
+# that start a fresh environment (ssh) hand them on.
+LINK_VARS = (CLUSTER, LINK_RATE, FLOW_RATE, HOST_RATES)
+# The interface every library should use, set alike by the launchers that know it.
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include",
+               "OMPI_MCA_oob_tcp_if_include", "WIRESPEED_IFNAME")
+
+
+def spawned_here(environ=None) -> bool:
+    """True in a rank that wirespeed's own launcher started (local spawn, mpirun, the emulated
+    cluster): the shell that started it checked memory and outputs already. False under an outer
+    launcher (torchrun, srun, mpirun by hand), whose ranks must check for themselves."""
+    return (os.environ if environ is None else environ).get(LOCAL_SPAWN) == "1"
+
+
+def local_spawn_env() -> dict:
+    """What a wirespeed launcher adds to its ranks' environment so that they know (spawned_here)."""
+    return {LOCAL_SPAWN: "1"}
+
+
+def cluster_host_env(host: int) -> dict:
+    """Which host of the emulated cluster a rank was placed on."""
+    return {CLUSTER_HOST: f"h{host}"}
+
+
+def link_env(name: str, rate_bps: int, flow_rate_bps: int | None = None,
+             host_rates: dict | None = None) -> dict:
+    """What tells a process that it runs on the emulated cluster `name`, and at which link rates,
+    so that the records carry them (link_fields) whoever started it."""
+    env = {CLUSTER: name, LINK_RATE: str(rate_bps)}
+    if flow_rate_bps:
+        env[FLOW_RATE] = str(flow_rate_bps)
+    if host_rates:  # hosts with a link of their own rate (cluster up --host-rate)
+        env[HOST_RATES] = ",".join(f"{i}={r}" for i, r in host_rates.items())
+    return env
+
+
+def on_cluster(environ=None) -> bool:
+    """True in a process on a host of the emulated cluster (link_env was set)."""
+    return bool((os.environ if environ is None else environ).get(CLUSTER))
+
+
+def link_fields(environ=None) -> dict:
+    """What a rank started on the emulated cluster adds to each record (empty elsewhere)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(LINK_RATE)
+    if not raw or not raw.isdigit():
+        return {}
+    out = {"link_rate_gbps": int(raw) / 1e9, "cluster": environ.get(CLUSTER)}
+    flow = environ.get(FLOW_RATE)
+    if flow and flow.isdigit():
+        out["flow_rate_gbps"] = int(flow) / 1e9
+    own = environ.get(HOST_RATES)
+    if own:
+        pairs = [p.split("=", 1) for p in own.split(",") if "=" in p]
+        out["host_rates_gbps"] = {f"h{i}": int(r) / 1e9 for i, r in pairs if i.isdigit() and r.isdigit()}
+    return out
+
+
+def nccl_log_dir(environ=None) -> str | None:
+    """--fast-net: the folder this job's NCCL logs go to (set by the launching process), if any."""
+    return (os.environ if environ is None else environ).get(NCCL_LOG_DIR) or None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from ..errors import UsageError
+from ..knobs import internal
 
 # The smallest edit to Open MPI's defaults that lets it run here: as root (containers, CI) it refuses
 # to start without these, and on a laptop or 2-core VM more ranks than cores is the normal case.
@@ -82,7 +83,8 @@ def mpirun_command(argv: list[str], nproc: int, is_root: bool | None = None,
 def launch_mpirun(argv: list[str], nproc: int, program: list[str] | None = None) -> int:
     """Run the ranks under mpirun; return the job's exit code (non-zero when any rank failed)."""
     env = dict(os.environ)
-    env.update(_WIRESPEED_LOCAL_SPAWN="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    # What environment.spawned_here reads (environment.py imports this module: no import back).
+    env.update({internal("LOCAL_SPAWN"): "1"}, OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     if os.geteuid() == 0:
         env.update(ROOT_ENV)
     if nproc >= (os.cpu_count() or 1):

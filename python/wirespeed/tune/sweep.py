@@ -9,12 +9,13 @@ import itertools
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..compare.runner import BenchRun, run_bench
+from ..compare.runner import BenchRun
 from ..knobs import for_children
+from ..launch.child import Outcome, run_child
 from .knobs import GROUP_RULES, KNOBS, Knob
 
 
@@ -71,12 +72,6 @@ def setting_env(setting: Setting, base=None) -> dict:
     return env
 
 
-@dataclass
-class Outcome:
-    records: list[dict] = field(default_factory=list)
-    failures: list[tuple[str, str]] = field(default_factory=list)   # (setting label, why)
-
-
 def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path | None,
               say: Callable[[str], None] = print) -> Outcome:
     out = Outcome()
@@ -86,9 +81,11 @@ def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path 
             for i, setting in enumerate(plan):
                 step += 1
                 t0 = time.monotonic()
-                records, why, code = run_bench(cfg.run, Path(tmp) / f"s{i}-r{rep}.jsonl", setting_env(setting),
-                                               log_dir / f"s{i}-r{rep}.log" if log_dir is not None else None,
-                                               log_header=f"# {setting.label}\n")
+                json_path = Path(tmp) / f"s{i}-r{rep}.jsonl"
+                run = run_child(cfg.run.argv(str(json_path)), setting_env(setting), json_path,
+                                log_dir / f"s{i}-r{rep}.log" if log_dir is not None else None,
+                                log_header=f"# {setting.label}\n")
+                records, why, code = run.records, run.why, run.code
                 took = time.monotonic() - t0
                 for r in records:
                     r.update(tune_id=tune_id, repeat=rep, setting=setting.as_dict(),

@@ -62,3 +62,32 @@ def validate(cfg: ModelConfig, world: int) -> None:
                          "any source); leave it out of --strategy for other backends")
     if cfg.overlap and "allreduce" not in cfg.strategies:
         raise UsageError("--overlap times DDP's pattern: it needs --strategy allreduce")
+
+
+@dataclass
+class BatchingConfig:
+    """What `wirespeed batching` runs: one dtype, the call counts, the ranks, and where rank 0 writes."""
+    dtype: object                    # a bench.dtypes.DType
+    chunks: list[int]
+    backend: str
+    device: str
+    nproc: int
+    warmup: int
+    iters: int
+    timeout: float
+    json_path: str | None = None
+    plot_path: str | None = None
+
+
+@dataclass
+class ObjectsConfig:
+    """What `wirespeed objects` runs: the world sizes, the ranks, and where rank 0 writes
+    (`records_to`: a world size's records handed back to the shell that started it)."""
+    worlds: list[int]
+    backend: str
+    device: str
+    iters: int
+    timeout: float
+    warmup: int
+    json_path: str | None = None
+    records_to: str | None = None

@@ -8,12 +8,16 @@ all_gather_object is torch.distributed's own, so this runs on torch.distributed 
 """
 from __future__ import annotations
 
+import json
+import sys
 import time
 
 import torch
 
 from ..bench.harness import summarize
 from ..errors import UsageError
+from ..report.records import record
+from .config import ObjectsConfig
 
 METHODS = ("all_gather_object", "all_reduce", "all_gather")
 
@@ -71,3 +75,50 @@ def run_objects(backend, rank: int, world: int, device: str, warmup: int, iters:
         m.update(method=name, wrong=int(sum(r[0] for r in rows)), world_size=world, iters=iters)
         out.append(m)
     return out
+
+
+# `wirespeed objects`' rank, its backend started (cli/objects.py parses the flags and starts each
+# world size in turn): every method timed, and on rank 0 the records, handed back or reported.
+
+
+def run_as_rank(c: ObjectsConfig, info, backend, device) -> int:
+    from ..bench.watchdog import guarded_rank
+    with guarded_rank(info.rank, c.timeout) as watchdog:
+        rows = run_objects(backend, info.rank, info.world_size, device, c.warmup, c.iters, watchdog)
+        watchdog.step("finishing")
+        backend.barrier()
+    wrong = sum(r["wrong"] for r in rows)
+    if info.rank == 0:
+        from ..envinfo import record_env
+        env = record_env()
+        records = [record("objects", {"run_id": time.strftime("%Y%m%d-%H%M%S"),
+                    "backend": c.backend, "device": c.device, **r, "env": env}) for r in rows]
+        if c.records_to:
+            with open(c.records_to, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        else:
+            report(c, records)
+        if wrong:
+            sys.stderr.write(f"wirespeed: error: {wrong} wrong answers to 'is every rank done?'\n")
+    return 1 if wrong else 0
+
+
+def report(c: ObjectsConfig, records) -> None:
+    from ..report.records import write_jsonl
+    print(f"# wirespeed objects: the 'is every rank done?' flag; backend {c.backend}, device "
+          f"{c.device}; {c.iters} timed calls per method after {c.warmup} warm-up; "
+          "time = median over calls of the slowest rank; every answer checked")
+    print(f"{'ranks':>5} {'all_gather_object(us)':>22} {'all_reduce(us)':>15} {'all_gather(us)':>15} "
+          f"{'speed-up ar':>12} {'speed-up ag':>12} {'#wrong':>7}")
+    for n in sorted({r["world_size"] for r in records}):
+        by = {r["method"]: r for r in records if r["world_size"] == n}
+        obj, ar, ag = by["all_gather_object"], by["all_reduce"], by["all_gather"]
+        for r, other in ((ar, obj), (ag, obj)):
+            r["speedup_vs_object"] = other["time_us"] / r["time_us"] if r["time_us"] else None
+        print(f"{n:>5} {obj['time_us']:>22.1f} {ar['time_us']:>15.1f} {ag['time_us']:>15.1f} "
+              f"{ar['speedup_vs_object']:>11.2f}x {ag['speedup_vs_object']:>11.2f}x "
+              f"{obj['wrong'] + ar['wrong'] + ag['wrong']:>7}")
+    print("# speed-up = all_gather_object's time / the tensor collective's time")
+    if c.json_path:
+        write_jsonl(c.json_path, records)
+    sys.stdout.flush()

@@ -21,12 +21,24 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..explain import fields as F
 from ..explain.costs import busbw_factor
 from ..explain.predict import fit_all, predict_time
 from ..report.records import record
+
+# Calls per size in the what-if's bench of the step's collectives (plus one warm-up).
+WHATIF_ITERS = 5
+
+
+@dataclass
+class WhatIf:
+    """The what-if flags, parsed: host counts, link rates (bit/s), the measured link's rate."""
+    hosts: list[int]
+    rates: list[int]
+    measured_bps: int | None
 
 # torch.distributed functions (the ones train.CallCounter wraps) -> the collective bench calls it.
 COLLECTIVE_OF = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",

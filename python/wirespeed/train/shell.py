@@ -5,17 +5,17 @@ the parameters of every backend against the first's."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..compare.runner import failure_line
 from ..errors import EXIT_MISMATCH
 from ..knobs import for_children
+from ..launch.child import failure_line, run_child
 from ..report.outputs import run_dir
-from ..report.records import read_records, write_jsonl
+from ..report.records import write_jsonl
 
 # Backends may add a reduction's terms in different orders (float reassociation: ~1e-7 of a
 # gradient, none with 2 ranks), and a network can amplify that over steps: BatchNorm over a few
@@ -32,38 +32,68 @@ from ..report.records import read_records, write_jsonl
 PARAM_TOLERANCE = 1e-2
 
 
-def child_argv(cfg, backend: str, json_path: Path, state_path: Path, args) -> list[str]:
-    """One backend's run, every setting explicit (the children get no flag twins)."""
-    s = cfg.spec
-    argv = ["train", "--model", s.model, "--parallel", cfg.parallel, "--batch-size", str(s.batch_size),
-            "--image-size", str(s.image_size), "--layers", str(s.layers), "--hidden", str(s.hidden),
-            "--heads", str(s.heads), "--seq-len", str(s.seq_len), "--vocab", str(s.vocab),
-            "--bucket-mb", f"{cfg.bucket_mb:g}", "--optimizer", cfg.optimizer, "--backend", backend,
-            "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
-            "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", str(json_path),
-            "--state-out", str(state_path), "--no-save"] + (["--timeline"] if cfg.timeline else [])
-    for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
-        if getattr(args, flag, None):
-            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    if args.master_port:
-        argv += ["--master-port", str(args.master_port)]
-    if args.cluster:
-        argv += ["--cluster", args.cluster]
-        if args.ranks_per_host:
-            argv += ["--ranks-per-host", str(args.ranks_per_host)]
-    return argv
+@dataclass
+class ShellSettings:
+    """What the shell does besides the runs' own settings (cli/train.py fills it from the flags):
+    where the ranks run, the what-if's flags as given, the one-rank run, and its outputs."""
+    cluster: str | None = None
+    ranks_per_host: int | None = None
+    master_port: str | None = None
+    measured_link_rate: str | None = None
+    what_if_hosts: str | None = None
+    what_if_rate: str | None = None
+    scaling: bool = True                 # --no-scaling turns the one-rank run off
+    json_path: str | None = None
+    plot_path: str | None = None
+    save_dir: str | None = "runs"       # None: --no-save
 
 
-def _run(cmd: list[str], env: dict) -> tuple[int, str]:
-    """Run a child with its stdout passed through and its stderr passed through as it comes and
-    kept (the error line names the failing rank): (exit status, stderr)."""
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
-    kept = []
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        kept.append(line)
-    return proc.wait(), "".join(kept)
+@dataclass
+class TrainRun:
+    """One backend's run: a single-backend `wirespeed train` in processes of its own, every setting
+    explicit (the children get no flag twins; tests/unit/test_argv_roundtrip.py parses it back)."""
+    cfg: object                      # the TrainConfig every backend runs (train/rank.py)
+    backend: str
+    json_path: str
+    state_path: str
+    measured_link_rate: str | None = None   # the what-if's flags, as given
+    what_if_hosts: str | None = None
+    what_if_rate: str | None = None
+    master_port: str | None = None
+    cluster: str | None = None
+    ranks_per_host: int | None = None
+
+    @classmethod
+    def of(cls, cfg, backend: str, json_path, state_path, shell: ShellSettings,
+           what_if: bool = True) -> "TrainRun":
+        """The run of `backend` the shell asks for; what_if=False leaves the what-if out (the
+        one-rank run scaling is measured against)."""
+        return cls(cfg, backend, str(json_path), str(state_path),
+                   measured_link_rate=shell.measured_link_rate,
+                   what_if_hosts=shell.what_if_hosts if what_if else None,
+                   what_if_rate=shell.what_if_rate if what_if else None,
+                   master_port=shell.master_port, cluster=shell.cluster,
+                   ranks_per_host=shell.ranks_per_host)
+
+    def argv(self) -> list[str]:
+        cfg, s = self.cfg, self.cfg.spec
+        argv = ["train", "--model", s.model, "--parallel", cfg.parallel, "--batch-size", str(s.batch_size),
+                "--image-size", str(s.image_size), "--layers", str(s.layers), "--hidden", str(s.hidden),
+                "--heads", str(s.heads), "--seq-len", str(s.seq_len), "--vocab", str(s.vocab),
+                "--bucket-mb", f"{cfg.bucket_mb:g}", "--optimizer", cfg.optimizer, "--backend", self.backend,
+                "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
+                "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", self.json_path,
+                "--state-out", self.state_path, "--no-save"] + (["--timeline"] if cfg.timeline else [])
+        for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
+            if getattr(self, flag):
+                argv += ["--" + flag.replace("_", "-"), str(getattr(self, flag))]
+        if self.master_port:
+            argv += ["--master-port", str(self.master_port)]
+        if self.cluster:
+            argv += ["--cluster", self.cluster]
+            if self.ranks_per_host:
+                argv += ["--ranks-per-host", str(self.ranks_per_host)]
+        return argv
 
 
 def _say(text: str = "") -> None:
@@ -102,7 +132,7 @@ def table(records: list[dict], first: dict | None = None) -> str:
 
 
 def timeline_line(r: dict) -> str:
-    """Where in the step a backend's communication ran (workloads/timeline.py), and the rate the
+    """Where in the step a backend's communication ran (train/timeline.py), and the rate the
     link's bytes moved at while some bucket was in the backend's hands."""
     t = r["timeline"]
     line = (f"# timeline {r['backend']} (median step of the rank done last): forward pass done at "
@@ -125,13 +155,13 @@ def quote(first: dict, r: dict) -> str:
             f"{first['exposed_pct']:.0f}% -> {r['exposed_pct']:.0f}% of the step)")
 
 
-def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
+def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1) -> int:
     """Each backend in fresh processes, the list `repeat` times in the same order (A B A B), so
     slow drift of a busy machine spreads over every backend; a backend's figures are those of its
     median run (by step time). Returns the exit status."""
     runs: dict[str, list[dict]] = {b: [] for b in backends}
     failures, codes = [], []
-    ceiling = _link_ceiling(cfg, args)
+    ceiling = _link_ceiling(cfg, shell)
     base = init = None   # the first backend's parameters, every other run compared with them
     env = for_children(os.environ)
     total = len(backends) * repeat
@@ -145,16 +175,16 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
             t0 = time.monotonic()
             # The ranks' own output (header, table) goes straight through; errors are kept to be
             # named in the summary.
-            code, stderr = _run([sys.executable, "-m", "wirespeed.cli.main",
-                                 *child_argv(cfg, backend, json_path, state_path, args)], env)
+            run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell).argv(), env, json_path,
+                            echo=True)
             took = time.monotonic() - t0
-            if code != 0 or not json_path.exists():
-                why = failure_line(stderr, code)
+            if run.code != 0 or not run.wrote:
+                why = failure_line(run.stderr, run.code)
                 failures.append((backend, why))
-                codes.append(code or 1)
+                codes.append(run.code or 1)
                 _say(f"{tag}: FAILED after {took:.1f} s: {why}")
                 continue
-            got = read_records(json_path)
+            got = run.records
             rec = next(r for r in got if not r.get("predicted"))
             rec["repeat"] = rep
             rec["_predicted"] = [r for r in got if r.get("predicted")]
@@ -166,8 +196,8 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
                 _compare(rec, base, state, init)
             runs[backend].append(rec)
             _say(f"{tag}: done in {took:.1f} s")
-        one = _one_rank_run(cfg, backends[0], args, env, Path(tmp)) \
-            if cfg.nproc > 1 and not args.no_scaling and not failures else None
+        one = _one_rank_run(cfg, backends[0], shell, env, Path(tmp)) \
+            if cfg.nproc > 1 and shell.scaling and not failures else None
     records = [_median_run(rs) for rs in runs.values() if rs]
     for r in records:
         _with_ceiling(r, ceiling)
@@ -179,11 +209,11 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
     mismatched = [b for b, rs in runs.items()
                   if any(max(r.get("params_diff_steps") or [0]) > PARAM_TOLERANCE for r in rs)]
     _report(records, failures, mismatched, one, predicted)
-    _save(records + predicted, args)
-    if args.plot and records:
+    _save(records + predicted, shell)
+    if shell.plot_path and records:
         from ..report.plot import plot_records
-        plot_records(records + predicted, args.plot)
-        _say(f"# plot: {args.plot}")
+        plot_records(records + predicted, shell.plot_path)
+        _say(f"# plot: {shell.plot_path}")
     if failures:
         sys.stderr.write(f"wirespeed: error: {'; '.join(f'{b}: {w}' for b, w in failures)}\n")
         return codes[0]
@@ -195,16 +225,16 @@ def run_backends(backends: list[str], cfg, args, repeat: int = 1) -> int:
     return 0
 
 
-def _link_ceiling(cfg, args) -> dict | None:
+def _link_ceiling(cfg, shell: ShellSettings) -> dict | None:
     """On the emulated cluster, what TCP carries between the job's first two hosts, both ways at
     once (launch.cluster.job_link_ceiling), measured before the runs; None elsewhere, or when the
     probe fails (said, and the run goes on: it is a figure beside the run's, not the run)."""
-    if not getattr(args, "cluster", None) or cfg.nproc < 2:
+    if not shell.cluster or cfg.nproc < 2:
         return None
     from ..launch.cluster import job_link_ceiling
     from ..netem.ns import NetemError
     try:
-        return job_link_ceiling(args.cluster, cfg.nproc, getattr(args, "ranks_per_host", None))
+        return job_link_ceiling(shell.cluster, cfg.nproc, shell.ranks_per_host)
     except NetemError as e:
         _say(f"# the links' TCP rate could not be measured ({e}); no TCP bound")
         return None
@@ -215,7 +245,7 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     carry (the `wire_us` beside them is at the link's nominal rate)."""
     if not ceiling or not rec.get("wire_bytes_per_step") or rec.get("hosts", 1) < 2:
         return
-    from ..workloads.train_whatif import step_over_limit, wire_time_us
+    from .whatif import step_over_limit, wire_time_us
     rate = ceiling["each_way_bps"]
     wire = wire_time_us(rec["wire_bytes_per_step"], rate)
     rec["tcp_each_way_gbps"] = rate / 1e9
@@ -225,21 +255,19 @@ def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     _, rec["step_vs_tcp_limit"] = step_over_limit(rec["step_us"], rec["compute_us"], wire)
 
 
-def _one_rank_run(cfg, backend: str, args, env: dict, tmp: Path) -> dict | None:
+def _one_rank_run(cfg, backend: str, shell: ShellSettings, env: dict, tmp: Path) -> dict | None:
     """The first backend's step on one rank (same batch per rank): what scaling efficiency is
     measured against. Its failure is reported and leaves the figure out, not the run."""
-    import argparse
     from dataclasses import replace
     one = replace(cfg, nproc=1, whatif_iters=0)
-    quiet = argparse.Namespace(**{**vars(args), "what_if_hosts": None, "what_if_rate": None})
     json_path, state_path = tmp / "one-rank.jsonl", tmp / "one-rank.pt"
     _say(f"[scaling] {backend}, 1 rank")
-    code, stderr = _run([sys.executable, "-m", "wirespeed.cli.main",
-                         *child_argv(one, backend, json_path, state_path, quiet)], env)
-    if code != 0 or not json_path.exists():
-        _say(f"[scaling] FAILED: {failure_line(stderr, code)}; no scaling efficiency")
+    run = run_child(TrainRun.of(one, backend, json_path, state_path, shell, what_if=False).argv(), env,
+                    json_path, echo=True)
+    if run.code != 0 or not run.wrote:
+        _say(f"[scaling] FAILED: {failure_line(run.stderr, run.code)}; no scaling efficiency")
         return None
-    return read_records(json_path)[0]
+    return run.records[0]
 
 
 def _compare(rec: dict, base: dict, state: dict, init) -> None:
@@ -254,7 +282,7 @@ def _compare(rec: dict, base: dict, state: dict, init) -> None:
 def initial_params(spec):
     """The parameters every run starts from (the seeded build), flat, as the runs hand theirs back."""
     import torch
-    from ..workloads.trainnets import build
+    from .nets import build
     return torch.cat([p.detach().float().reshape(-1) for p in build(spec, "cpu").parameters()])
 
 
@@ -310,7 +338,7 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
                  f"{one['samples_per_s']:.2f} samples/s): "
                  + ", ".join(f"{r['backend']} {r['scaling_efficiency']:.2f}" for r in records))
         if predicted:
-            from ..workloads.train_whatif import whatif_table
+            from .whatif import whatif_table
             _say("# what-if (predicted; each backend's model fitted on its own run and its "
                  "collectives benched alone):")
             _say(whatif_table(list(predicted)))
@@ -327,12 +355,12 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
         _say(f"# {backend} failed: {why}")
 
 
-def _save(records, args) -> None:
+def _save(records, shell: ShellSettings) -> None:
     if not records:
         return
-    if args.json:
-        write_jsonl(args.json, records)
-    out = run_dir(None if args.no_save else args.save_dir, "train", time.strftime("%Y%m%d-%H%M%S"))
+    if shell.json_path:
+        write_jsonl(shell.json_path, records)
+    out = run_dir(shell.save_dir, "train", time.strftime("%Y%m%d-%H%M%S"))
     if out:
         write_jsonl(out / "records.jsonl", records)
         _say(f"# saved records in {out}/")

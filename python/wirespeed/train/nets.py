@@ -50,7 +50,7 @@ MIN_IMAGE = {"alexnet": 63, "inception_v3": 299}
 
 
 def vision_names() -> list[str]:
-    from .models import CATALOGUE
+    from ..workloads.models import CATALOGUE
     return [n for n, (lib, _) in CATALOGUE.items() if lib == "torchvision"]
 
 
@@ -123,7 +123,7 @@ def build(spec: NetSpec, device: str) -> nn.Module:
     if spec.model == "gpt":
         net = GPT(spec)
     else:
-        from .models import CATALOGUE
+        from ..workloads.models import CATALOGUE
         net = CATALOGUE[spec.model][1]()
     return net.to(device)
 

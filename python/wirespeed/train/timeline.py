@@ -4,7 +4,7 @@ The step's figures say how much communication was exposed, not why. The timeline
 the step the gradients went out: when the forward pass ended, when the first bucket was handed
 to the backend, when the last one came back, and how long some bucket was in the backend's hands
 (the union of every bucket's [handed over, done] span), from which the shell derives the rate the
-link's bytes moved at while there was something to move (cli/train_runs.py).
+link's bytes moved at while there was something to move (train/shell.py).
 
 DDP's reducer calls the process group from C++, out of Python's sight, so the buckets are caught
 with a DDP communication hook that does what DDP's built-in all_reduce does (each bucket divided

@@ -11,6 +11,7 @@ for the comparison across backends. A step's time is the slowest rank's
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ import torch
 
 from ..bench.harness import summarize
 from ..errors import RanksDisagree, UsageError
-from .train_whatif import COLLECTIVE_OF
-from .trainnets import NetSpec, batch, blocks_of, build, loss_of
+from ..report.records import record
+from .whatif import COLLECTIVE_OF, WHATIF_ITERS, WhatIf
+from .nets import NetSpec, batch, blocks_of, build, loss_of
 
 PARALLEL = ("ddp", "fsdp")
 # Steps after which rank 0 keeps the parameters for the comparison across backends: the first,
@@ -44,7 +46,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     # After the timed steps, bench the step's own collectives (for the what-if): calls per size.
     whatif_iters: int = 0
-    # DDP: time each step's buckets through a comm hook (workloads/timeline.py).
+    # DDP: time each step's buckets through a comm hook (train/timeline.py).
     timeline: bool = False
 
 
@@ -148,7 +150,7 @@ def wrap(cfg: TrainConfig, net, device: str):
     bytes): every gradient once, in buckets planned as DDP plans them, workloads/bucketing.py)."""
     grads = [p for p in net.parameters() if p.requires_grad]
     if cfg.parallel == "ddp":
-        from .bucketing import plan_buckets
+        from ..workloads.bucketing import plan_buckets
         itemsize = grads[0].element_size() if grads else 4
         plan = plan_buckets([p.numel() for p in grads], itemsize,
                             "ddp", int(cfg.bucket_mb * (1 << 20)))
@@ -329,14 +331,13 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
 
 def bench_calls(cfg: TrainConfig, info, backend, device: str, calls, hosts: list[str],
                 watchdog) -> list[dict]:
-    """The step's own collectives at the step's sizes (and a small anchor, train_whatif), timed
+    """The step's own collectives at the step's sizes (and a small anchor, train/whatif.py), timed
     and checked by bench's harness in these processes: the records the what-if fits. Every rank
     returns them."""
     from ..bench.config import BenchConfig
     from ..bench.harness import run_rank as bench_rank
-    from ..launch.cluster import link_fields
-    from ..report.records import record
-    from .train_whatif import bench_sizes
+    from ..launch.environment import link_fields
+    from .whatif import bench_sizes
     out, wrong = [], 0
     link = link_fields()
     for coll, sizes in bench_sizes(calls).items():
@@ -351,3 +352,130 @@ def bench_calls(cfg: TrainConfig, info, backend, device: str, calls, hosts: list
         raise RanksDisagree(f"the step's collectives, benched for the what-if, returned {wrong} "
                             "wrong elements: the backend returned wrong data")
     return out
+
+
+# The shell's half of a rank's job (cli/train.py parses the flags and starts the ranks): the memory
+# check, then run_rank with the header before it and the record, table, what-if and files after.
+
+
+@dataclass
+class RankOutputs:
+    """Where a rank 0 writes: --json, --plot (a job of its own only), and --state-out (the full
+    parameters, for a several-backend shell)."""
+    json_path: str | None = None
+    plot_path: str | None = None
+    state_out: str | None = None
+
+
+def check_memory(cfg, ranks_here: int) -> None:
+    """Refuse, in one line, a run whose ranks on this host cannot fit its memory (train.rank_bytes:
+    a floor; GPUs: one rank's share of its own GPU)."""
+    from ..launch.memory import buffer_budget
+    if cfg.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return   # the backend's own check says so in its words
+    sharers, budget = buffer_budget(cfg.device, ranks_here)
+    need = rank_bytes(cfg) * sharers
+    if need > budget:
+        raise UsageError(f"{cfg.spec.describe()} under {cfg.parallel} needs at least "
+                         f"{need / (1 << 30):.1f} GiB for {sharers} rank{'s' if sharers > 1 else ''} "
+                         f"but {max(budget, 0) / (1 << 30):.1f} GiB is available: use fewer ranks "
+                         "(-N), a smaller --batch-size or --image-size, or a smaller network")
+
+
+def before_start(cfg, info) -> None:
+    from ..launch.environment import spawned_here
+    if not spawned_here():   # under an outer launcher: nobody checked
+        check_memory(cfg, info.local_world_size)
+
+
+def predictions(rec: dict, out: dict, whatif: WhatIf) -> list[dict]:
+    """The what-if's predicted records (none when it was not asked for)."""
+    if not out.get("comm_records"):
+        return []
+    from .whatif import StepModel
+    model = StepModel(rec, out["calls"], out["comm_records"], whatif.measured_bps)
+    return model.predicted(whatif.hosts or [model.layout.hosts], whatif.rates or [None])
+
+
+def run_as_rank(cfg, whatif: WhatIf, outputs: RankOutputs, info, backend, device) -> int:
+    from ..bench.watchdog import guarded_rank
+    from ..envinfo import record_env
+    json_path, state_out = outputs.json_path, outputs.state_out
+    lead = info.rank == 0
+    if lead:
+        _print_header(cfg, info)
+    with guarded_rank(info.rank, cfg.timeout_s) as watchdog:
+        out = run_rank(cfg, info, backend, device, watchdog)
+    if lead:
+        from .shell import table
+        rec = train_record(cfg, info.world_size, out, record_env(), whatif.measured_bps)
+        print(table([rec]))
+        preds = predictions(rec, out, whatif)
+        if cfg.whatif_iters and not preds:
+            print("# no what-if: every rank ran on one host, and the what-if prices the links "
+                  "between hosts")
+        if preds:
+            from .whatif import whatif_table
+            print(f"# what-if for {cfg.backend}, fitted on this run and its collectives benched "
+                  f"alone ({WHATIF_ITERS} checked calls per size):")
+            print(whatif_table(preds))
+        if json_path:
+            from ..report.records import write_jsonl
+            write_jsonl(json_path, [rec, *preds])
+        if outputs.plot_path and not state_out:   # a job of its own (under a launcher): it plots itself
+            from ..report.plot import plot_records
+            plot_records([rec, *preds], outputs.plot_path)
+        if state_out:
+            import torch
+            torch.save(out["params"], state_out)
+        sys.stdout.flush()
+    if cfg.backend == "nccl":
+        from ..bench.fastnet import fast_net_unproven   # --fast-net: NCCL's logs must show the plugin
+        if fast_net_unproven(backend, info):
+            return 1
+    return 0
+
+
+def _print_header(cfg, info) -> None:
+    print(f"# wirespeed train: {cfg.spec.describe()}, {cfg.parallel}"
+          f"{f' (buckets of {cfg.bucket_mb:g} MiB)' if cfg.parallel == 'ddp' else ''}, "
+          f"{cfg.optimizer}; backend {cfg.backend}, device {cfg.device}, {info.world_size} "
+          f"rank{'s' if info.world_size > 1 else ''}; "
+          f"{cfg.iters} timed steps after {cfg.warmup_iters} warm-up")
+    sys.stdout.flush()
+
+
+def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None = None) -> dict:
+    """The wirespeed.train/1 record of one backend's run (docs/records.md)."""
+    from ..launch.environment import link_fields
+    from .whatif import bounds
+    step, compute = out["step"], out["compute"]
+    step_us, compute_us = step["time_us"], compute["time_us"]
+    per_rank = cfg.spec.batch_size / (step_us * 1e-6) if step_us > 0 else 0.0
+    spec = cfg.spec
+    shape = {"layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads,
+             "seq_len": spec.seq_len, "vocab": spec.vocab} if spec.model == "gpt" \
+        else {"image_size": spec.image_size}
+    return record("train", {
+        "run_id": time.strftime("%Y%m%d-%H%M%S"), "backend": cfg.backend, "device": cfg.device,
+        "world_size": world, "model": spec.model, "parallel": cfg.parallel,
+        "batch_size": spec.batch_size, **shape, "unit": spec.unit, "optimizer": cfg.optimizer,
+        "bucket_mb": cfg.bucket_mb if cfg.parallel == "ddp" else None,
+        "parameters": out["parameters"],
+        "samples_per_s": per_rank * world, "samples_per_s_per_rank": per_rank,
+        **({"tokens_per_s": per_rank * world * spec.seq_len} if spec.model == "gpt" else {}),
+        "step_us": step_us, "step_min_us": step["time_min_us"], "step_max_us": step["time_max_us"],
+        "step_p99_us": step["time_p99_us"],
+        "compute_us": compute_us, "compute_min_us": compute["time_min_us"],
+        "compute_max_us": compute["time_max_us"],
+        # Exposed: what the step takes beyond its own compute; 0 when noise puts it below.
+        "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
+        "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
+        "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
+        **({"timeline": out["timeline"]} if "timeline" in out else {}),
+        # The wire time and the lower limit max(compute, wire) (train/whatif.py).
+        **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),
+                 measured_bps or (link_fields().get("link_rate_gbps", 0) * 1e9) or None),
+        "env": {**env, "hosts": out["hosts"]}})
