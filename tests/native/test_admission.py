@@ -131,7 +131,7 @@ store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(
 at = "wirespeed/0/1"
 raw = bytes.fromhex(store.get(f"{at}/token").decode())
 try:
-    from wirespeed.native import admission
+    from wirespeed.native import admission, rendezvous  # noqa: F401 (rendezvous hands admission the environment)
     token = admission.job_token(raw, admission.job_identity())
 except ImportError:  # a wirespeed without job identities: the store's token is the proof
     token = raw

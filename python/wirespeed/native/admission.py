@@ -36,6 +36,16 @@ from ..errors import RankClaimedTwice
 SECRET = "WIRESPEED_JOB_SECRET"
 JOB_ID = "WIRESPEED_JOB_ID"
 
+# The process's environment, as rendezvous.py (one of the few files that read WIRESPEED_*
+# variables from it, tests/unit/test_knobs.py) hands it over.
+_ENV: dict = {}
+
+
+def read_environment(env) -> None:
+    """What this module reads: the launcher's names of the job, the secret, the restart count."""
+    global _ENV
+    _ENV = env
+
 # How often the watch reads the store's note, at the least; a larger job reads less often, so
 # the store serves about world / period requests a second for it (100 at 1,000 ranks).
 WATCH_PERIOD_S = 2.0
@@ -44,7 +54,7 @@ WATCH_REQUESTS_PER_S = 100.0
 
 def claims_round() -> str:
     # torchrun's store outlives its workers and torch reuses the group's prefix after a restart.
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return _ENV.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
 def me() -> str:
@@ -55,7 +65,7 @@ def job_identity(env=None) -> str:
     """The job as its launcher names it, e.g. "torchrun run 5f2c / slurm job 812 step 0"; "" when
     no launcher names it. WIRESPEED_JOB_ID, when set, is the whole identity (ranks started by
     several launches of one job give it the same value)."""
-    env = os.environ if env is None else env
+    env = _ENV if env is None else env
     if env.get(JOB_ID):
         return f"job {env[JOB_ID]}"
     parts = []
@@ -78,7 +88,7 @@ def job_token(store_token: bytes, identity: str, env=None) -> bytes:
     """The 16-byte token this rank proves: the store's random token with the job's identity and
     secret folded in, so a process that read the store but belongs to another job (or lacks the
     secret) holds another token."""
-    env = os.environ if env is None else env
+    env = _ENV if env is None else env
     h = hashlib.sha256(b"wirespeed job token\0" + store_token)
     h.update(b"\0" + identity.encode())
     h.update(b"\0" + env.get(SECRET, "").encode())
@@ -91,7 +101,7 @@ _SAID = []
 def say_what_the_store_admits() -> None:
     """Once a process, on rank 0 of a group across hosts without a job secret: what admits a
     rank, and how to close it."""
-    if os.environ.get(SECRET) or _SAID:
+    if _ENV.get(SECRET) or _SAID:
         return
     _SAID.append(True)
     sys.stderr.write(

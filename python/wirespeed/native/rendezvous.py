@@ -40,6 +40,8 @@ import time
 from .. import _native
 from . import admission
 
+admission.read_environment(os.environ)
+
 
 class StoreCounter:
     """The store, counted: every request this rank's setup makes passes through here.
