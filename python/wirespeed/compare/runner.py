@@ -6,14 +6,13 @@ so slow drift of a noisy machine spreads over every combination instead of favou
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..knobs import for_children
-from ..launch.child import Outcome, run_child
+from ..launch.child import Outcome, run_child, scratch_dir
 from .plan import Combo, CompareConfig, Plan
 
 
@@ -84,7 +83,7 @@ def run_matrix(plan: Plan, cfg: CompareConfig, compare_id: str, log_dir: Path | 
     out = Outcome()
     total = len(plan.runs) * cfg.repeat
     step = 0
-    with tempfile.TemporaryDirectory(prefix="wirespeed-compare-") as tmp:
+    with scratch_dir("wirespeed-compare-") as tmp:
         for rep in range(cfg.repeat):
             for combo in plan.runs:
                 step += 1

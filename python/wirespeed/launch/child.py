@@ -2,15 +2,97 @@
 setting and train each backend: fresh processes, so no run inherits another's threads, caches or
 sockets, and every figure comes from the command's own harness and checks. One runner and one
 outcome for all three (cli/ builds each child's argv: compare/runner.BenchRun, train/shell.TrainRun;
-tests/unit/test_argv_roundtrip.py proves every builder parses back to its settings)."""
+tests/unit/test_argv_roundtrip.py proves every builder parses back to its settings).
+
+Nothing outlives the command that started the children: each child dies with it
+(PR_SET_PDEATHSIG, so even after a SIGKILL; its own ranks die with it likewise, launch/local.py),
+a SIGTERM or SIGINT sent to the command alone is passed on to the child before the command ends,
+and the command's scratch folder is removed by a janitor process that outlives a SIGKILL of the
+command by the moment it takes to remove it (`scratch_dir`)."""
 from __future__ import annotations
 
+import contextlib
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..report.records import read_records
+from .local import die_with_parent
+
+# How long a child told to stop (SIGTERM: its launcher kills its ranks and leaves) gets before it
+# is killed.
+STOP_GRACE_S = 5.0
+
+# The janitor: waits for the command to die (its parent-death signal is SIGTERM), then removes
+# the folder. A few lines of Python without torch: ~20 ms to start, nothing while it waits.
+_JANITOR = r"""
+import os, shutil, signal, sys
+folder, parent = sys.argv[1], int(sys.argv[2])
+def bye(*_):
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, bye)
+signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the command cleans up
+if os.getppid() != parent:   # the command died before the parent-death signal was armed
+    bye()
+sys.stdout.write("ready\n")
+sys.stdout.flush()
+while True:
+    signal.pause()
+"""
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A temporary folder for the children's records, removed when the command ends, however it
+    ends: by this context on a normal end, an exception or a SIGTERM/SIGINT (which end the
+    command through one), and by the janitor when the command is killed outright."""
+    import os
+    folder = tempfile.mkdtemp(prefix=prefix)
+    janitor = subprocess.Popen([sys.executable, "-c", _JANITOR, folder, str(os.getpid())],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    janitor.stdout.readline()   # armed: from here a SIGKILL of this process removes the folder too
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        janitor.kill()
+        janitor.wait()
+        janitor.stdout.close()
+
+
+@contextlib.contextmanager
+def _passed_on(proc: subprocess.Popen):
+    """While `proc` runs: a SIGTERM or SIGINT sent to this process stops the child first (SIGTERM,
+    then SIGKILL after STOP_GRACE_S), then ends this process as the signal would (SystemExit 143,
+    KeyboardInterrupt), so the scratch folder's context removes it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 @dataclass
@@ -54,18 +136,19 @@ def run_child(argv: list[str], env: dict, json_path: Path, log_path: Path | None
     if json_path.exists():
         json_path.unlink()
     cmd = [sys.executable, "-m", "wirespeed.cli.main", *argv]
-    if echo:
-        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
-        kept = []
-        for line in proc.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            kept.append(line)
-        code, stdout, stderr = proc.wait(), "", "".join(kept)
-    else:
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              errors="replace")
-        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    proc = subprocess.Popen(cmd, env=env, stdout=None if echo else subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace", preexec_fn=die_with_parent)
+    with _passed_on(proc):
+        if echo:
+            kept = []
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                kept.append(line)
+            code, stdout, stderr = proc.wait(), "", "".join(kept)
+        else:
+            stdout, stderr = proc.communicate()
+            code = proc.returncode
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(f"{log_header}$ {' '.join(cmd)}\n# exit code {code}\n{stdout}\n"

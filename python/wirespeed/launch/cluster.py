@@ -20,7 +20,7 @@ from ..netem import cluster as C
 from ..netem.ns import run_in_netns
 from . import environment as E
 from .environment import IFNAME_VARS, with_job_secret
-from .local import _die_with_parent, supervise
+from .local import die_with_parent, supervise
 
 # Each library's knob for "use this interface", all pointed at the host's emulated link.
 
@@ -120,7 +120,7 @@ def spawn_on_cluster(argv: list[str], nproc: int, ranks_per_host: int | None = N
                                     cluster_env(cluster))
     port = master_port or free_port_in(cluster.hosts[hosts_of[0]].netns, cluster.hosts[hosts_of[0]].addr)
     envs = rank_envs(cluster, hosts_of, port)
-    procs = [subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+    procs = [subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
              for cmd, env in zip(rank_commands(cluster, hosts_of, argv), envs)]
     return supervise(procs, explain=lambda: link_problems(cluster, hosts_of))
 

@@ -15,7 +15,7 @@ import sys
 from ..errors import UsageError
 from ..netem import cluster as C
 from . import environment as E
-from .local import _die_with_parent, supervise
+from .local import die_with_parent, supervise
 from .mpirun import ROOT_ENV, mpirun_command
 
 # Variables the ranks need besides Open MPI's own, forwarded with mpirun -x.
@@ -57,7 +57,7 @@ def spawn_mpi_on_cluster(cluster: C.Cluster, argv: list[str], hosts_of: list[int
         env.update(ROOT_ENV)
     cmd = mpirun_on_cluster(cluster, argv, len(hosts_of), hosts_of, round_robin, env)
     try:
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
     except OSError as e:
         raise UsageError(f"could not start mpirun: {e}") from None
     return supervise([proc])

@@ -26,10 +26,11 @@ SURVIVOR_GRACE_S = 2.0
 POLL_S = 0.02
 
 
-def _die_with_parent() -> None:
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child, before it runs its program: the kernel sends it `sig` when its parent dies."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
@@ -51,7 +52,7 @@ def spawn(argv: list[str], nproc: int, master_port: int | None = None) -> int:
         port = master_port
     cmd = [sys.executable, "-m", "wirespeed.cli.main", *argv]
     base = with_job_secret(dict(os.environ))
-    procs = [subprocess.Popen(cmd, env=rank_env(r, nproc, port, base), preexec_fn=_die_with_parent)
+    procs = [subprocess.Popen(cmd, env=rank_env(r, nproc, port, base), preexec_fn=die_with_parent)
              for r in range(nproc)]
     return supervise(procs)
 

@@ -124,11 +124,11 @@ def free_port(ns: str, addr: str) -> int:
 def start(ranks: list[RankLaunch]) -> int:
     """Start every rank's command and supervise them (launch/local.py: supervise): if one fails,
     the rest are stopped. Returns the job's exit status."""
-    from .local import _die_with_parent, supervise
+    from .local import die_with_parent, supervise
     procs = []
     try:
         for r in ranks:
-            procs.append(subprocess.Popen(r.argv, preexec_fn=_die_with_parent,
+            procs.append(subprocess.Popen(r.argv, preexec_fn=die_with_parent,
                                           stdin=subprocess.DEVNULL))
     except OSError as e:
         for p in procs:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EXIT_MISMATCH
 from ..knobs import for_children
-from ..launch.child import failure_line, run_child
+from ..launch.child import failure_line, run_child, scratch_dir
 from ..report.outputs import run_dir
 from ..report.records import write_jsonl
 
@@ -165,7 +164,7 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
     base = init = None   # the first backend's parameters, every other run compared with them
     env = for_children(os.environ)
     total = len(backends) * repeat
-    with tempfile.TemporaryDirectory(prefix="wirespeed-train-") as tmp:
+    with scratch_dir("wirespeed-train-") as tmp:
         for n, (rep, backend) in enumerate(((r, b) for r in range(repeat) for b in backends), 1):
             if any(b == backend for b, _ in failures):
                 continue   # it failed once; its error is reported, not repeated

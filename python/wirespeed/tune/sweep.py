@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Callable
 
 from ..compare.runner import BenchRun
 from ..knobs import for_children
-from ..launch.child import Outcome, run_child
+from ..launch.child import Outcome, run_child, scratch_dir
 from .knobs import GROUP_RULES, KNOBS, Knob
 
 
@@ -76,7 +75,7 @@ def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path 
               say: Callable[[str], None] = print) -> Outcome:
     out = Outcome()
     total, step = len(plan) * cfg.repeat, 0
-    with tempfile.TemporaryDirectory(prefix="wirespeed-tune-") as tmp:
+    with scratch_dir("wirespeed-tune-") as tmp:
         for rep in range(cfg.repeat):
             for i, setting in enumerate(plan):
                 step += 1
