@@ -43,6 +43,14 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--ranks-per-host", "2"], "add --cluster"),
     ([*GPT, "--repeat", "0"], "--repeat must be at least 1"),
     ([*GPT, "--json", "/proc/x.jsonl"], "cannot write"),
+    # float flags take no inf or nan (an inf bucket failed 49 s into the run on 482a6d1)
+    ([*GPT, "--bucket-mb", "inf"], "--bucket-mb must be a finite number"),
+    ([*GPT, "--bucket-mb", "nan"], "--bucket-mb must be a finite number"),
+    ([*GPT, "-T", "inf"], "--timeout must be a finite number"),
+    # sized from the flags before anything is built or trained (482a6d1: minutes building a
+    # million layers; a trillion what-if hosts trained, then grew rank 0 to 21 GB)
+    (["--model", "gpt", "--layers", "1000000"], "needs at least"),
+    ([*GPT, "--what-if-hosts", "1000000000000", "--measured-link-rate", "1gbit"], "262144 hosts or fewer"),
     # vgg16's activations for 1024 images of 224 px are about 60 GiB per rank.
     (["--model", "vgg16", "--image-size", "224", "--batch-size", "1024", "-N", "2"], "needs at least"),
 ])
@@ -122,3 +130,13 @@ def test_the_memory_floor_grows_with_what_a_rank_keeps():
     assert rank_bytes(TrainConfig(spec, optimizer="adamw")) == sgd + 4 * params
     bigger = NetSpec("gpt", 8, layers=2, hidden=64, heads=4, seq_len=32, vocab=256)
     assert rank_bytes(TrainConfig(bigger)) > sgd      # activations double with the batch
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where no GPU is visible")
+def test_nccl_without_a_gpu_is_refused_before_any_run_starts(capsys):
+    # 482a6d1 started the run (a child train process, its ranks) before the ranks refused.
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", *GPT, "--backend", "nccl"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and "GPUs but 0 are visible" in err and out == "", (out, err)

@@ -114,6 +114,9 @@ def config_from_args(args) -> tuple[list[str], "object"]:
                          f"({', '.join(sorted(devices))}); give --device or backends of one device")
     iters, timeout = parse_iters_timeout(args)
     backend, device = resolved[0]
+    from ..launch.environment import rank_info
+    if "nccl" in backends and not (args.cluster or rank_info(need_master=False)):
+        check_local_gpus(default_nproc(args.nproc, device), "nccl")   # before any run starts
     if "mpi" in backends:
         # DDP and FSDP run over a torch.distributed process group; wirespeed's mpi backend is
         # mpi4py's, which they cannot use, and torch's own is only in torch built from source.
@@ -133,6 +136,7 @@ def config_from_args(args) -> tuple[list[str], "object"]:
 
 
 def whatif_from_args(args):
+    from ..explain.predict import MAX_RANKS
     from ..netem.units import parse_rate
     from ..train.whatif import WhatIf
     hosts = []
@@ -141,6 +145,8 @@ def whatif_from_args(args):
             if not part.strip().isdigit() or int(part) < 2:
                 raise UsageError(f"--what-if-hosts takes host counts of 2 or more, comma separated; "
                                  f"got {args.what_if_hosts!r}")
+            if int(part) > MAX_RANKS:   # each predicted record lists every rank's host
+                raise UsageError(f"--what-if-hosts {int(part)}: predict {MAX_RANKS} hosts or fewer")
             hosts.append(int(part))
     rates = [parse_rate(r.strip(), "--what-if-rate") for r in str(args.what_if_rate or "").split(",")
              if r.strip()]

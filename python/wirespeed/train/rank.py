@@ -50,6 +50,12 @@ class TrainConfig:
     timeline: bool = False
 
 
+def gpt_blocks_bytes(spec) -> int:
+    """The float32 weights and gradients of gpt's blocks alone (nets._Block: qkv 3h^2, proj h^2,
+    up and down 4h^2 each: 12h^2 a block), from the flags, building nothing; 0 for other networks."""
+    return spec.layers * 12 * spec.hidden ** 2 * 4 * 2 if spec.model == "gpt" else 0
+
+
 def rank_bytes(cfg: TrainConfig) -> int:
     """An estimate of the memory one rank's training takes, from the network built on torch's
     meta device (nothing allocated): the parameters and gradients of the network and of its
@@ -376,7 +382,10 @@ def check_memory(cfg, ranks_here: int) -> None:
         if not torch.cuda.is_available():
             return   # the backend's own check says so in its words
     sharers, budget = buffer_budget(cfg.device, ranks_here)
-    need = rank_bytes(cfg) * sharers
+    # The exact floor builds the network on the meta device, layer by layer: a floor of gpt's
+    # first, from its flags alone, so a million layers is refused at once, not after minutes.
+    quick = gpt_blocks_bytes(cfg.spec) * sharers
+    need = quick if quick > budget else rank_bytes(cfg) * sharers
     if need > budget:
         raise UsageError(f"{cfg.spec.describe()} under {cfg.parallel} needs at least "
                          f"{need / (1 << 30):.1f} GiB for {sharers} rank{'s' if sharers > 1 else ''} "
