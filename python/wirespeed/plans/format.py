@@ -202,7 +202,8 @@ class Plan:
 
 # ---- reading a file ----
 
-def read_bytes(path: str, label: str, what: str = "file", error=None, limit: int = MAX_PLAN_BYTES) -> bytes:
+def read_bytes(path: str, label: str, what: str = "file", error=None, limit: int = MAX_PLAN_BYTES,
+               limit_name: str = "MAX_PLAN_BYTES") -> bytes:
     """The bytes of the regular file `path`, at most `limit` of them; anything else (no such file,
     a directory, a device such as /dev/zero, a FIFO, a file over the limit) is one line (`error`,
     a PlanError unless given) starting with `label`. Nothing is read before the file is known to
@@ -227,7 +228,7 @@ def read_bytes(path: str, label: str, what: str = "file", error=None, limit: int
         os.close(fd)
     if len(data) > limit:
         raise error(f"{label}: more than {limit} bytes ({limit >> 20} MiB), the most a {what} may have "
-                    "(MAX_PLAN_BYTES)")
+                    f"({limit_name})")
     return data
 
 
@@ -735,3 +736,10 @@ class _Reader:
             want = "a destination for the result and one for its packet copy"
         if want:
             self.fail(where, f"{op.where}: expects {want} (has {s} source(s), {d} destination(s))")
+        # One op moves one size: its references name as many chunks each (a packet reduction
+        # reads and sends as many as its first source, whatever the others say).
+        sized = op.src[:1] + op.dst[:1] if n in ("respkt", "repkt", "recpkt", "recspkt") else op.src + op.dst
+        if len({x.count for x in sized}) > 1:
+            self.fail(where, f"{op.where}: its buffers differ in size ({', '.join(str(x.count) for x in op.src)} "
+                      f"source and {', '.join(str(x.count) for x in op.dst)} destination chunks): an op moves "
+                      "one size")

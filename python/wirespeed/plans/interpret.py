@@ -343,8 +343,10 @@ class Machine:
     def ready(self, t: Thread, op: Op) -> bool:
         n = op.name
         if n in ("wait", "rlxwait"):
+            need: dict[int, int] = {}   # a channel listed twice waits for two signals
             for c in op.channels:
-                if not self.pending_signals((t.rank, op.channel_type, c)):
+                need[c] = need.get(c, 0) + 1
+                if self.pending_signals((t.rank, op.channel_type, c)) < need[c]:
                     ch = self.plan.ranks[t.rank].channels[op.channel_type][c]
                     t.blocked_on = f"a signal from rank {ch.peer} on {op.channel_type} channel {c}"
                     return False
@@ -356,8 +358,10 @@ class Machine:
                     return False
             return True
         if n == "sem_acquire":
+            need = {}
             for s in op.semaphores:
-                if not self.sems[t.rank][s]:
+                need[s] = need.get(s, 0) + 1
+                if len(self.sems[t.rank][s]) < need[s]:
                     t.blocked_on = f"a release of semaphore {s}"
                     return False
             return True

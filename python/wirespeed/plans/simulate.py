@@ -368,9 +368,11 @@ class SimMachine(Machine):
         n, rank = op.name, t.rank
         key: tuple = ("any",)
         if n in ("wait", "rlxwait"):
+            need: dict[int, int] = {}
             for c in op.channels:
                 k = (rank, op.channel_type, c)
-                if not self.pending_signals(k):
+                need[c] = need.get(c, 0) + 1
+                if self.pending_signals(k) < need[c]:
                     key = ("sig",) + k
                     break
         elif n == "flush":
@@ -398,8 +400,11 @@ class SimMachine(Machine):
                 seen[c] = i + 1
                 at = max(at, self.signals[(rank, op.channel_type, c)][i].time)
         elif n == "sem_acquire":
+            taken: dict[int, int] = {}
             for s in op.semaphores:
-                at = max(at, self.sems[rank][s][0].time)
+                i = taken.get(s, 0)
+                taken[s] = i + 1
+                at = max(at, self.sems[rank][s][i].time)
         elif n == "barrier":
             at = max(at, self.barrier_done[t.barrier].time)
         elif n == "flush":
