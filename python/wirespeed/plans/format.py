@@ -82,10 +82,11 @@ EXECUTOR_LIMITS = {"ops": 64, "channels": 16, "op_channels": 8, "op_buffers": 10
                    "barriers": 16}
 REDUCE_OPS = ("sum",)
 
-# What a plan may be and hold, so that no file makes wirespeed read, build or run without end: the
-# largest plan the tests keep (fixtures/allreduce_rsag_8r.json) is 93 KB and nests 11 deep, and
-# MSCCL++'s own plans for up to 64 GPUs are a few MB. Past any of these a plan is refused in one
-# line that names the limit, before anything is built from it.
+# What a plan may be and hold, so that no file makes wirespeed read, build or run without end. The
+# largest plan the tests keep (fixtures/allreduce_rsag_8r.json) is 93 KB; plans nest 9 deep (11
+# with a pipeline); a plan grows with ranks x thread blocks x ops, so one of hundreds of ranks is
+# still a few MB. Past any of these a plan is refused in one line that names the limit, before
+# anything is built from it.
 MAX_PLAN_BYTES = 32 << 20         # a plan file (350 times the largest fixture)
 MAX_NESTING = 32                  # arrays and objects within each other
 MAX_RANKS = 1 << 16               # gpus
@@ -253,7 +254,7 @@ def loads(data: bytes, label: str, what: str = "file", error=None):
     depth = nesting(data)
     if depth > MAX_NESTING:
         raise error(f"{label}: arrays and objects nested {depth} deep, more than the {MAX_NESTING} "
-                    f"wirespeed reads (MAX_NESTING; a plan nests 11 deep)")
+                    f"wirespeed reads (MAX_NESTING; a plan nests at most 11 deep)")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
