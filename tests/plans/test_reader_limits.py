@@ -54,8 +54,9 @@ def test_nesting_past_the_limit_is_one_line_not_a_recursion_error():
             loads(b"[" * depth + b"]" * depth, "p.json")
 
 
+@pytest.mark.timeout(5)
 def test_many_channels_to_one_peer_pair_in_linear_time():
-    """20,000 channels from rank 0 to rank 1: on 482a6d1 each searched the peer's list (minutes)."""
+    """20,000 channels from rank 0 to rank 1: on 482a6d1 each searched the peer's list (11 s; 0.1 s now)."""
     n = 20_000
     gpus = [{"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0,
              "channels": [{"channel_type": "memory", "connected_to": [1 - r] * (n if r == 0 else 1)}],
@@ -68,7 +69,7 @@ def test_many_channels_to_one_peer_pair_in_linear_time():
 @pytest.mark.timeout(30)
 def test_a_simulation_of_thousands_of_ranks_ends_runs_by_count_not_by_scan():
     """6,000 ranks each copy their input to their output, 4 runs: the interpreter's run bookkeeping
-    scanned every thread per finished block (quadratic: minutes on 482a6d1; a second now)."""
+    scanned every thread per finished block (quadratic: 46 s on 482a6d1; 2 s now)."""
     n = 6000
     gpus = [{"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0,
              "threadblocks": [{"id": 0, "ops": [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
