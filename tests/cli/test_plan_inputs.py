@@ -239,3 +239,17 @@ def test_bench_does_not_warn_on_a_right_plan(tmp_path):
     p = wirespeed("bench", "--plan", FIXTURES / "allreduce_oneshot_2r.json", "-b", "1K", "-e", "1K", "-w", "1",
                   "-n", "2", "--no-save", "--no-progress", "-T", "30", timeout=120)
     assert p.returncode == 0 and "warning" not in p.stderr, p.stdout + p.stderr
+
+
+@pytest.mark.timeout(90)
+def test_bench_refuses_a_size_whose_pipeline_unrolls_past_its_limit_before_any_rank_starts(tmp_path):
+    obj = fixture("allreduce_oneshot_2r")
+    for g in obj["gpus"]:   # the last op (the reduction) in a pipeline of 16-byte rounds
+        ops = g["threadblocks"][0]["ops"]
+        ops[-1] = {"name": "pipeline", "iter_context": {"unit_size": 16, "num_chunks": 1}, "ops": [ops[-1]]}
+    path = write(tmp_path, obj)
+    p = wirespeed("bench", "--plan", path, "-b", "1K", "-e", "64M", "--no-save", timeout=60)
+    err = one_line_refusal(p)
+    assert "at 8M the plan's pipelines unroll into 1048592 steps a call, more than the 1000000 wirespeed " \
+           "runs (MAX_CALL_STEPS): use -e 4M" in err, err
+    assert "# wirespeed" not in p.stdout
