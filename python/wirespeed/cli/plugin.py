@@ -32,21 +32,28 @@ def main(args, argv) -> int:
     return 0
 
 
+# The most of a log plugin-check reads (a file, or stdin): NCCL_DEBUG=INFO writes a few KB per
+# process; past this a log is refused rather than read (/dev/zero would be read forever).
+MAX_LOG_BYTES = 256 << 20
+
+
 def check(args, argv) -> int:
     import sys
 
     from ..errors import UsageError
-    from ..nccl_log import fast_net_problem, fast_net_summary
+    from ..plans.format import read_bytes
+    from ..sizes import human_bytes
     texts = []
     for path in args.logs:
         if path == "-":
-            texts.append(sys.stdin.read())
-            continue
-        try:
-            with open(path, errors="replace") as f:
-                texts.append(f.read())
-        except OSError as e:
-            raise UsageError(f"cannot read NCCL log {path!r}: {e.strerror}") from None
+            data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
+            if len(data) > MAX_LOG_BYTES:
+                raise UsageError(f"NCCL log on stdin: more than {human_bytes(MAX_LOG_BYTES)}, the most "
+                                 "plugin-check reads (MAX_LOG_BYTES)")
+        else:
+            data = read_bytes(path, f"NCCL log {path!r}", "NCCL log", UsageError, MAX_LOG_BYTES, "MAX_LOG_BYTES")
+        texts.append(data.decode("utf-8", errors="replace"))
+    from ..nccl_log import fast_net_problem, fast_net_summary
     text = "\n".join(texts)
     problem = fast_net_problem(text, processes=args.ranks)
     if problem is not None:

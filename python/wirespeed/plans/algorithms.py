@@ -394,6 +394,11 @@ ACROSS_HOSTS = [allreduce_ring_port, allgather_ring_port, reducescatter_ring_por
                 sendrecv_ring_port]
 
 
+# The most ranks a built-in plan is written for: writing takes seconds at 128 ranks (alltoall_port's
+# ops grow with the square of the ranks: 17 s at 256), and no check of more would fit in memory.
+MAX_BUILTIN_RANKS = 128
+
+
 def builtin(name: str, nranks: int, ranks_per_host: int | None = None) -> dict:
     """A plan of wirespeed's own by its function's name (`allreduce_ring_port`, or with dashes),
     for `plan check wirespeed:NAME --ranks N`; a ValueError names the choices."""
@@ -401,6 +406,9 @@ def builtin(name: str, nranks: int, ranks_per_host: int | None = None) -> dict:
     f = funcs.get(name.replace("-", "_"))
     if f is None:
         raise ValueError(f"no built-in plan {name!r}; built in: {', '.join(sorted(funcs))}")
+    if nranks > MAX_BUILTIN_RANKS:
+        raise ValueError(f"--ranks {nranks}: wirespeed's own plans are written for at most {MAX_BUILTIN_RANKS} "
+                         "ranks (MAX_BUILTIN_RANKS)")
     if f in ACROSS_HOSTS:
         return f(nranks, ranks_per_host=ranks_per_host or 1)
     if ranks_per_host not in (None, nranks):

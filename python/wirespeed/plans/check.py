@@ -18,8 +18,17 @@ import numpy as np
 
 from .format import Plan, PlanError
 from .hazards import HazardTracker
-from .interpret import Machine
+from .interpret import Machine, op_count, thread_count
 from .layout import Layout, smallest_size
+
+# What a check may take, so that no plan, --size or --runs makes it run the machine out of memory
+# or run for hours. It keeps per word of every rank's buffers the value and the race detector's
+# shadow (8 + 24 bytes); per thread (each thread block of each run, each host and proxy) two
+# vector clocks as long as there are threads, copied into the tokens threads hand each other
+# (about 32 bytes per pair of threads: 320 MB measured for a 32-rank alltoall of 3,104 threads);
+# per unrolled step about 200 bytes. It runs some 20-100 us a step.
+MEMORY_SHARE = 0.5            # of this machine's physical memory
+MAX_CHECK_STEPS = 1_000_000   # steps of all runs together, pipelines unrolled
 
 
 @dataclass
@@ -135,10 +144,47 @@ def default_size(plan: Plan, cap: int = 64 << 20) -> int:
     return size
 
 
+def physical_memory() -> int:
+    import os
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_needed(plan: Plan, layout: Layout, runs: int) -> int:
+    """Bytes a check of the plan at this layout's size takes, about (see MEMORY_SHARE)."""
+    threads = thread_count(plan, runs)
+    return 32 * sum(layout.arena) + 32 * threads * threads + 200 * op_count(plan, layout) * runs
+
+
+def affordable(plan: Plan, layout: Layout, runs: int, memory: int | None = None,
+               max_steps: int = MAX_CHECK_STEPS) -> None:
+    """A PlanError naming the limit when a check at this layout's size would take more than
+    `memory` bytes (default: MEMORY_SHARE of this machine's) or more than `max_steps` steps."""
+    from ..sizes import human_bytes
+    at = f"{plan.source}: checking {plan.nranks} ranks at {layout.size} bytes x {runs} run{'s' if runs > 1 else ''}"
+    steps = op_count(plan, layout) * runs
+    if steps > max_steps:
+        raise PlanError(f"{at} runs {steps} steps (pipelines unrolled), more than the {max_steps} a check "
+                        "runs (MAX_CHECK_STEPS): check at a smaller --size or fewer --runs")
+    if memory is None:
+        total = physical_memory()
+        memory, share = int(total * MEMORY_SHARE), f"{MEMORY_SHARE:.0%} of this machine's {human_bytes(total)}"
+    else:
+        share = "the limit given"
+    need = memory_needed(plan, layout, runs)
+    if need > memory:
+        raise PlanError(f"{at} needs about {human_bytes(need)} of memory ({sum(layout.arena)} words of buffers, "
+                        f"vector clocks of {thread_count(plan, runs)} threads), more than {human_bytes(memory)}, "
+                        f"{share} (MEMORY_SHARE): check at a smaller --size, fewer --runs or on fewer ranks")
+
+
 def check(plan: Plan, size: int | None = None, runs: int = 2, race_limit: int = 20,
-          strict: bool = False) -> CheckResult:
+          strict: bool = False, memory: int | None = None, max_steps: int = MAX_CHECK_STEPS) -> CheckResult:
+    """Run the plan `runs` times at `size` bytes (default_size) and judge it. A check that would
+    take more than `memory` bytes (default: MEMORY_SHARE of this machine's) or `max_steps` steps
+    is refused first (PlanError), before anything is allocated."""
     size = size or default_size(plan)
     layout = Layout(plan, size)
+    affordable(plan, layout, runs, memory, max_steps)
     result = CheckResult(plan, size, runs, definition=plan.collective != "test", strict=strict)
     flushes = [op.where for op in plan.all_ops() if op.name == "flush"]
     if flushes:

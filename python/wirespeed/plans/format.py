@@ -17,6 +17,8 @@ with the k-th of that type from p to r, as the executor sets up their semaphores
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
@@ -79,6 +81,20 @@ _BUFF_FIELDS = {"type", "index", "size", "buffer_id", "switch_channel_id", "rank
 EXECUTOR_LIMITS = {"ops": 64, "channels": 16, "op_channels": 8, "op_buffers": 10, "semaphores": 16,
                    "barriers": 16}
 REDUCE_OPS = ("sum",)
+
+# What a plan may be and hold, so that no file makes wirespeed read, build or run without end. The
+# largest plan the tests keep (fixtures/allreduce_rsag_8r.json) is 93 KB; plans nest 9 deep (11
+# with a pipeline); a plan grows with ranks x thread blocks x ops, so one of hundreds of ranks is
+# still a few MB. Past any of these a plan is refused in one line that names the limit, before
+# anything is built from it.
+MAX_PLAN_BYTES = 32 << 20         # a plan file (350 times the largest fixture)
+MAX_NESTING = 32                  # arrays and objects within each other
+MAX_RANKS = 1 << 16               # gpus
+MAX_CHUNKS = 1 << 20              # chunks of one buffer; a reference's chunk index and count
+MAX_ALIGNMENT = 1 << 16           # buffer_alignment, bytes
+MAX_GROUP = 1 << 12               # a thread-block group (tbg_size), a barrier's blocks and its id
+MAX_SEMAPHORE_VALUE = (1 << 32) - 1
+MAX_MESSAGE_BYTES = 1 << 40       # the smallest message a plan splits into its chunks; a pipeline's unit
 
 
 class PlanError(UsageError):
@@ -185,19 +201,95 @@ class Plan:
                     yield from op.inner
 
 
-def read_json(path: str, label: str, what: str = "file", error=None):
-    """The JSON object in `path`; a missing file, bad JSON or an unreadable one is one line
-    (`error`, a PlanError unless given) starting with `label`."""
+# ---- reading a file ----
+
+def read_bytes(path: str, label: str, what: str = "file", error=None, limit: int = MAX_PLAN_BYTES,
+               limit_name: str = "MAX_PLAN_BYTES") -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them; anything else (no such file,
+    a directory, a device such as /dev/zero, a FIFO, a file over the limit) is one line (`error`,
+    a PlanError unless given) starting with `label`. Nothing is read before the file is known to
+    be a regular one, and never more than the limit."""
     error = error or PlanError
     try:
-        with open(path) as f:
-            return json.load(f)
+        # O_NONBLOCK: opening a FIFO with no writer must not wait for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise error(f"{label}: no such {what}") from None
-    except json.JSONDecodeError as e:
-        raise error(f"{label}: not JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, ValueError) as e:   # ValueError: a NUL in the path
+        raise error(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{label}: not a regular file ({_file_kind(mode)}): give a {what} on disk")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
     except OSError as e:
         raise error(f"{label}: cannot read it ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise error(f"{label}: more than {limit} bytes ({limit >> 20} MiB), the most a {what} may have "
+                    f"({limit_name})")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def loads(data: bytes, label: str, what: str = "file", error=None):
+    """The JSON value of `data`, refused in one line (`error`, a PlanError unless given) when it
+    is not UTF-8 text, nests deeper than MAX_NESTING (measured without recursion, before
+    json.loads, which recurses, sees it) or is not JSON."""
+    error = error or PlanError
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{label}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): a {what} "
+                    "is JSON text") from None
+    depth = nesting(data)
+    if depth > MAX_NESTING:
+        raise error(f"{label}: arrays and objects nested {depth} deep, more than the {MAX_NESTING} "
+                    f"wirespeed reads (MAX_NESTING; a plan nests at most 11 deep)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{label}: not JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:   # a number of thousands of digits
+        raise error(f"{label}: not JSON wirespeed reads ({str(e).split(';')[0]})") from None
+
+
+_STEP = bytes(1 if c in b"[{" else 255 if c in b"]}" else 0 for c in range(256))
+
+
+def nesting(data: bytes) -> int:
+    """How deep arrays and objects nest in the JSON text `data`, in one pass without recursion:
+    escapes (which occur only inside strings) are dropped, so every quote left opens or closes a
+    string, and the brackets outside strings are counted, a block at a time."""
+    import numpy as np
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    codes = np.frombuffer(data, dtype=np.uint8)
+    steps = np.frombuffer(_STEP, dtype=np.int8)
+    deepest = level = quotes = 0
+    block = 1 << 22
+    for i in range(0, len(codes), block):
+        c = codes[i:i + block]
+        q = np.cumsum(c == 34, dtype=np.int64) + quotes   # quotes so far: odd inside a string
+        quotes = int(q[-1])
+        run = np.cumsum(np.where(q & 1, 0, steps[c]), dtype=np.int64) + level
+        deepest = max(deepest, int(run.max()))
+        level = int(run[-1])
+    return deepest
+
+
+def read_json(path: str, label: str, what: str = "file", error=None):
+    """The JSON value in the file `path` (read_bytes, loads); whatever is wrong with it is one line
+    (`error`, a PlanError unless given) starting with `label`."""
+    return loads(read_bytes(path, label, what, error), label, what, error)
 
 
 def load(path: str) -> Plan:
@@ -210,113 +302,202 @@ def parse(obj, source: str = "plan") -> Plan:
     return _Reader(source).plan(obj)
 
 
+_MISSING = object()
+
+
+def _kind(v) -> str:
+    """A JSON value's type, as an error names it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _show(v) -> str:
+    """A value for a one-line error: short, never a container's contents or a number's thousand digits."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, int):
+        return str(v) if v.bit_length() <= 128 else f"a {v.bit_length()}-bit number"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        r = repr(v)
+        return r if len(r) <= 40 else r[:36] + "...'"
+    if isinstance(v, list):
+        return f"a list of {len(v)}"
+    return _kind(v)
+
+
+def _index(v, n: int) -> bool:
+    """Whether v is a whole number in 0..n-1 (not a boolean)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n
+
+
+def _at(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
 class _Reader:
+    """Reads the JSON object field by field: every field's type and range checked before it is
+    used, so a malformed plan is one PlanError naming the path to the field
+    (`gpus[1].threadblocks[0].ops[3].src_buff: expected a list, got a number`), never a Python
+    error, and no value makes it build or loop without bound (the MAX_* limits above)."""
+
     def __init__(self, source: str):
         self.source = source
 
     def fail(self, where: str, msg: str):
-        raise PlanError(f"{self.source}: {where}: {msg}")
+        raise PlanError(f"{self.source}: {where}: {msg}" if where else f"{self.source}: {msg}")
 
     def fields(self, obj, allowed: set, where: str, required=()):
         if not isinstance(obj, dict):
-            self.fail(where, f"expected an object, got {type(obj).__name__}")
+            self.fail(where, f"expected an object, got {_kind(obj)}")
         for k in obj:
             if k not in allowed:
-                self.fail(where, f"unknown field {k!r} (wirespeed reads: {', '.join(sorted(allowed))}); "
+                self.fail(where, f"unknown field {_show(k)} (wirespeed reads: {', '.join(sorted(allowed))}); "
                           "a newer MSCCL++ format? see docs/plans.md")
         for k in required:
             if k not in obj:
                 self.fail(where, f"missing field {k!r}")
 
-    def integer(self, obj, key, where, minimum=0, default=None):
+    def items(self, obj: dict, key: str, where: str, default=_MISSING) -> list:
+        """obj[key], which must be a list; `default` where it is absent (required without one)."""
         v = obj.get(key, default)
+        if v is _MISSING:
+            self.fail(where, f"missing field {key!r}")
+        if not isinstance(v, list):
+            self.fail(_at(where, key), f"expected a list, got {_kind(v)}")
+        return v
+
+    def integer(self, obj: dict, key: str, where: str, minimum: int = 0, default=None,
+                maximum: int = 2**64 - 1, limit: str = "") -> int:
+        v = obj.get(key, default)
+        at = _at(where, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            self.fail(where, f"{key} must be a whole number >= {minimum}, got {v!r}")
+            self.fail(at, f"must be a whole number >= {minimum}, got {_show(v)}")
+        if v > maximum:
+            self.fail(at, f"{_show(v)} is more than {maximum}, the most wirespeed allows"
+                      + (f" ({limit})" if limit else ""))
+        return v
+
+    def boolean(self, obj: dict, key: str, where: str) -> bool:
+        v = obj.get(key, False)
+        if not isinstance(v, bool):
+            self.fail(_at(where, key), f"expected true or false, got {_show(v)}")
+        return v
+
+    def word(self, v, where: str, choices, what: str) -> str:
+        """v, which must be one of the strings `choices`."""
+        if not isinstance(v, str) or v not in choices:
+            self.fail(where, f"unknown {what} {_show(v)} ({', '.join(choices)})")
         return v
 
     def plan(self, obj) -> Plan:
         self.fields(obj, _TOP_FIELDS, "top level", required=("name", "collective", "protocol", "gpus"))
+        if not isinstance(obj["name"], str):
+            self.fail("name", f"expected a string, got {_kind(obj['name'])}")
         coll = obj["collective"]
-        if coll not in COLLECTIVES:
-            self.fail("collective", f"unknown collective {coll!r} (known: {', '.join(COLLECTIVES)})")
-        proto = obj["protocol"]
-        if proto not in ("Simple", "LL"):
-            self.fail("protocol", f"unknown protocol {proto!r} (Simple or LL)")
-        gpus = obj["gpus"]
-        if not isinstance(gpus, list) or not gpus:
+        if not isinstance(coll, str) or coll not in COLLECTIVES:
+            self.fail("collective", f"unknown collective {_show(coll)} (known: {', '.join(COLLECTIVES)})")
+        proto = self.word(obj["protocol"], "protocol", ("Simple", "LL"), "protocol")
+        gpus = self.items(obj, "gpus", "")
+        if not gpus:
             self.fail("gpus", "must be a non-empty list")
+        if len(gpus) > MAX_RANKS:
+            self.fail("gpus", f"{len(gpus)} ranks, more than {MAX_RANKS}, the most wirespeed reads (MAX_RANKS)")
         for r, g in enumerate(gpus):
-            if not isinstance(g, dict) or g.get("id") != r:
-                self.fail(f"gpus[{r}]", f"id must be {r} (gpus are listed in rank order)")
-        plan = Plan(name=str(obj["name"]), collective=coll, protocol=proto,
-                    inplace=bool(obj.get("inplace", False)), ranks=[],
-                    alignment=self.integer(obj, "buffer_alignment", "buffer_alignment", 1, 16),
-                    double_scratch=bool(obj.get("use_double_scratch_buffer", False)),
-                    reuse_resources=bool(obj.get("reuse_resources", False)),
-                    min_size=self.integer(obj, "min_message_size", "min_message_size", 0, 0),
-                    max_size=self.integer(obj, "max_message_size", "max_message_size", 0, 2**64 - 1),
+            if not isinstance(g, dict):
+                self.fail(f"gpus[{r}]", f"expected an object, got {_kind(g)}")
+            if g.get("id") != r or isinstance(g.get("id"), bool):
+                self.fail(f"gpus[{r}]", f"id must be {r} (gpus are listed in rank order), got {_show(g.get('id'))}")
+        plan = Plan(name=obj["name"], collective=coll, protocol=proto,
+                    inplace=self.boolean(obj, "inplace", ""), ranks=[],
+                    alignment=self.integer(obj, "buffer_alignment", "", 1, 16, MAX_ALIGNMENT, "MAX_ALIGNMENT"),
+                    double_scratch=self.boolean(obj, "use_double_scratch_buffer", ""),
+                    reuse_resources=self.boolean(obj, "reuse_resources", ""),
+                    min_size=self.integer(obj, "min_message_size", "", 0, 0),
+                    max_size=self.integer(obj, "max_message_size", "", 0, 2**64 - 1),
                     source=self.source)
+        if "num_threads_per_block" in obj:
+            self.integer(obj, "num_threads_per_block", "", 1, None, 1 << 16)
         if plan.alignment % 4:
             self.fail("buffer_alignment", f"{plan.alignment} is not a multiple of 4 bytes")
         # Channels and remote buffers of every rank first: ops refer to other ranks' channels
         # (pairs) and a remote buffer names its owner.
         self.remote = []
         for r, g in enumerate(gpus):
-            self.fields(g, _GPU_FIELDS, f"gpus[{r}]", required=("input_chunks", "output_chunks",
-                                                                "scratch_chunks", "threadblocks"))
-            rp = RankPlan(id=r, input_chunks=self.integer(g, "input_chunks", f"gpus[{r}]"),
-                          output_chunks=self.integer(g, "output_chunks", f"gpus[{r}]"),
-                          scratch_chunks=self.integer(g, "scratch_chunks", f"gpus[{r}]"))
-            self.channels(rp, g.get("channels", []), len(gpus))
-            self.remote.append(self.remote_buffers(r, g.get("remote_buffers", []), len(gpus)))
-            for i, s in enumerate(g.get("semaphores", [])):
-                self.fields(s, {"init_value"}, f"gpus[{r}].semaphores[{i}]")
-                rp.semaphores.append(self.integer(s, "init_value", f"gpus[{r}].semaphores[{i}]", 0, 0))
-
+            where = f"gpus[{r}]"
+            self.fields(g, _GPU_FIELDS, where, required=("input_chunks", "output_chunks",
+                                                         "scratch_chunks", "threadblocks"))
+            rp = RankPlan(id=r, **{k: self.integer(g, k, where, maximum=MAX_CHUNKS, limit="MAX_CHUNKS")
+                                   for k in ("input_chunks", "output_chunks", "scratch_chunks")})
+            self.channels(rp, self.items(g, "channels", where, []), len(gpus))
+            self.remote.append(self.remote_buffers(r, self.items(g, "remote_buffers", where, []), len(gpus)))
+            for i, s in enumerate(self.items(g, "semaphores", where, [])):
+                self.fields(s, {"init_value"}, f"{where}.semaphores[{i}]")
+                rp.semaphores.append(self.integer(s, "init_value", f"{where}.semaphores[{i}]", 0, 0,
+                                                  MAX_SEMAPHORE_VALUE, "MAX_SEMAPHORE_VALUE"))
             plan.ranks.append(rp)
         self.pair_channels(plan)
         for r, g in enumerate(gpus):
-            tbs = g["threadblocks"]
-            if not isinstance(tbs, list):
-                self.fail(f"gpus[{r}].threadblocks", "must be a list")
-            for t, tb in enumerate(tbs):
-                if not isinstance(tb, dict) or tb.get("id") != t:
-                    self.fail(f"gpus[{r}].threadblocks[{t}]", f"id must be {t}")
+            for t, tb in enumerate(self.items(g, "threadblocks", f"gpus[{r}]")):
+                if not isinstance(tb, dict):
+                    self.fail(f"gpus[{r}].threadblocks[{t}]", f"expected an object, got {_kind(tb)}")
+                if tb.get("id") != t or isinstance(tb.get("id"), bool):
+                    self.fail(f"gpus[{r}].threadblocks[{t}]", f"id must be {t}, got {_show(tb.get('id'))}")
                 plan.ranks[r].threadblocks.append(self.threadblock(plan, r, t, tb))
+        from .layout import smallest_size
+        least = smallest_size(plan)
+        if least > MAX_MESSAGE_BYTES:
+            self.fail("gpus", f"the chunk counts split no message smaller than {_show(least)} bytes (the "
+                      "alignment x thread-block groups x ranks x the least common multiple of the chunk "
+                      f"counts), more than {MAX_MESSAGE_BYTES}, the most wirespeed runs (MAX_MESSAGE_BYTES)")
         return plan
 
-    def channels(self, rp: RankPlan, chans, nranks: int):
+    def channels(self, rp: RankPlan, chans: list, nranks: int):
         for i, c in enumerate(chans):
             where = f"gpus[{rp.id}].channels[{i}]"
-            ctype = c.get("channel_type") if isinstance(c, dict) else None
+            if not isinstance(c, dict):
+                self.fail(where, f"expected an object, got {_kind(c)}")
+            ctype = c.get("channel_type")
             if ctype == "switch":
                 self.fields(c, {"channel_type", "buffer_type", "rank_groups"}, where,
                             required=("buffer_type", "rank_groups"))
-                buf = self.buffer_name(c["buffer_type"], where)
-                for j, grp in enumerate(c["rank_groups"]):
-                    self.fields(grp, {"size", "ranks"}, f"{where}.rank_groups[{j}]", required=("ranks",))
-                    ranks = tuple(grp["ranks"])
+                buf = self.buffer_name(c["buffer_type"], f"{where}.buffer_type")
+                for j, grp in enumerate(self.items(c, "rank_groups", where)):
+                    gw = f"{where}.rank_groups[{j}]"
+                    self.fields(grp, {"size", "ranks"}, gw, required=("ranks",))
+                    ranks = tuple(self.items(grp, "ranks", gw))
                     for p in ranks:
-                        if not isinstance(p, int) or not 0 <= p < nranks:
-                            self.fail(where, f"switch group names rank {p!r}: the plan has {nranks} ranks")
+                        if not _index(p, nranks):
+                            self.fail(gw, f"switch group names rank {_show(p)}: the plan has {nranks} ranks")
                     if rp.id not in ranks:
-                        self.fail(where, f"switch group {list(ranks)} does not include its own rank {rp.id}")
-                    rp.switches.append(SwitchGroup(buf, ranks, int(grp.get("size", len(ranks)))))
+                        self.fail(gw, f"switch group {list(ranks)} does not include its own rank {rp.id}")
+                    size = self.integer(grp, "size", gw, 1, len(ranks), MAX_RANKS, "MAX_RANKS")
+                    rp.switches.append(SwitchGroup(buf, ranks, size))
             elif ctype in ("memory", "port"):
                 self.fields(c, {"channel_type", "connected_to"}, where, required=("connected_to",))
-                for p in c["connected_to"]:
-                    if not isinstance(p, int) or not 0 <= p < nranks or p == rp.id:
-                        self.fail(where, f"connected_to names rank {p!r}: a peer must be another of the "
-                                  f"plan's {nranks} ranks")
+                for p in self.items(c, "connected_to", where):
+                    if not _index(p, nranks) or p == rp.id:
+                        self.fail(f"{where}.connected_to", f"connected_to names rank {_show(p)}: a peer must "
+                                  f"be another of the plan's {nranks} ranks")
                     lst = rp.channels[ctype]
                     lst.append(Channel(ctype, p, len(lst)))
             else:
-                self.fail(where, f"unknown channel_type {ctype!r} (memory, port or switch)")
+                self.fail(f"{where}.channel_type", f"unknown channel_type {_show(ctype)} (memory, port or switch)")
 
     def buffer_name(self, code, where) -> str:
-        if code not in BUFFERS:
-            self.fail(where, f"unknown buffer type {code!r} (i, o or s)")
-        return BUFFERS[code]
+        return BUFFERS[self.word(code, where, BUFFERS, "buffer type")]
 
     def remote_buffers(self, r, bufs, nranks):
         out = []
@@ -324,13 +505,12 @@ class _Reader:
             where = f"gpus[{r}].remote_buffers[{i}]"
             self.fields(b, {"rank", "type", "access_channel_types"}, where, required=("rank", "type"))
             owner = b["rank"]
-            if not isinstance(owner, int) or not 0 <= owner < nranks or owner == r:
-                self.fail(where, f"rank {owner!r} is not another of the plan's {nranks} ranks")
-            access = tuple(b.get("access_channel_types", ()))
+            if not _index(owner, nranks) or owner == r:
+                self.fail(f"{where}.rank", f"rank {_show(owner)} is not another of the plan's {nranks} ranks")
+            access = tuple(self.items(b, "access_channel_types", where, []))
             for a in access:
-                if a not in ("memory", "port"):
-                    self.fail(where, f"unknown access channel type {a!r} (memory or port)")
-            out.append((owner, self.buffer_name(b["type"], where), access))
+                self.word(a, f"{where}.access_channel_types", ("memory", "port"), "access channel type")
+            out.append((owner, self.buffer_name(b["type"], f"{where}.type"), access))
         return out
 
     def pair_channels(self, plan: Plan):
@@ -338,6 +518,11 @@ class _Reader:
         fewer, the executor makes the missing ones on p (unused by p's ops): so does this, and a
         signal into one is simply never waited for, while a wait on one can never end (a deadlock
         the checker names)."""
+        toward: dict[tuple, list[Channel]] = {}    # (rank, type, peer) -> its channels to the peer
+        for rp in plan.ranks:
+            for ctype in ("memory", "port"):
+                for ch in rp.channels[ctype]:
+                    toward.setdefault((rp.id, ctype, ch.peer), []).append(ch)
         for rp in plan.ranks:
             for ctype in ("memory", "port"):
                 seen: dict[int, int] = {}
@@ -347,7 +532,7 @@ class _Reader:
                     k = seen.get(ch.peer, 0)
                     seen[ch.peer] = k + 1
                     peer = plan.ranks[ch.peer].channels[ctype]
-                    theirs = [c for c in peer if c.peer == rp.id]
+                    theirs = toward.setdefault((ch.peer, ctype, rp.id), [])
                     if k >= len(theirs):
                         peer.append(Channel(ctype, rp.id, len(peer), implicit=True))
                         theirs.append(peer[-1])
@@ -358,34 +543,32 @@ class _Reader:
         where = f"gpus[{r}].threadblocks[{t}]"
         self.fields(tb, _TB_FIELDS, where, required=("ops",))
         local = {"memory": [], "port": [], "switch": []}
-        for i, c in enumerate(tb.get("channels", [])):
-            self.fields(c, {"channel_type", "channel_ids", "buff"}, f"{where}.channels[{i}]",
-                        required=("channel_type", "channel_ids"))
-            ctype = c["channel_type"]
-            if ctype not in local:
-                self.fail(f"{where}.channels[{i}]", f"unknown channel_type {ctype!r}")
+        for i, c in enumerate(self.items(tb, "channels", where, [])):
+            cw = f"{where}.channels[{i}]"
+            self.fields(c, {"channel_type", "channel_ids", "buff"}, cw, required=("channel_type", "channel_ids"))
+            ctype = self.word(c["channel_type"], f"{cw}.channel_type", tuple(local), "channel_type")
             have = len(plan.ranks[r].switches) if ctype == "switch" else len(plan.ranks[r].channels[ctype])
-            for cid in c["channel_ids"]:
-                if not isinstance(cid, int) or not 0 <= cid < have:
-                    self.fail(f"{where}.channels[{i}]", f"{ctype} channel {cid!r} does not exist "
-                              f"(rank {r} has {have})")
+            for cid in self.items(c, "channel_ids", cw):
+                if not _index(cid, have):
+                    self.fail(f"{cw}.channel_ids", f"{ctype} channel {_show(cid)} does not exist (rank {r} has {have})")
                 local[ctype].append(cid)
         refs = {"memory": [], "port": []}
-        for i, rb in enumerate(tb.get("remote_buffer_refs", [])):
-            self.fields(rb, {"access_channel_type", "remote_buffer_ids"}, f"{where}.remote_buffer_refs[{i}]",
+        for i, rb in enumerate(self.items(tb, "remote_buffer_refs", where, [])):
+            rw = f"{where}.remote_buffer_refs[{i}]"
+            self.fields(rb, {"access_channel_type", "remote_buffer_ids"}, rw,
                         required=("access_channel_type", "remote_buffer_ids"))
-            a = rb["access_channel_type"]
-            if a not in refs:
-                self.fail(f"{where}.remote_buffer_refs[{i}]", f"unknown access channel type {a!r}")
-            for bid in rb["remote_buffer_ids"]:
-                if not isinstance(bid, int) or not 0 <= bid < len(self.remote[r]):
-                    self.fail(f"{where}.remote_buffer_refs[{i}]", f"remote buffer {bid!r} does not exist "
+            a = self.word(rb["access_channel_type"], f"{rw}.access_channel_type", tuple(refs), "access channel type")
+            for bid in self.items(rb, "remote_buffer_ids", rw):
+                if not _index(bid, len(self.remote[r])):
+                    self.fail(f"{rw}.remote_buffer_ids", f"remote buffer {_show(bid)} does not exist "
                               f"(rank {r} lists {len(self.remote[r])})")
                 refs[a].append(self.remote[r][bid])
         ctx = (plan, r, t, local, refs)
-        ops = tb["ops"]
-        if not isinstance(ops, list):
-            self.fail(where, "ops must be a list")
+        ops = self.items(tb, "ops", where)
+        if not ops:
+            # The executor would run an empty block; no DSL writes one, and an op deleted by
+            # mistake is the likelier story.
+            self.fail(f"{where}.ops", "empty: a thread block needs at least one operation")
         out = [self.op(ctx, i, o, f"{where}.ops[{i}]") for i, o in enumerate(ops)]
         self.limits(plan, r, t, out, local, refs)
         return out
@@ -417,59 +600,64 @@ class _Reader:
         plan, r, t, local, refs = ctx
         self.fields(o, _OP_FIELDS, where, required=("name",))
         name = o["name"]
-        if name not in OPS:
-            self.fail(where, f"unknown operation {name!r} (rank {r}, tb {t}, op {i}); wirespeed knows: "
+        if not isinstance(name, str) or name not in OPS:
+            self.fail(where, f"unknown operation {_show(name)} (rank {r}, tb {t}, op {i}); wirespeed knows: "
                       f"{', '.join(OPS)}")
         label = f"rank {r}, tb {t}, op {i} ({name})"
-        ctype = o.get("channel_type", "none")
-        if ctype not in CHANNEL_TYPES:
-            self.fail(where, f"unknown channel_type {ctype!r}")
+        ctype = self.word(o.get("channel_type", "none"), f"{where}.channel_type", CHANNEL_TYPES, "channel_type")
+        src_list = self.items(o, "src_buff", where, [])
+        dst_list = self.items(o, "dst_buff", where, [])
         chans = ()
         if "channel_ids" in o:
             if ctype not in ("memory", "port"):
                 self.fail(where, f"{label}: channel_ids need a memory or port channel_type, got {ctype!r}")
-            ids = o["channel_ids"]
+            ids = self.items(o, "channel_ids", where)
             for c in ids:
-                if not isinstance(c, int) or not 0 <= c < len(local[ctype]):
-                    self.fail(where, f"{label}: {ctype} channel {c!r} is not among the thread block's "
-                              f"{len(local[ctype])}")
+                if not _index(c, len(local[ctype])):
+                    self.fail(f"{where}.channel_ids", f"{label}: {ctype} channel {_show(c)} is not among the "
+                              f"thread block's {len(local[ctype])}")
             chans = tuple(local[ctype][c] for c in ids)
         elif ctype == "port" and name in ("put", "pws", "pwsf", "ppkt", "rppkt") and local["port"]:
             # The executor zero-fills an op's channel indexes: without channel_ids every
             # destination goes through the thread block's first port channel.
-            chans = (local["port"][0],) * max(1, len(o.get("dst_buff", ())))
+            chans = (local["port"][0],) * max(1, len(dst_list))
         tbg = (0, 1)
         if "tbg_info" in o:
             g = o["tbg_info"]
-            self.fields(g, {"tb_id", "tbg_size"}, where, required=("tb_id", "tbg_size"))
-            tbg = (self.integer(g, "tb_id", where), self.integer(g, "tbg_size", where, 1))
+            gw = f"{where}.tbg_info"
+            self.fields(g, {"tb_id", "tbg_size"}, gw, required=("tb_id", "tbg_size"))
+            tbg = (self.integer(g, "tb_id", gw, 0, None, MAX_GROUP, "MAX_GROUP"),
+                   self.integer(g, "tbg_size", gw, 1, None, MAX_GROUP, "MAX_GROUP"))
             if tbg[0] >= tbg[1]:
-                self.fail(where, f"{label}: tbg_info tb_id {tbg[0]} is not below tbg_size {tbg[1]}")
-        if o.get("reduce_op", "sum") not in REDUCE_OPS:
-            self.fail(where, f"{label}: reduce_op {o['reduce_op']!r} is not supported (sum)")
-        src = tuple(self.ref(ctx, b, ctype, f"{where}.src_buff[{k}]", label) for k, b in enumerate(o.get("src_buff", ())))
-        dst = tuple(self.ref(ctx, b, ctype, f"{where}.dst_buff[{k}]", label) for k, b in enumerate(o.get("dst_buff", ())))
+                self.fail(gw, f"{label}: tbg_info tb_id {tbg[0]} is not below tbg_size {tbg[1]}")
+        reduce_op = o.get("reduce_op", "sum")
+        if not isinstance(reduce_op, str) or reduce_op not in REDUCE_OPS:
+            self.fail(f"{where}.reduce_op", f"{label}: reduce_op {_show(reduce_op)} is not supported (sum)")
+        src = tuple(self.ref(ctx, b, ctype, f"{where}.src_buff[{k}]", label) for k, b in enumerate(src_list))
+        dst = tuple(self.ref(ctx, b, ctype, f"{where}.dst_buff[{k}]", label) for k, b in enumerate(dst_list))
         kw = {}
         if name == "barrier":
-            kw["barrier_id"] = self.integer(o, "barrier_id", where)
-            kw["barrier_count"] = self.integer(o, "num_threadblocks", where, 1)
+            kw["barrier_id"] = self.integer(o, "barrier_id", where, 0, None, MAX_GROUP, "MAX_GROUP")
+            kw["barrier_count"] = self.integer(o, "num_threadblocks", where, 1, None, MAX_GROUP, "MAX_GROUP")
         if name in ("sem_acquire", "sem_release"):
-            ids = o.get("semaphore_ids", [])
+            ids = self.items(o, "semaphore_ids", where, [])
             for s in ids:
-                if not isinstance(s, int) or not 0 <= s < len(plan.ranks[r].semaphores):
-                    self.fail(where, f"{label}: semaphore {s!r} does not exist (rank {r} has "
-                              f"{len(plan.ranks[r].semaphores)})")
+                if not _index(s, len(plan.ranks[r].semaphores)):
+                    self.fail(f"{where}.semaphore_ids", f"{label}: semaphore {_show(s)} does not exist (rank "
+                              f"{r} has {len(plan.ranks[r].semaphores)})")
             kw["semaphores"] = tuple(ids)
         if name == "pipeline":
             if in_pipeline:
                 self.fail(where, f"{label}: a pipeline inside a pipeline")
-            it = o.get("iter_context")
-            self.fields(it, {"unit_size", "num_chunks"}, where + ".iter_context",
-                        required=("unit_size", "num_chunks"))
-            kw["unit_size"] = self.integer(it, "unit_size", where, 1)
-            kw["pipeline_chunks"] = self.integer(it, "num_chunks", where, 1)
+            if "iter_context" not in o:
+                self.fail(where, f"{label}: missing field 'iter_context'")
+            it = o["iter_context"]
+            iw = f"{where}.iter_context"
+            self.fields(it, {"unit_size", "num_chunks"}, iw, required=("unit_size", "num_chunks"))
+            kw["unit_size"] = self.integer(it, "unit_size", iw, 1, None, MAX_MESSAGE_BYTES, "MAX_MESSAGE_BYTES")
+            kw["pipeline_chunks"] = self.integer(it, "num_chunks", iw, 1, None, MAX_CHUNKS, "MAX_CHUNKS")
             kw["inner"] = tuple(self.op(ctx, i, inner, f"{where}.ops[{j}]", True)
-                                for j, inner in enumerate(o.get("ops", [])))
+                                for j, inner in enumerate(self.items(o, "ops", where, [])))
             if not kw["inner"]:
                 self.fail(where, f"{label}: an empty pipeline")
         op = Op(name=name, where=label if not in_pipeline else label.replace(")", ", in a pipeline)"),
@@ -480,22 +668,22 @@ class _Reader:
     def ref(self, ctx, b, ctype, where, label) -> Ref:
         plan, r, t, local, refs = ctx
         self.fields(b, _BUFF_FIELDS, where, required=("index", "size"))
-        index = self.integer(b, "index", where)
-        count = self.integer(b, "size", where, 1)
+        index = self.integer(b, "index", where, 0, None, MAX_CHUNKS, "MAX_CHUNKS")
+        count = self.integer(b, "size", where, 1, None, MAX_CHUNKS, "MAX_CHUNKS")
         if "switch_channel_id" in b:
             sid = b["switch_channel_id"]
-            if not isinstance(sid, int) or not 0 <= sid < len(local["switch"]):
-                self.fail(where, f"{label}: switch channel {sid!r} is not among the thread block's "
-                          f"{len(local['switch'])}")
+            if not _index(sid, len(local["switch"])):
+                self.fail(f"{where}.switch_channel_id", f"{label}: switch channel {_show(sid)} is not among "
+                          f"the thread block's {len(local['switch'])}")
             grp = plan.ranks[r].switches[local["switch"][sid]]
             return Ref(r, grp.buffer, index, count, "switch", grp.ranks)
         if "buffer_id" in b:
             if ctype not in ("memory", "port"):
                 self.fail(where, f"{label}: a remote buffer_id needs a memory or port channel_type")
             bid = b["buffer_id"]
-            if not isinstance(bid, int) or not 0 <= bid < len(refs[ctype]):
-                self.fail(where, f"{label}: remote buffer {bid!r} is not among the thread block's "
-                          f"{len(refs[ctype])} reached by {ctype} channels")
+            if not _index(bid, len(refs[ctype])):
+                self.fail(f"{where}.buffer_id", f"{label}: remote buffer {_show(bid)} is not among the thread "
+                          f"block's {len(refs[ctype])} reached by {ctype} channels")
             owner, buf, access = refs[ctype][bid]
             if access and ctype not in access:
                 self.fail(where, f"{label}: rank {owner}'s {buf} is not registered for {ctype} access")
@@ -507,8 +695,8 @@ class _Reader:
         if "type" not in b:
             self.fail(where, f"{label}: a buffer reference needs type, buffer_id or switch_channel_id")
         if b.get("rank", r) != r:
-            self.fail(where, f"{label}: a local buffer of rank {b['rank']!r} in rank {r}'s op")
-        return Ref(r, self.buffer_name(b["type"], where), index, count)
+            self.fail(f"{where}.rank", f"{label}: a local buffer of rank {_show(b['rank'])} in rank {r}'s op")
+        return Ref(r, self.buffer_name(b["type"], f"{where}.type"), index, count)
 
     def shape(self, op: Op, where: str):
         """The operand counts each op's semantics needs (docs/plans.md), so the interpreter can
@@ -549,3 +737,10 @@ class _Reader:
             want = "a destination for the result and one for its packet copy"
         if want:
             self.fail(where, f"{op.where}: expects {want} (has {s} source(s), {d} destination(s))")
+        # One op moves one size: its references name as many chunks each (a packet reduction
+        # reads and sends as many as its first source, whatever the others say).
+        sized = op.src[:1] + op.dst[:1] if n in ("respkt", "repkt", "recpkt", "recspkt") else op.src + op.dst
+        if len({x.count for x in sized}) > 1:
+            self.fail(where, f"{op.where}: its buffers differ in size ({', '.join(str(x.count) for x in op.src)} "
+                      f"source and {', '.join(str(x.count) for x in op.dst)} destination chunks): an op moves "
+                      "one size")

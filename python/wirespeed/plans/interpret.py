@@ -57,7 +57,7 @@ class Token:
     relaxed: bool = False
 
 
-@dataclass
+@dataclass(eq=False)   # a thread is itself: compared by identity (removing one from `live` is quick)
 class Thread:
     tid: int
     kind: str            # "tb" | "proxy" | "host"
@@ -82,6 +82,9 @@ class Thread:
     # The latest of the block's own ops known finished through another thread (a packet that
     # came back, a signal chain): ordered before what the block does next, nop or not.
     self_known: int = 0
+    # The thread blocks of its rank's run, when the Machine made them together (start_run): the
+    # run ends when the last of them does.
+    mates: list | None = None
 
     def label(self) -> str:
         if self.kind == "tb":
@@ -107,6 +110,28 @@ def unroll(plan: Plan, layout: Layout, rank: int, ops: list[Op]) -> list:
     return steps
 
 
+def op_count(plan: Plan, layout: Layout) -> int:
+    """The steps `unroll` makes of every thread block of the plan at this layout's size, counted
+    without making them."""
+    n = 0
+    for r in plan.ranks:
+        for ops in r.threadblocks:
+            for op in ops:
+                if op.name == "pipeline":
+                    rounds = -(-op.pipeline_chunks * layout.chunk[r.id] // op.unit_size)
+                    n += rounds * len(op.inner)
+                else:
+                    n += 1
+    return n
+
+
+def thread_count(plan: Plan, runs: int) -> int:
+    """An upper bound of the threads a Machine makes (the length of its vector clocks): every
+    thread block of every run, each rank's host, each port channel's proxy."""
+    return plan.nranks * (runs * (max((len(r.threadblocks) for r in plan.ranks), default=0) + 2)) \
+        + sum(len(r.channels["port"]) for r in plan.ranks)
+
+
 class Machine:
     """A plan at one size, its threads, memory and synchronisation state. `observer` (hazards.py)
     sees every access and sync; `timing` (simulate.py) prices every op."""
@@ -118,7 +143,7 @@ class Machine:
         self.inputs = inputs          # callable(rank, run, words) -> values for the input buffer
         self.mem = [np.zeros(n) for n in layout.arena] if data else None
         self.signals: dict[tuple, deque] = {}      # (rank, type, channel) -> tokens
-        self.sems = [[deque(Token(None, None) for _ in range(v)) for v in r.semaphores] for r in plan.ranks]
+        self.sems = [[Semaphore(v) for v in r.semaphores] for r in plan.ranks]
         self.barriers: dict[tuple, list] = {}      # (rank, id) -> [generation, arrived tokens]
         self.barrier_done: dict[tuple, Token] = {}
         self.packets: list[list] = [[] for _ in plan.ranks]   # per rank: [start, end, run, token]
@@ -127,14 +152,13 @@ class Machine:
         self.current_run = [0] * plan.nranks
         self.results: list[dict] = []              # per (rank, run): the output the host read
         self.steps = [[unroll(plan, layout, r.id, ops) for ops in r.threadblocks] for r in plan.ranks]
-        n_threads = plan.nranks * (runs * (max((len(r.threadblocks) for r in plan.ranks), default=0) + 2)) \
-            + sum(len(r.channels["port"]) for r in plan.ranks)
-        self.n_threads = n_threads
+        self.n_threads = thread_count(plan, runs)
         for r in plan.ranks:
             for ch in r.channels["port"]:
                 self.proxies[(r.id, ch.number)] = self._thread("proxy", r.id, tb=ch.number)
         self.hosts = [self._thread("host", r.id) for r in plan.ranks]
         self.live: list[Thread] = []
+        self.left: dict[tuple, int] = {}       # (rank, run) -> its thread blocks not yet finished
 
     # ---- threads ----
     def _thread(self, kind, rank, tb=-1, run=0, steps=None) -> Thread:
@@ -202,8 +226,12 @@ class Machine:
             self.access(host, span, write=True, where=f"rank {rank}'s input, written before run {run}")
             self.mem[rank][span.start:span.end] = self.inputs(rank, run, span.words)
         tok = self.token(host)
+        mates: list[Thread] = []
+        self.left[(rank, run)] = len(self.steps[rank])
         for tb, steps in enumerate(self.steps[rank]):
             t = self._thread("tb", rank, tb, run, steps)
+            t.mates = mates
+            mates.append(t)
             self.join(t, tok)
             if t.vis is not None:
                 t.start_vis = t.vis.copy()
@@ -300,7 +328,14 @@ class Machine:
             self.sync_point(t)    # a kernel's end: every GPU thread of the block is done
             self.live.remove(t)
             rank = t.rank
-            if not any(x.rank == rank and x.kind == "tb" for x in self.live):
+            if t.mates is not None:
+                # Counted, not searched for: a scan of every live thread per finished block made
+                # a 20,000-rank plan take minutes.
+                self.left[(rank, t.run)] -= 1
+                if not self.left[(rank, t.run)]:
+                    del self.left[(rank, t.run)]
+                    self.finish_run(rank, t.mates)
+            elif not any(x.rank == rank and x.kind == "tb" for x in self.live):
                 ended = [x for x in self.threads if x.kind == "tb" and x.rank == rank and x.run == t.run]
                 self.finish_run(rank, ended)
         return True
@@ -308,8 +343,10 @@ class Machine:
     def ready(self, t: Thread, op: Op) -> bool:
         n = op.name
         if n in ("wait", "rlxwait"):
+            need: dict[int, int] = {}   # a channel listed twice waits for two signals
             for c in op.channels:
-                if not self.pending_signals((t.rank, op.channel_type, c)):
+                need[c] = need.get(c, 0) + 1
+                if self.pending_signals((t.rank, op.channel_type, c)) < need[c]:
                     ch = self.plan.ranks[t.rank].channels[op.channel_type][c]
                     t.blocked_on = f"a signal from rank {ch.peer} on {op.channel_type} channel {c}"
                     return False
@@ -321,8 +358,10 @@ class Machine:
                     return False
             return True
         if n == "sem_acquire":
+            need = {}
             for s in op.semaphores:
-                if not self.sems[t.rank][s]:
+                need[s] = need.get(s, 0) + 1
+                if len(self.sems[t.rank][s]) < need[s]:
                     t.blocked_on = f"a release of semaphore {s}"
                     return False
             return True
@@ -678,6 +717,33 @@ class Machine:
         while p.queue:
             self.proxy_step(p)
         self.join(t, self.token(p), deferred=True)
+
+
+class Semaphore(deque):
+    """A semaphore's releases, as tokens to acquire in order: first its initial value's worth of
+    tokens that order nothing (counted, not made: a plan may start one at 2**32 - 1), then the
+    tokens of the sem_release ops, each what its releaser knew."""
+
+    def __init__(self, value: int):
+        super().__init__()
+        self.initial = value
+
+    def __len__(self) -> int:
+        return self.initial + super().__len__()
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __getitem__(self, i: int) -> Token:
+        if i < self.initial:
+            return Token(None, None)
+        return super().__getitem__(i - self.initial)
+
+    def popleft(self) -> Token:
+        if self.initial:
+            self.initial -= 1
+            return Token(None, None)
+        return super().popleft()
 
 
 class BufferMisuse(PlanError):

@@ -25,8 +25,8 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .format import Plan, PlanError
-from .interpret import Machine, Thread
+from .format import MAX_MESSAGE_BYTES, Plan, PlanError
+from .interpret import Machine, Thread, op_count
 from .layout import Layout, Span, smallest_size
 from .topology import GB, Topology
 
@@ -368,9 +368,11 @@ class SimMachine(Machine):
         n, rank = op.name, t.rank
         key: tuple = ("any",)
         if n in ("wait", "rlxwait"):
+            need: dict[int, int] = {}
             for c in op.channels:
                 k = (rank, op.channel_type, c)
-                if not self.pending_signals(k):
+                need[c] = need.get(c, 0) + 1
+                if self.pending_signals(k) < need[c]:
                     key = ("sig",) + k
                     break
         elif n == "flush":
@@ -398,8 +400,11 @@ class SimMachine(Machine):
                 seen[c] = i + 1
                 at = max(at, self.signals[(rank, op.channel_type, c)][i].time)
         elif n == "sem_acquire":
+            taken: dict[int, int] = {}
             for s in op.semaphores:
-                at = max(at, self.sems[rank][s][0].time)
+                i = taken.get(s, 0)
+                taken[s] = i + 1
+                at = max(at, self.sems[rank][s][i].time)
         elif n == "barrier":
             at = max(at, self.barrier_done[t.barrier].time)
         elif n == "flush":
@@ -507,25 +512,13 @@ class SimResult:
 MAX_STEPS = 5_000_000
 
 
-def op_count(plan: Plan, layout: Layout) -> int:
-    """The ops the plan's thread blocks run at this layout's size, pipelines unrolled as
-    interpret.unroll does, counted without building them."""
-    n = 0
-    for r in plan.ranks:
-        for ops in r.threadblocks:
-            for op in ops:
-                if op.name == "pipeline":
-                    rounds = -(-op.pipeline_chunks * layout.chunk[r.id] // op.unit_size)
-                    n += rounds * len(op.inner)
-                else:
-                    n += 1
-    return n
-
-
 def simulate(plan: Plan, topo: Topology, size: int, requested: int | None = None, runs: int = 1) -> SimResult:
     """Run the plan at `size` bytes on `topo`, every rank starting at time 0, `runs` times back
     to back per rank (a benchmark loop: each rank starts its next run when its own last one
     ends); the time is from the start to the last rank's last run ending, divided by `runs`."""
+    if size > MAX_MESSAGE_BYTES:
+        raise PlanError(f"{plan.source}: {size} bytes is more than {MAX_MESSAGE_BYTES} ({MAX_MESSAGE_BYTES >> 40} "
+                        "TiB), the largest message wirespeed simulates (MAX_MESSAGE_BYTES)")
     layout = Layout(plan, size)
     ops = op_count(plan, layout) * runs
     if ops > MAX_STEPS:

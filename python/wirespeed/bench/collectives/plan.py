@@ -24,13 +24,54 @@ BENCH_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescat
                "alltoall": "all_to_all", "sendrecv": "send_recv", "broadcast": "broadcast"}
 
 
+# The steps one call of the plan makes, every rank's thread blocks together, pipelines unrolled
+# (each rank unrolls them all): beyond it a size of the sweep is refused before any rank starts.
+MAX_CALL_STEPS = 1_000_000
+# What the check behind warn_if_racy may take in the launching process: a plan beyond it is not
+# checked there (`wirespeed plan check` checks it in full).
+RACE_CHECK_MEMORY = 512 << 20
+RACE_CHECK_STEPS = 200_000
+
+
 def load_plan(path: str):
+    """The plan of `bench --plan`; whatever is wrong with the file or the plan is one UsageError
+    line (plans/format.py), raised where the command starts, before any rank does."""
     from ...plans.format import load
     plan = load(path)
     if plan.collective not in BENCH_NAMES:
         raise UsageError(f"{path}: a {plan.collective!r} plan defines no collective to time and check: "
                          f"bench runs plans of {', '.join(BENCH_NAMES)}")
     return plan
+
+
+def race_warning(plan) -> str | None:
+    """What `wirespeed plan check` finds wrong with the plan's order (races, a deadlock, a chunk
+    out of range), as one line; None when it finds nothing or the plan is too big to check here."""
+    from ...plans.check import check
+    from ...plans.format import PlanError
+    try:
+        result = check(plan, memory=RACE_CHECK_MEMORY, max_steps=RACE_CHECK_STEPS)
+    except PlanError:
+        return None
+    if result.error:
+        return f"{plan.source}: `wirespeed plan check` stops this plan: {result.error}"
+    if result.races:
+        n = len(result.races)
+        return (f"{plan.source}: `wirespeed plan check` finds {n}{' or more' if n >= 20 else ''} race(s) in "
+                f"this plan, so its results may be wrong on some calls: {result.races[0]}")
+    return None
+
+
+def warn_if_racy(cfg) -> None:
+    """One line on stderr when the plan of `bench --plan` races (race_warning); the run goes on.
+    The launching process calls it once, before it starts the ranks."""
+    import sys
+
+    from ..harness import plan_collective
+    warning = race_warning(plan_collective(cfg).plan)
+    if warning:
+        sys.stderr.write(f"wirespeed: warning: {warning}\n")
+        sys.stderr.flush()
 
 
 class PlanCollective(Collective):
@@ -64,7 +105,9 @@ class PlanCollective(Collective):
 
     # ---- sizes ----
     def sizes(self, sizes: list[int]) -> list[int]:
-        from ...plans.layout import smallest_size
+        from ...plans.interpret import op_count
+        from ...plans.layout import Layout, smallest_size
+        from ...sizes import format_size
         unit = smallest_size(self.plan)
         out, moved, skipped = [], [], []
         for s in sizes:
@@ -76,6 +119,13 @@ class PlanCollective(Collective):
                 moved.append(f"{s}->{r}")
             if r not in out:
                 out.append(r)
+        for i, r in enumerate(out):
+            steps = op_count(self.plan, Layout(self.plan, r))
+            if steps > MAX_CALL_STEPS:
+                fits = f"use -e {format_size(out[i - 1])}" if i else "use smaller sizes"
+                raise UsageError(f"{self.path}: at {format_size(r)} the plan's pipelines unroll into {steps} "
+                                 f"steps a call, more than the {MAX_CALL_STEPS} wirespeed runs (MAX_CALL_STEPS): "
+                                 f"{fits}")
         self.notes = []
         if moved:
             self.notes.append(f"sizes rounded up to multiples of {unit} bytes (the plan's chunks): "
