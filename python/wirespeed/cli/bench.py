@@ -137,7 +137,8 @@ def launch_local(cfg: BenchConfig, args, start) -> int:
         _check_plan_placement(cfg, args)
         _check_plan_fits(cfg)
         from ..bench.collectives.plan import warn_if_racy
-        warn_if_racy(cfg)
+        from ..bench.harness import plan_collective
+        warn_if_racy(plan_collective(cfg))
     check_local_gpus(cfg.nproc, cfg.backend, _ranks_on_one_host(cfg, args.cluster, args.ranks_per_host))
     check_fits(cfg.collectives, cfg.dtypes, cfg.sizes, cfg.nproc, cfg.nproc, cfg.device)
     return start(cfg.nproc)

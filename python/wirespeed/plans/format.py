@@ -456,7 +456,6 @@ class _Reader:
                 if tb.get("id") != t or isinstance(tb.get("id"), bool):
                     self.fail(f"gpus[{r}].threadblocks[{t}]", f"id must be {t}, got {_show(tb.get('id'))}")
                 plan.ranks[r].threadblocks.append(self.threadblock(plan, r, t, tb))
-        from .layout import smallest_size
         least = smallest_size(plan)
         if least > MAX_MESSAGE_BYTES:
             self.fail("gpus", f"the chunk counts split no message smaller than {_show(least)} bytes (the "
@@ -744,3 +743,23 @@ class _Reader:
             self.fail(where, f"{op.where}: its buffers differ in size ({', '.join(str(x.count) for x in op.src)} "
                       f"source and {', '.join(str(x.count) for x in op.dst)} destination chunks): an op moves "
                       "one size")
+
+
+def smallest_size(plan: Plan) -> int:
+    """A message size every rank's chunk counts divide in whole alignment units, each chunk a
+    whole number of units for every member of the largest thread-block group: the alignment x
+    the group x the ranks x the least common multiple of the chunk counts (for a "test" plan,
+    the bytes of one chunk)."""
+    from math import lcm
+    tbg = 1
+    for op in plan.all_ops():
+        tbg = lcm(tbg, op.tbg[1])
+    unit = plan.alignment * tbg
+    if plan.collective == "test":
+        return unit
+    m = 1
+    for r in plan.ranks:
+        for chunks in (r.input_chunks, r.output_chunks):
+            if chunks:
+                m = lcm(m, chunks)
+    return unit * plan.nranks * m

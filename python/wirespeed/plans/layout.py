@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .format import Plan, PlanError, Ref
+from .format import Plan, PlanError, Ref, smallest_size  # noqa: F401 (its callers import it here)
 
 WORD = 4
 
@@ -36,26 +36,6 @@ def message_sizes(plan: Plan, size: int) -> tuple[int, int]:
         # The DSL's unit-test plans: size is bytes per chunk of the rank with the most.
         return size * plan.ranks[0].input_chunks, size * plan.ranks[0].output_chunks
     return size, size
-
-
-def smallest_size(plan: Plan) -> int:
-    """A message size every rank's chunk counts divide in whole alignment units, each chunk a
-    whole number of units for every member of the largest thread-block group: the alignment x
-    the group x the ranks x the least common multiple of the chunk counts (for a "test" plan,
-    the bytes of one chunk)."""
-    from math import lcm
-    tbg = 1
-    for op in plan.all_ops():
-        tbg = lcm(tbg, op.tbg[1])
-    unit = plan.alignment * tbg
-    if plan.collective == "test":
-        return unit
-    m = 1
-    for r in plan.ranks:
-        for chunks in (r.input_chunks, r.output_chunks):
-            if chunks:
-                m = lcm(m, chunks)
-    return unit * plan.nranks * m
 
 
 @dataclass(frozen=True)

@@ -62,13 +62,12 @@ def race_warning(plan) -> str | None:
     return None
 
 
-def warn_if_racy(cfg) -> None:
+def warn_if_racy(coll: "PlanCollective") -> None:
     """One line on stderr when the plan of `bench --plan` races (race_warning); the run goes on.
     The launching process calls it once, before it starts the ranks."""
     import sys
 
-    from ..harness import plan_collective
-    warning = race_warning(plan_collective(cfg).plan)
+    warning = race_warning(coll.plan)
     if warning:
         sys.stderr.write(f"wirespeed: warning: {warning}\n")
         sys.stderr.flush()
