@@ -86,3 +86,13 @@ def test_hung_rank_times_out():
     assert elapsed < 8 + 20, elapsed
     assert "rank 0" in err and "Traceback" not in err
     assert not any(_alive(p) for p in ranks.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_healthy_step_slower_than_the_timeout_is_not_a_hang(run_cli):
+    # The check after the loops of a 256 MiB all_reduce takes seconds (fill, one more call, the
+    # comparison); with -T 1, 482a6d1 killed the job ("no progress for 1 s while checking ... a
+    # peer hangs"). Its peers are alive and say so: the job runs to its end.
+    p = run_cli("bench", "-N", "2", "--sizes", "256M", "-n", "2", "-w", "1", "-T", "1", "--no-save", timeout=100)
+    assert p.returncode == 0, p.stderr
+    assert "no progress" not in p.stderr and "268435456" in p.stdout

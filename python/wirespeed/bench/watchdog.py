@@ -5,6 +5,16 @@ a blocked device sync). The watchdog is the backstop: the harness names what it 
 step, and marks each call of a loop done (`progress`); if neither happens within the timeout, the
 rank prints what it was waiting for and exits. It watches progress, not loops: a loop of many calls
 may last far longer than the timeout as long as every call ends within it.
+
+A single step can outlast the timeout on a healthy job (a 64 MiB check on a slow link, a large
+allocation), and its rank cannot tell that from a dead peer by its own clock. So before it blames a
+peer, the watchdog asks them (`PeerBeats`): every rank's watchdog leaves a sign of life in the job's
+store every quarter of the timeout (0.25-5 s), from a thread of its own that no stuck library call
+blocks, with its process's CPU time. A rank whose peers all show life waits on while some rank
+works (its CPU time grows: filling, reducing, checking), up to PATIENCE times the timeout; live
+ranks that all sit idle are hung, and a peer that missed two signs (stopped, killed, unreachable)
+is named. Without a store (mpi4py's backend) or while it cannot be read, the watchdog
+blames as before.
 """
 from __future__ import annotations
 
@@ -18,6 +28,98 @@ from ..errors import PeerTimeout
 from ..faults import rank_error
 
 TICK_S = 0.25
+# A rank whose peers all show signs of life waits on while some rank of the job works (its
+# process's CPU time grows by BUSY_SHARE of the time passed, or more: filling, reducing or checking
+# a large buffer), up to PATIENCE timeouts in one step; live ranks that all sit idle are hung.
+PATIENCE = 10
+BUSY_SHARE = 0.2
+BEAT_MIN_S, BEAT_MAX_S = 0.25, 5.0
+
+
+def _default_store():
+    """The job's store, once torch.distributed has a default group (None before, or without)."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+            return _get_default_store(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 (no store: the watchdog blames as it did)
+        pass
+    return None
+
+
+class PeerBeats:
+    """Signs of life through the job's store: this rank's counter, written every `period` s, and
+    when each peer's last changed. Store calls run in a thread of their own, so a store that stops
+    answering (its server stopped) delays only this thread, and the answers go stale."""
+
+    def __init__(self, rank: int, period_s: float, find_store=_default_store):
+        self.rank = rank
+        self.period_s = period_s
+        self._find = find_store
+        self._changed: dict[int, tuple[str, float]] = {}   # peer -> (its value, when it changed)
+        self._cpu: dict[int, list[tuple[float, float]]] = {}  # rank -> [(when, its CPU seconds)]
+        self.read_at = None                                 # when every peer was last read
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wirespeed-beats", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        found, n = None, 0
+        while not self._stop.wait(self.period_s if found else TICK_S):
+            if found is None:
+                found = self._find()
+                if found is None:
+                    continue
+            store, world = found
+            n += 1
+            keys = [f"wirespeed/watchdog/{r}" for r in range(world) if r != self.rank]
+            mine = time.process_time()
+            try:
+                store.set(f"wirespeed/watchdog/{self.rank}", f"{n},{mine:.3f}")
+                # only the keys that exist: a get waits for a missing one
+                if keys and not store.check(keys):
+                    keys = [k for k in keys if store.check([k])]
+                vals = store.multi_get(keys) if keys else []
+            except Exception:  # noqa: BLE001 (the store is gone: its job is ending)
+                return
+            now = time.monotonic()
+            self._note_cpu(self.rank, now, mine)
+            for k, v in zip(keys, vals):
+                peer = int(k.rsplit("/", 1)[1])
+                if self._changed.get(peer, (None,))[0] != v:
+                    self._changed[peer] = (v, now)
+                    self._note_cpu(peer, now, float(v.split(b"," if isinstance(v, bytes) else ",")[1]))
+            self.read_at = now if len(keys) == world - 1 else self.read_at
+
+    def _note_cpu(self, rank: int, now: float, cpu: float) -> None:
+        seen = self._cpu.setdefault(rank, [])
+        seen.append((now, cpu))
+        if len(seen) > 64:
+            del seen[:32]
+
+    def busy(self, window_s: float) -> bool:
+        """Whether some rank's process (this one's included) used the CPU for BUSY_SHARE of the
+        last `window_s` seconds or more: the job is working, if slowly."""
+        now = time.monotonic()
+        for seen in list(self._cpu.values()):
+            recent = [(t, c) for t, c in seen if now - t <= window_s]
+            if len(recent) >= 2 and recent[-1][0] - recent[0][0] >= window_s / 2:
+                (t0, c0), (t1, c1) = recent[0], recent[-1]
+                if c1 - c0 >= BUSY_SHARE * (t1 - t0):
+                    return True
+        return False
+
+    def silent(self, for_s: float) -> list[int] | None:
+        """The peers with no sign of life for `for_s` seconds; None when this rank cannot tell
+        (no store, or its last complete read is older than that)."""
+        now = time.monotonic()
+        if self.read_at is None or now - self.read_at > for_s:
+            return None
+        return sorted(p for p, (_, at) in self._changed.items() if now - at > for_s)
 
 
 class Watchdog:
@@ -29,6 +131,7 @@ class Watchdog:
         self._calls = 0          # calls done, ever (bumped by progress, read by the thread)
         self._calls_at_step = 0
         self._stop = threading.Event()
+        self._beats = PeerBeats(rank, min(max(timeout_s / 4, BEAT_MIN_S), BEAT_MAX_S))
         self._thread = threading.Thread(target=self._watch, name="wirespeed-watchdog", daemon=True)
         self._thread.start()
 
@@ -44,6 +147,7 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
+        self._beats.close()
 
     def _watch(self) -> None:
         # A fine tick, so a stalled rank ends within a quarter second of its timeout (the job
@@ -55,12 +159,28 @@ class Watchdog:
             now = time.monotonic()
             if self._calls != seen:
                 seen, moved_at = self._calls, now
-            if now - max(self._since, moved_at) > self.timeout_s:
+            still = now - max(self._since, moved_at)
+            if still > self.timeout_s:
+                # A live peer's beat changes every period; two missed (and a slow tick) is silence,
+                # so a peer stopped when progress stopped is named at the timeout, not later.
+                silent = self._beats.silent(2 * self._beats.period_s + 0.5)
+                if silent == [] and still <= PATIENCE * self.timeout_s and self._beats.busy(self.timeout_s):
+                    continue   # every peer is alive and some rank works: a slow step, not a dead peer
                 done = self._calls - self._calls_at_step
                 at = f" ({done} call{'s' if done != 1 else ''} of it done)" if done else ""
+                if silent:
+                    who = ", ".join(map(str, silent))
+                    why = (f"rank{'s' if len(silent) > 1 else ''} {who} gave no sign of life since "
+                           f"{2 * self._beats.period_s + 0.5:.1f} s or more: stopped, killed or unreachable")
+                elif silent == []:
+                    why = ("every peer is alive but "
+                           + ("none works: a call that does not end" if still <= PATIENCE * self.timeout_s
+                              else f"nothing moved for {PATIENCE} times the timeout")
+                           + " (raise --timeout if the job is just slow)")
+                else:
+                    why = "a peer hangs, is stopped or unreachable (raise --timeout if the job is just slow)"
                 sys.stderr.write(f"wirespeed: error: rank {self.rank}: no progress for "
-                                 f"{self.timeout_s:g} s while {self._what}{at}: a peer hangs, is "
-                                 "stopped or unreachable (raise --timeout if the job is just slow)\n")
+                                 f"{still:.0f} s while {self._what}{at}: {why}\n")
                 try:
                     sys.stdout.flush()
                     sys.stderr.flush()
