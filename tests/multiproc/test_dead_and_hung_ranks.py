@@ -88,11 +88,14 @@ def test_hung_rank_times_out():
     assert not any(_alive(p) for p in ranks.values())
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_a_healthy_step_slower_than_the_timeout_is_not_a_hang(run_cli):
-    # The check after the loops of a 256 MiB all_reduce takes seconds (fill, one more call, the
-    # comparison); with -T 1, 482a6d1 killed the job ("no progress for 1 s while checking ... a
-    # peer hangs"). Its peers are alive and say so: the job runs to its end.
-    p = run_cli("bench", "-N", "2", "--sizes", "256M", "-n", "2", "-w", "1", "-T", "1", "--no-save", timeout=100)
+    # Allocating a 512 MiB all_reduce's buffers, and the check after its loops (fill, one more
+    # call, the comparison), each take seconds here; with -T 2, 482a6d1 killed the job ("no
+    # progress for 2 s while allocating / checking ... a peer hangs"). Its peers are alive and
+    # working and say so: the job runs to its end. (-T also bounds gloo's own waits: 2 s leaves
+    # room for one rank to fill its buffer later than the other on a loaded machine.)
+    p = run_cli("bench", "-N", "2", "--sizes", "512M", "-n", "2", "-w", "1", "-T", "2", "--no-save", timeout=150)
     assert p.returncode == 0, p.stderr
-    assert "no progress" not in p.stderr and "268435456" in p.stdout
+    assert "no progress" not in p.stderr and "536870912" in p.stdout
