@@ -10,10 +10,8 @@ A single step can outlast the timeout on a healthy job (a 64 MiB check on a slow
 allocation), and its rank cannot tell that from a dead peer by its own clock. So before it blames a
 peer, the watchdog asks them (`PeerBeats`): every rank's watchdog leaves a sign of life in the job's
 store every quarter of the timeout (0.25-5 s), from a thread of its own that no stuck library call
-blocks, with its process's CPU time. A rank whose peers all show life waits on while some rank
-works (its CPU time grows: filling, reducing, checking), up to PATIENCE times the timeout; live
-ranks that all sit idle are hung, and a peer that missed two signs (stopped, killed, unreachable)
-is named. Without a store (mpi4py's backend) or while it cannot be read, the watchdog
+blocks. A rank whose peers all show life waits on, up to PATIENCE times the timeout; a peer that
+missed two signs (stopped, killed, unreachable) is named. Without a store (mpi4py's backend) or while it cannot be read, the watchdog
 blames as before.
 """
 from __future__ import annotations
@@ -28,11 +26,12 @@ from ..errors import PeerTimeout
 from ..faults import rank_error
 
 TICK_S = 0.25
-# A rank whose peers all show signs of life waits on while some rank of the job works (its
-# process's CPU time grows by BUSY_SHARE of the time passed, or more: filling, reducing or checking
-# a large buffer), up to PATIENCE timeouts in one step; live ranks that all sit idle are hung.
+# How many timeouts a rank whose peers all show signs of life waits in one step before it gives
+# up all the same: a call that never ends on live ranks is a library's hang, not a slow step (the
+# backends' own timeouts, gloo's and wirespeed's, end most of those at --timeout already). Whether
+# a live rank is working cannot be told from outside it (CPU time was tried: a rank filling a
+# buffer on a loaded machine read as idle), so live peers get this much patience.
 PATIENCE = 10
-BUSY_SHARE = 0.2
 BEAT_MIN_S, BEAT_MAX_S = 0.25, 5.0
 
 
@@ -58,7 +57,6 @@ class PeerBeats:
         self.period_s = period_s
         self._find = find_store
         self._changed: dict[int, tuple[str, float]] = {}   # peer -> (its value, when it changed)
-        self._cpu: dict[int, list[tuple[float, float]]] = {}  # rank -> [(when, its CPU seconds)]
         self.read_at = None                                 # when every peer was last read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wirespeed-beats", daemon=True)
@@ -77,9 +75,8 @@ class PeerBeats:
             store, world = found
             n += 1
             keys = [f"wirespeed/watchdog/{r}" for r in range(world) if r != self.rank]
-            mine = time.process_time()
             try:
-                store.set(f"wirespeed/watchdog/{self.rank}", f"{n},{mine:.3f}")
+                store.set(f"wirespeed/watchdog/{self.rank}", str(n))
                 # only the keys that exist: a get waits for a missing one
                 if keys and not store.check(keys):
                     keys = [k for k in keys if store.check([k])]
@@ -87,31 +84,11 @@ class PeerBeats:
             except Exception:  # noqa: BLE001 (the store is gone: its job is ending)
                 return
             now = time.monotonic()
-            self._note_cpu(self.rank, now, mine)
             for k, v in zip(keys, vals):
                 peer = int(k.rsplit("/", 1)[1])
                 if self._changed.get(peer, (None,))[0] != v:
                     self._changed[peer] = (v, now)
-                    self._note_cpu(peer, now, float(v.split(b"," if isinstance(v, bytes) else ",")[1]))
             self.read_at = now if len(keys) == world - 1 else self.read_at
-
-    def _note_cpu(self, rank: int, now: float, cpu: float) -> None:
-        seen = self._cpu.setdefault(rank, [])
-        seen.append((now, cpu))
-        if len(seen) > 64:
-            del seen[:32]
-
-    def busy(self, window_s: float) -> bool:
-        """Whether some rank's process (this one's included) used the CPU for BUSY_SHARE of the
-        last `window_s` seconds or more: the job is working, if slowly."""
-        now = time.monotonic()
-        for seen in list(self._cpu.values()):
-            recent = [(t, c) for t, c in seen if now - t <= window_s]
-            if len(recent) >= 2 and recent[-1][0] - recent[0][0] >= window_s / 2:
-                (t0, c0), (t1, c1) = recent[0], recent[-1]
-                if c1 - c0 >= BUSY_SHARE * (t1 - t0):
-                    return True
-        return False
 
     def silent(self, for_s: float) -> list[int] | None:
         """The peers with no sign of life for `for_s` seconds; None when this rank cannot tell
@@ -164,8 +141,8 @@ class Watchdog:
                 # A live peer's beat changes every period; two missed (and a slow tick) is silence,
                 # so a peer stopped when progress stopped is named at the timeout, not later.
                 silent = self._beats.silent(2 * self._beats.period_s + 0.5)
-                if silent == [] and still <= PATIENCE * self.timeout_s and self._beats.busy(self.timeout_s):
-                    continue   # every peer is alive and some rank works: a slow step, not a dead peer
+                if silent == [] and still <= PATIENCE * self.timeout_s:
+                    continue   # every peer is alive: a slow step, not a dead peer
                 done = self._calls - self._calls_at_step
                 at = f" ({done} call{'s' if done != 1 else ''} of it done)" if done else ""
                 if silent:
@@ -173,10 +150,8 @@ class Watchdog:
                     why = (f"rank{'s' if len(silent) > 1 else ''} {who} gave no sign of life since "
                            f"{2 * self._beats.period_s + 0.5:.1f} s or more: stopped, killed or unreachable")
                 elif silent == []:
-                    why = ("every peer is alive but "
-                           + ("none works: a call that does not end" if still <= PATIENCE * self.timeout_s
-                              else f"nothing moved for {PATIENCE} times the timeout")
-                           + " (raise --timeout if the job is just slow)")
+                    why = (f"every peer is alive, yet nothing moved for {PATIENCE} times the timeout: a "
+                           "call that does not end (raise --timeout if the job is just slow)")
                 else:
                     why = "a peer hangs, is stopped or unreachable (raise --timeout if the job is just slow)"
                 sys.stderr.write(f"wirespeed: error: rank {self.rank}: no progress for "
