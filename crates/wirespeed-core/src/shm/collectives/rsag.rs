@@ -1,5 +1,5 @@
-//! `rsag`, the one-host all_reduce past the staging slot (its own file for length; it uses the
-//! parent's descriptor helpers).
+//! `rsag`, the one-host all_reduce past the staging slot: `reduce_blocks` (reduce.rs) over each
+//! rank's chunk, each reduced block written back into the peers' buffers.
 use super::Mode;
 use crate::api::Buf;
 use crate::dtype::{DType, ReduceOp};
