@@ -1,6 +1,6 @@
 //! Streams and connections: framing, the send queue the streams pull from, reading into posted
 //! receives, `isend`/`irecv`/`close`, and making a `Conn` of streams that finished their handshake.
-use super::reactor::{Entry, Reactor};
+use super::reactor::{Entry, Reactor, Ready};
 use super::request::{ReqState, Request};
 use super::{NetConfig, FRAME_LEN, FRAME_MAGIC, MIN_SPLIT};
 use crate::error::{Error, Result};
@@ -82,6 +82,21 @@ pub(super) enum RxState {
 // SAFETY: `dst` points into a posted receive buffer that `irecv`'s contract keeps alive until the
 // request completes; only the thread holding the stream's lock writes through it.
 unsafe impl Send for RxState {}
+
+/// A socket event: write what the stream has to send, then read what came.
+impl Ready for Stream {
+    fn ready(self: Arc<Self>, readable: bool, writable: bool) {
+        let Some(c) = self.conn.upgrade() else { return };
+        if writable {
+            let mut tx = self.tx.lock().unwrap();
+            c.flush(&self, &mut tx);
+        }
+        if readable {
+            let mut rx = self.rx.lock().unwrap();
+            c.read(&self, &mut rx);
+        }
+    }
+}
 
 pub(super) struct Stream {
     sock: TcpStream,
@@ -745,7 +760,7 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
     let mut regs = Vec::new();
     for s in &streams {
         let t = &reactor.threads[s.reactor];
-        t.entries.lock().unwrap().insert(s.token, Entry::Stream(Arc::downgrade(s)));
+        t.entries.lock().unwrap().insert(s.token, Entry::Watched(Arc::downgrade(s) as Weak<Stream>));
         let fd = s.sock.as_raw_fd();
         if let Err(e) = t.registry.register(&mut SourceFd(&fd), Token(s.token), Interest::READABLE | Interest::WRITABLE) {
             t.entries.lock().unwrap().remove(&s.token);

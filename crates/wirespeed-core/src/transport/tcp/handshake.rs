@@ -1,6 +1,6 @@
 //! Handshake: hellos, the listener, the dialer.
 use super::conn::{make_conn, send_vectored, would_block, Conn};
-use super::reactor::{Entry, Reactor};
+use super::reactor::{Entry, Reactor, Ready};
 use super::auth::{self, Secret, MAC_LEN, NONCE_LEN};
 use super::{NetConfig, AUTH_ACK, HELLO_AUTH_LEN, HELLO_LEN, HELLO_MAGIC, HELLO_MAGIC_AUTH, HELLO_TIMEOUT, MAX_PENDING};
 use crate::error::{Error, Result};
@@ -150,6 +150,35 @@ pub struct Listener {
     addr: SocketAddr,
 }
 
+impl Ready for ListenerInner {
+    fn ready(self: Arc<Self>, _: bool, _: bool) {
+        self.accept_all();
+    }
+
+    fn tick(self: Arc<Self>) {
+        self.expire();
+        // A connection whose accept failed (no descriptor free, for a moment) is still
+        // queued, and only a new connection would raise the listener's edge again: a
+        // dialer (a group's lazy dial, whose peer waits on it) would stall to its
+        // deadline. One accept that finds nothing, per listener and tick, otherwise.
+        self.accept_all();
+    }
+}
+
+/// An accepted stream saying hello: its listener reads it (while the listener lives).
+struct Hello {
+    listener: Weak<ListenerInner>,
+    id: usize,
+}
+
+impl Ready for Hello {
+    fn ready(self: Arc<Self>, _: bool, _: bool) {
+        if let Some(l) = self.listener.upgrade() {
+            l.read_hello(self.id);
+        }
+    }
+}
+
 impl ListenerInner {
     fn refuse(&self, from: SocketAddr, why: &str) {
         if why.is_empty() {
@@ -206,7 +235,7 @@ impl ListenerInner {
                     let fd = sock.as_raw_fd();
                     st.hellos.insert(id, PendingHello { sock, from, buf: [0; HELLO_AUTH_LEN], have: 0, want: HELLO_LEN, phase: Phase::Hello, since: Instant::now(), token: 0, thread });
                     drop(st);
-                    match reactor.register(thread, fd, Interest::READABLE, Entry::Hello(Arc::downgrade(self), id)) {
+                    match reactor.register(thread, fd, Interest::READABLE, Entry::Held(Arc::new(Hello { listener: Arc::downgrade(self), id }))) {
                         Ok(tok) => {
                             if let Some(h) = self.state.lock().unwrap().hellos.get_mut(&id) {
                                 h.token = tok;
@@ -439,7 +468,7 @@ impl Listener {
         });
         let thread = reactor.pick();
         let fd = inner.sock.as_raw_fd();
-        let tok = reactor.register(thread, fd, Interest::READABLE, Entry::Listener(Arc::downgrade(&inner)))?;
+        let tok = reactor.register(thread, fd, Interest::READABLE, Entry::Ticked(Arc::downgrade(&inner) as Weak<ListenerInner>))?;
         let _ = inner.token.set((thread, tok));
         // Connections queued before registration raise no edge.
         inner.accept_all();
