@@ -12,7 +12,7 @@
 //! dial won), the dial stops quietly and `done` is not called (a try under way is finished
 //! first, so that the peer reads a whole hello it refuses quietly, not a connection closed
 //! before it said anything, which it would log as a stranger's).
-use super::handshake::Attempt;
+use super::dialer::Attempt;
 use super::reactor::{Entry, Reactor, Ready};
 use super::NetConfig;
 use crate::error::{Error, Result};
