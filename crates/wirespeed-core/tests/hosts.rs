@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wirespeed_core::shm::comm::RankInfo;
 use wirespeed_core::hosts::fds::{self, FdRoom};
-use wirespeed_core::hosts::Layout;
+use wirespeed_core::hosts::HostLayout;
 use wirespeed_core::plan::NetAlgo;
 use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
 
@@ -153,7 +153,7 @@ fn every_other_collective_and_p2p_across_hosts() {
 #[test]
 fn the_tightest_ranks_open_file_limit_sets_every_pairs_streams() {
     let six: &[&str] = &["a", "a", "b", "b", "c", "c"];
-    let lay = Layout::new(&six.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    let lay = HostLayout::new(&six.iter().map(|s| s.to_string()).collect::<Vec<_>>());
     let held = 10;
     // Rank 3 gets exactly its need at 5 streams; the limits stay far below this process's soft
     // limit, so no rank raises it (the test process's limit is not ours to change).

@@ -6,7 +6,7 @@
 use super::mesh::{Connect, Listener, Mesh};
 use crate::error::Error;
 use crate::transport::tcp::NetConfig;
-use crate::transport::Transport;
+use crate::transport::{Handle, Transport};
 use std::net::IpAddr;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -291,4 +291,24 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     let e = unsafe { m.post_send(1, data.as_ptr(), data.len(), 3) }.and_then(|h| m.wait(h)).unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
     assert!(matches!(e, Error::PeerAborted { rank: 1, .. }), "{e}");
+}
+
+/// The algorithms run over the mesh alone (every rank on its own host): a ring all_reduce
+/// over loopback, then a handle waited twice is refused.
+#[test]
+fn the_ring_runs_over_the_mesh_alone() {
+    let world = 3;
+    let ms = meshes(world, Connect::Eager, Duration::from_secs(10));
+    let out = on_every_rank(ms, move |r, m| {
+        let mut v: Vec<i32> = (0..1000).map(|i| i * (r as i32 + 1)).collect();
+        // SAFETY: `v` is a live Vec of i32 viewed as bytes for the call only.
+        let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
+        let members: Vec<usize> = (0..world).collect();
+        crate::algo::ring::all_reduce(m, &members, 1, b, crate::DType::I32, crate::ReduceOp::Sum, world, &mut Vec::new()).unwrap();
+        (v, m.wait(Handle(0)).is_err())
+    });
+    for ((v, refused), _) in out {
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as i32 * 6), "wrong sum");
+        assert!(refused, "a handle waited twice must be refused");
+    }
 }

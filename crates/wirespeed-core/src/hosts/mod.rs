@@ -2,7 +2,7 @@
 //! form a shared-memory `Comm` (its own local numbering), and every pair of ranks on different
 //! hosts is joined by TCP (mesh.rs). Point-to-point goes over whichever of the two joins a pair.
 //!
-//! Streams per pair (`Layout::pair_streams`). The bandwidth paths get WIRESPEED_NSTREAMS streams:
+//! Streams per pair (`HostLayout::pair_streams`). The bandwidth paths get WIRESPEED_NSTREAMS streams:
 //! a rank and its counterpart on every other host (same local index: the host leaders, which
 //! carry the hierarchical all_reduce and broadcast, and the pairs pipeline parallelism sends
 //! between) and its neighbours in rank order (the flat ring). Every other pair gets one stream:
@@ -36,6 +36,7 @@
 //! (remote peers raise at once).
 pub mod fds;
 pub mod hier;
+mod layout;
 pub mod mesh;
 pub mod probe;
 #[cfg(test)]
@@ -52,47 +53,7 @@ use crate::algo::direct::Region;
 use crate::transport::{Handle, Transport};
 use std::time::Duration;
 
-/// Ranks grouped by host, hosts ordered by their lowest rank (so every rank computes the same).
-pub struct Layout {
-    pub hosts: Vec<Vec<usize>>,
-    pub host_of: Vec<usize>,
-    pub local_of: Vec<usize>,
-}
-
-impl Layout {
-    pub fn new(ids: &[String]) -> Layout {
-        let mut hosts: Vec<Vec<usize>> = Vec::new();
-        let mut names: Vec<&String> = Vec::new();
-        let mut host_of = vec![0; ids.len()];
-        let mut local_of = vec![0; ids.len()];
-        for (r, id) in ids.iter().enumerate() {
-            let h = match names.iter().position(|n| *n == id) {
-                Some(h) => h,
-                None => {
-                    names.push(id);
-                    hosts.push(Vec::new());
-                    hosts.len() - 1
-                }
-            };
-            host_of[r] = h;
-            local_of[r] = hosts[h].len();
-            hosts[h].push(r);
-        }
-        Layout { hosts, host_of, local_of }
-    }
-
-    /// TCP streams between ranks `a` and `b` (0 on one host): see the module's opening.
-    pub fn pair_streams(&self, a: usize, b: usize, nstreams: usize) -> usize {
-        let world = self.host_of.len();
-        if self.host_of[a] == self.host_of[b] {
-            0
-        } else if self.local_of[a] == self.local_of[b] || (a + 1) % world == b || (b + 1) % world == a {
-            nstreams
-        } else {
-            1
-        }
-    }
-}
+pub use layout::HostLayout;
 
 /// A rank of a multi-host group between `new` and `connect`.
 pub struct HostsSetup {
@@ -100,10 +61,10 @@ pub struct HostsSetup {
     world: usize,
     token: [u8; 16],
     timeout: Duration,
-    lay: Layout,
+    lay: HostLayout,
     local: Comm,
     listener: Listener,
-    /// TCP streams to each rank (`Layout::pair_streams`; 0 on this host).
+    /// TCP streams to each rank (`HostLayout::pair_streams`; 0 on this host).
     streams: Vec<usize>,
     /// The planner's knobs (`Config::tuning`), for the connected group.
     tuning: Tuning,
@@ -123,7 +84,7 @@ impl HostsSetup {
         if ids.len() != world || rank >= world {
             return Err(Error::Unsupported(format!("{} host ids for rank {rank} of a world of {world}", ids.len())));
         }
-        let lay = Layout::new(ids);
+        let lay = HostLayout::new(ids);
         // Before anything is opened: the stream count every rank uses, or every rank's error.
         // A rank whose own TCP knobs are invalid says so first; the others fail on the
         // disagreement its room shows (it publishes 0 streams).
@@ -170,7 +131,7 @@ impl HostsSetup {
 pub struct HostsComm {
     pub rank: usize,
     pub world: usize,
-    pub(crate) lay: Layout,
+    pub(crate) lay: HostLayout,
     pub(crate) local: Comm,
     pub(crate) mesh: Mesh,
     seq: u64,
@@ -367,7 +328,7 @@ impl HostsComm {
 
     /// The ring all_gather and reduce_scatter run on: hosts in order, each host's ranks forward
     /// on even hosts and backward on odd ones, so that each hop between hosts joins ranks of the
-    /// same local index, the pairs `Layout::pair_streams` gives the full stream count (all of
+    /// same local index, the pairs `HostLayout::pair_streams` gives the full stream count (all of
     /// them with one rank per host or an even number of hosts; otherwise all but the hop that
     /// closes the ring). Each host's link then carries n-1 chunks each way (the least is n-L
     /// for L ranks per host), where a direct exchange carries L(n-L).
