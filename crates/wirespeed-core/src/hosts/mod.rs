@@ -11,9 +11,10 @@
 //! x 8 ranks and 12 streams: 1,244 instead of 6,048). Before any is opened, fds.rs budgets them
 //! against every rank's open-file limit and may give the bandwidth pairs fewer streams.
 //!
-//! The group is itself a `Transport` (shared memory to peers of its host, the mesh's own
-//! `Transport` to the others), so the algorithms of algo/ run over it unchanged. Collectives
-//! across hosts:
+//! The group's algorithms (algo/, hier.rs, probe.rs) run over its `Route` (route.rs), the one
+//! `Transport` of the group: shared memory to peers of its host, the mesh's own `Transport` to
+//! the others. The route holds no collective, so an algorithm never calls back into the group.
+//! Collectives across hosts:
 //! - all_reduce: hierarchical (shm reduce to each host's leader, ring or recursive doubling among
 //!   leaders, shm broadcast from the leader; hier.rs), or a flat ring over all ranks with
 //!   WIRESPEED_ALGO=ring (algo/ring.rs).
@@ -39,6 +40,7 @@ pub mod hier;
 mod layout;
 pub mod mesh;
 pub mod probe;
+mod route;
 #[cfg(test)]
 mod lazy_tests;
 
@@ -49,8 +51,9 @@ use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use mesh::{Connect, Listener, Mesh};
+use route::Route;
 use crate::algo::direct::Region;
-use crate::transport::{Handle, Transport};
+use crate::transport::Transport;
 use std::time::Duration;
 
 pub use layout::HostLayout;
@@ -122,8 +125,9 @@ impl HostsSetup {
         local.connect(&local_infos)?;
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
         let mesh = Mesh::connect(listener, rank, &addrs, &streams, token, timeout)?;
-        let mut comm = HostsComm { rank, world, lay, local, mesh, seq: 0, broken: None, tuning, scratch: Vec::new(), pend: Vec::new(), streams: probe::StreamChoice::default() };
-        comm.streams = probe::choose_streams(&mut comm, nstreams, forced)?;
+        let route = Route::new(rank, world, lay, local, mesh);
+        let mut comm = HostsComm { rank, world, route, seq: 0, broken: None, tuning, scratch: Vec::new(), streams: probe::StreamChoice::default() };
+        comm.streams = comm.choose_streams(nstreams, forced)?;
         Ok(comm)
     }
 }
@@ -131,33 +135,15 @@ impl HostsSetup {
 pub struct HostsComm {
     pub rank: usize,
     pub world: usize,
-    pub(crate) lay: HostLayout,
-    pub(crate) local: Comm,
-    pub(crate) mesh: Mesh,
+    /// What the algorithms run over (route.rs).
+    route: Route,
     seq: u64,
     broken: Option<Error>,
-    pub(crate) tuning: Tuning,
+    tuning: Tuning,
     scratch: Vec<u8>,
-    /// Operations posted through the Transport interface and not yet waited.
-    pend: Vec<Pend>,
     /// The streams each rank sends on, chosen at setup (probe.rs).
     streams: probe::StreamChoice,
 }
-
-/// A posted operation of the Transport interface. Shared-memory receives read the sender's
-/// buffer, so they run when waited (after any earlier receive from the same peer).
-enum Pend {
-    ShmSend(crate::shm::p2p::SendTicket),
-    ShmRecv { from: usize, ptr: *mut u8, len: usize, tag: u64 },
-    /// A handle of the mesh's own `Transport`.
-    Tcp(Handle),
-    Done,
-}
-
-// SAFETY: a Pend moves between threads only inside its HostsComm, which one thread uses at a
-// time (&mut, under the engine's execution lock). ShmRecv's pointer is a buffer posted under
-// post_recv's contract and written only by the thread that waits it, never concurrently.
-unsafe impl Send for Pend {}
 
 /// The tag of every message of one collective call: kind, dtype, op, root and a sequence number,
 /// so ranks that called different collectives meet a Mismatch instead of mixing data.
@@ -170,7 +156,7 @@ fn op_tag(seq: u64, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root
 
 impl HostsComm {
     pub fn hosts(&self) -> &[Vec<usize>] {
-        &self.lay.hosts
+        &self.route.lay.hosts
     }
     /// Choose the cross-host all_reduce algorithm as WIRESPEED_ALGO=ring, hier or doubling does
     /// (`Tuning::net_all_reduce`); None lets the cost model choose, as auto does. Every rank must
@@ -181,18 +167,18 @@ impl HostsComm {
 
     /// Connections refused so far by this rank's listener.
     pub fn refused(&self) -> usize {
-        self.mesh.refused()
+        self.route.mesh.refused()
     }
 
     /// TCP streams of the connection with rank `r` (0 for a rank on this host, and with lazy
     /// connections for a rank not used yet).
     pub fn streams_to(&self, r: usize) -> usize {
-        self.mesh.streams_to(r)
+        self.route.mesh.streams_to(r)
     }
 
     /// Of those, the streams this rank sends on (probe.rs).
     pub fn active_to(&self, r: usize) -> usize {
-        self.mesh.active_to(r)
+        self.route.mesh.active_to(r)
     }
 
     /// The stream count chosen at setup and how (the same on every rank).
@@ -202,39 +188,26 @@ impl HostsComm {
 
     /// Remote ranks this rank holds streams with (with lazy connections: those used so far).
     pub fn connected(&self) -> Vec<usize> {
-        self.mesh.connected()
+        self.route.mesh.connected()
     }
-    pub(crate) fn my_host(&self) -> usize {
-        self.lay.host_of[self.rank]
-    }
-    pub(crate) fn is_leader(&self) -> bool {
-        self.lay.local_of[self.rank] == 0
-    }
-
-    pub(crate) fn tag(&mut self, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
+    fn tag(&mut self, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
         self.seq += 1;
         op_tag(self.seq, kind, dtype, op, root)
-    }
-
-    /// Rank `r`'s index in this host's shared-memory group, or None if TCP reaches it: the
-    /// one place a peer is routed.
-    fn local_index(&self, r: usize) -> Option<usize> {
-        (self.lay.host_of[r] == self.my_host()).then(|| self.lay.local_of[r])
     }
 
     /// Run an op; any error breaks the group and tells every peer (see the module comment). So
     /// does a panic (a bug): caught here, so that its transfers are stopped like a failed op's
     /// before anything above may free their buffers.
-    pub(crate) fn guarded(&mut self, f: impl FnOnce(&mut HostsComm) -> Result<()>) -> Result<()> {
+    fn guarded(&mut self, f: impl FnOnce(&mut HostsComm) -> Result<()>) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
-        self.pend.clear();
+        self.route.forget_pending();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))).unwrap_or_else(|p| Err(Error::from_panic(p)));
         if let Err(e) = &r {
             self.break_group(e);
         }
-        self.pend.clear();
+        self.route.forget_pending();
         r
     }
 
@@ -244,50 +217,39 @@ impl HostsComm {
         if self.broken.is_none() {
             self.broken = Some(e.clone());
         }
-        self.local.fail(e);
-        self.mesh.shutdown();
+        self.route.local.fail(e);
+        self.route.mesh.shutdown();
     }
 
-    /// Run `f` with the group's scratch buffer taken out (the algorithms borrow both).
-    fn with_scratch<T>(&mut self, f: impl FnOnce(&mut HostsComm, &mut Vec<u8>) -> Result<T>) -> Result<T> {
-        /// Puts the scratch back even when `f` unwinds: receives may still be posted into it
-        /// until `guarded` shuts the connections, so it must not be freed on the way there.
-        struct PutBack<'a> {
-            c: &'a mut HostsComm,
-            s: Vec<u8>,
-        }
-        impl Drop for PutBack<'_> {
-            fn drop(&mut self) {
-                self.c.scratch = std::mem::take(&mut self.s);
-            }
-        }
-        let s = std::mem::take(&mut self.scratch);
-        let mut g = PutBack { c: self, s };
-        f(&mut *g.c, &mut g.s)
+    /// Every rank: the probe where it is rank 0 or its partner (probe.rs), then rank 0's choice
+    /// told to all, and every connection set to it. `opened`: the bandwidth pairs' streams;
+    /// `forced`: WIRESPEED_NSTREAMS is set here (rank 0's decides).
+    fn choose_streams(&mut self, opened: usize, forced: bool) -> Result<probe::StreamChoice> {
+        let mut mine = None;
+        self.guarded(|c| {
+            mine = probe::measure(&mut c.route, opened, forced)?;
+            Ok(())
+        })?;
+        let mut buf = mine.map_or_else(|| vec![0u8; probe::ENCODED], |m| m.encode());
+        // SAFETY: `buf` is ours, ENCODED bytes on every rank, read on rank 0 and written elsewhere,
+        // and lives until the broadcast returns.
+        unsafe { Collectives::broadcast(self, (buf.as_mut_ptr() as usize, buf.len()), 0)? };
+        let choice = probe::StreamChoice::decode(&buf);
+        self.route.mesh.use_streams(choice.used);
+        Ok(choice)
     }
 
     fn all_reduce_impl(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let algo = self.tuning.pick_across_hosts(buf.len(), self.world, self.lay.hosts.len());
+        let algo = self.tuning.pick_across_hosts(buf.len(), self.world, self.route.lay.hosts.len());
         let tag = self.tag(Kind::AllReduce, Some(dtype), Some(op), algo as usize);
         let world = self.world;
         match algo {
             NetAlgo::Ring => {
                 let members: Vec<usize> = (0..world).collect();
-                self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &members, tag, buf, dtype, op, world, s))
+                crate::algo::ring::all_reduce(&mut self.route, &members, tag, buf, dtype, op, world, &mut self.scratch)
             }
             // pick_across_hosts gives Hier for doubling: the leaders' choice is pick_among_leaders'.
-            NetAlgo::Hier | NetAlgo::Doubling => self.hier_all_reduce(tag, buf, dtype, op),
-        }
-    }
-
-    /// The all_reduce among host leaders inside the hierarchy: the planner's ring or doubling.
-    pub(crate) fn leaders_all_reduce(&mut self, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let leaders: Vec<usize> = self.lay.hosts.iter().map(|h| h[0]).collect();
-        let world = self.world;
-        match self.tuning.pick_among_leaders(buf.len(), leaders.len()) {
-            NetAlgo::Doubling => self.with_scratch(|c, s| crate::algo::doubling::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
-            // pick_among_leaders gives Ring or Doubling.
-            NetAlgo::Ring | NetAlgo::Hier => self.with_scratch(|c, s| crate::algo::ring::all_reduce(c, &leaders, tag, buf, dtype, op, world, s)),
+            NetAlgo::Hier | NetAlgo::Doubling => hier::all_reduce(&mut self.route, &self.tuning, &mut self.scratch, tag, buf, dtype, op),
         }
     }
 
@@ -300,28 +262,29 @@ impl HostsComm {
     // SAFETY: unsafe to call: `broadcast_impl` relies on its callers for this (`# Safety` above): `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`, which shuts the connections on an error (algo/mod.rs, ...
     unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(Kind::Broadcast, None, None, root);
-        let rh = self.lay.host_of[root];
-        let mine = self.my_host();
-        let local_many = self.lay.hosts[mine].len() > 1;
+        let r = &mut self.route;
+        let rh = r.lay.host_of[root];
+        let mine = r.my_host();
+        let local_many = r.lay.hosts[mine].len() > 1;
         if mine == rh && local_many {
             // SAFETY: this fn's contract: `buf` is valid until this returns, read on the root
             // and written on its host's other ranks, as Comm::broadcast's contract asks.
-            unsafe { self.local.broadcast(buf, self.lay.local_of[root])? };
+            unsafe { r.local.broadcast(buf, r.lay.local_of[root])? };
         }
-        let tree_root = self.lay.hosts[rh][0];
+        let tree_root = r.lay.hosts[rh][0];
         let members: Vec<usize> = std::iter::once(tree_root)
-            .chain((0..self.lay.hosts.len()).filter(|&h| h != rh).map(|h| self.lay.hosts[h][0]))
+            .chain((0..r.lay.hosts.len()).filter(|&h| h != rh).map(|h| r.lay.hosts[h][0]))
             .collect();
-        if members.len() > 1 && members.contains(&self.rank) {
+        if members.len() > 1 && members.contains(&r.rank) {
             // SAFETY: this fn's contract: `buf` is ours for the call. The slice lives only for
             // the tree below, and nothing else reaches the memory meanwhile.
             let b = unsafe { std::slice::from_raw_parts_mut(buf.0 as *mut u8, buf.1) };
-            crate::algo::tree::broadcast(self, &members, tag, b, tree_root)?;
+            crate::algo::tree::broadcast(r, &members, tag, b, tree_root)?;
         }
         if mine != rh && local_many {
             // SAFETY: this fn's contract, as for the root's host: `buf` is valid until this
             // returns; the local broadcast from the leader (local rank 0) writes it here.
-            unsafe { self.local.broadcast(buf, 0)? };
+            unsafe { r.local.broadcast(buf, 0)? };
         }
         Ok(())
     }
@@ -333,69 +296,11 @@ impl HostsComm {
     /// closes the ring). Each host's link then carries n-1 chunks each way (the least is n-L
     /// for L ranks per host), where a direct exchange carries L(n-L).
     fn ring_order(&self) -> Vec<usize> {
-        self.lay.hosts.iter().enumerate().flat_map(|(h, rs)| if h % 2 == 0 { rs.clone() } else { rs.iter().rev().copied().collect() }).collect()
+        self.route.lay.hosts.iter().enumerate().flat_map(|(h, rs)| if h % 2 == 0 { rs.clone() } else { rs.iter().rev().copied().collect() }).collect()
     }
 
     fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
         bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
-    }
-}
-
-/// Each method's contract is `Transport`'s (transport/mod.rs). The group's ops wait every handle
-/// or, on an error, break the group (`guarded`), which shuts the TCP connections and marks the
-/// local group aborted: that is what "the transport is shut down" means here.
-impl Transport for HostsComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world(&self) -> usize {
-        self.world
-    }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
-    unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
-        check_rank(self.world, to, "send to")?;
-        let p = match self.local_index(to) {
-            // SAFETY: post_send's contract: `data..data+len` stays readable and unwritten until
-            // the handle is waited (the ticket completed) or the group breaks, after which a late
-            // receiver's read fails: what Comm::post_to asks.
-            Some(l) => Pend::ShmSend(unsafe { self.local.post_to(l, data as usize, len, tag)? }),
-            // SAFETY: post_send's contract is the mesh's own: the group breaking shuts it down.
-            None => Pend::Tcp(unsafe { self.mesh.post_send(to, data, len, tag)? }),
-        };
-        self.pend.push(p);
-        Ok(Handle(self.pend.len() - 1))
-    }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
-    unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
-        check_rank(self.world, from, "receive from")?;
-        let p = match self.local_index(from) {
-            Some(l) => Pend::ShmRecv { from: l, ptr: data, len, tag },
-            // SAFETY: post_recv's contract is the mesh's own: the group breaking shuts it down.
-            None => Pend::Tcp(unsafe { self.mesh.post_recv(from, data, len, tag)? }),
-        };
-        self.pend.push(p);
-        Ok(Handle(self.pend.len() - 1))
-    }
-    fn wait(&mut self, h: Handle) -> Result<()> {
-        if h.0 >= self.pend.len() {
-            return Err(Error::Unsupported(format!("no operation {} is pending", h.0)));
-        }
-        if let Pend::ShmRecv { from, .. } = self.pend[h.0] {
-            // Messages from one peer match in posting order: run earlier receives from it first.
-            for i in 0..h.0 {
-                if matches!(self.pend[i], Pend::ShmRecv { from: f, .. } if f == from) {
-                    self.wait(Handle(i))?;
-                }
-            }
-        }
-        match std::mem::replace(&mut self.pend[h.0], Pend::Done) {
-            Pend::ShmSend(t) => t.wait(),
-            // SAFETY: post_recv's contract: `ptr..ptr+len` was posted writable and ours until its
-            // handle is waited, which is now; Comm::recv_from needs it for this call only.
-            Pend::ShmRecv { from, ptr, len, tag } => unsafe { self.local.recv_from(from, ptr as usize, len, tag) },
-            Pend::Tcp(h) => self.mesh.wait(h),
-            Pend::Done => Ok(()),
-        }
     }
 }
 
@@ -420,7 +325,7 @@ impl Collectives for HostsComm {
         self.guarded(|c| {
             // The tag's root field says which algorithm runs: ranks that chose differently meet
             // a Mismatch, not mixed data.
-            let ring = c.tuning.gather_on_ring(count * dtype.size(), c.lay.hosts.len());
+            let ring = c.tuning.gather_on_ring(count * dtype.size(), c.route.lay.hosts.len());
             let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), ring as usize);
             let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
             let world = c.world;
@@ -431,13 +336,13 @@ impl Collectives for HostsComm {
                 // merely listed in ring order: every send[j] and `out` hold `count` elements
                 // until this returns, `out` overlapping only send[rank] at the same address; on
                 // an error `guarded` shuts the connections.
-                return c.with_scratch(|c, s| unsafe { crate::algo::ring::reduce_scatter(c, &members, tag, &by_pos, out as *mut u8, count, dtype, op, world, s) });
+                return unsafe { crate::algo::ring::reduce_scatter(&mut c.route, &members, tag, &by_pos, out as *mut u8, count, dtype, op, world, &mut c.scratch) };
             }
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: `Collectives`' contract (api.rs) is direct::reduce_scatter's: every send[j]
             // and `out` hold `count` elements until this returns, `out` overlapping only
             // send[rank] at the same address; on an error `guarded` shuts the connections.
-            c.with_scratch(|c, s| unsafe { crate::algo::direct::reduce_scatter(c, &members, tag, &regions, out as *mut u8, count, dtype, op, world, s) })
+            unsafe { crate::algo::direct::reduce_scatter(&mut c.route, &members, tag, &regions, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
         })
     }
     // SAFETY: unsafe to call: `reduce` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::reduce`'s contract (api.rs) keeps them live and unshared until it returns
@@ -449,14 +354,14 @@ impl Collectives for HostsComm {
             let tag = c.tag(Kind::Reduce, Some(dtype), Some(op), root);
             let members: Vec<usize> = (0..c.world).collect();
             let world = c.world;
-            c.with_scratch(|c, s| crate::algo::tree::reduce(c, &members, tag, b, dtype, op, root, world, s))
+            crate::algo::tree::reduce(&mut c.route, &members, tag, b, dtype, op, root, world, &mut c.scratch)
         })
     }
     // SAFETY: unsafe to call: `all_gather` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
-            let ring = c.tuning.gather_on_ring(send.1, c.lay.hosts.len());
+            let ring = c.tuning.gather_on_ring(send.1, c.route.lay.hosts.len());
             let tag = c.tag(Kind::AllGather, None, None, ring as usize);
             if ring {
                 let members = c.ring_order();
@@ -465,13 +370,13 @@ impl Collectives for HostsComm {
                 // merely listed in ring order: `send` readable, every recv[j] writable and ours
                 // (recv[rank] being `send` or disjoint from it) until this returns; on an error
                 // `guarded` shuts the connections.
-                return unsafe { crate::algo::ring::all_gather(c, &members, tag, Region { ptr: send.0 as *mut u8, len: send.1 }, &by_pos) };
+                return unsafe { crate::algo::ring::all_gather(&mut c.route, &members, tag, Region { ptr: send.0 as *mut u8, len: send.1 }, &by_pos) };
             }
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable,
             // every recv[j] writable and ours (recv[rank] being `send` or disjoint from it) until
             // this returns; on an error `guarded` shuts the connections.
-            unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
+            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
         })
     }
     // SAFETY: unsafe to call: `all_to_all` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_to_all`'s contract (api.rs) keeps them live and unshared until it returns
@@ -482,7 +387,7 @@ impl Collectives for HostsComm {
             let tag = c.tag(Kind::AllToAll, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: as for all_gather, with one send range per destination.
-            unsafe { crate::algo::direct::exchange(c, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
+            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
         })
     }
     // SAFETY: unsafe to call: `broadcast` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::broadcast`'s contract (api.rs) keeps them live and unshared until it returns
@@ -508,7 +413,7 @@ impl Collectives for HostsComm {
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable and,
             // on the root, every recv[j] writable and ours (recv[root] being `send` or disjoint
             // from it); every other entry is None. On an error `guarded` shuts the connections.
-            unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
+            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &sends, &recvs) }
         })
     }
     // SAFETY: unsafe to call: `scatter` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::scatter`'s contract (api.rs) keeps them live and unshared until it returns
@@ -527,14 +432,14 @@ impl Collectives for HostsComm {
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `recv` writable and
             // ours and, on the root, every send[j] readable (send[root] being `recv` or disjoint
             // from it); every other entry is None. On an error `guarded` shuts the connections.
-            unsafe { crate::algo::direct::exchange(c, &members, tag, &sends, &recvs) }
+            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &sends, &recvs) }
         })
     }
     fn barrier(&mut self) -> Result<()> {
         self.guarded(|c| {
             let tag = c.tag(Kind::Barrier, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
-            crate::algo::direct::barrier(c, &members, tag)
+            crate::algo::direct::barrier(&mut c.route, &members, tag)
         })
     }
     // SAFETY: unsafe to call: `send_post` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::send_post`'s contract (api.rs) keeps it live and unwritten until the returned ticket completes
@@ -549,12 +454,13 @@ impl Collectives for HostsComm {
         // A ticket of its own, not a Transport handle: it outlives this call (the engine waits
         // it). If the group breaks first, `break_group` shuts the connections and marks the
         // local group aborted, so no late reader uses the bytes.
-        let r = match self.local_index(to) {
+        let route = &mut self.route;
+        let r = match route.local_index(to) {
             // SAFETY: `Collectives::send_post`'s contract (api.rs) is post_to's: the bytes stay
             // readable and unwritten until the ticket completes.
-            Some(l) => unsafe { self.local.post_to(l, addr, len, tag) }.map(|t| Box::new(t) as Ticket),
+            Some(l) => unsafe { route.local.post_to(l, addr, len, tag) }.map(|t| Box::new(t) as Ticket),
             // SAFETY: the same contract is the mesh's `send`'s.
-            None => unsafe { self.mesh.send(to, addr as *const u8, len, tag) }.map(|t| Box::new(t) as Ticket),
+            None => unsafe { route.mesh.send(to, addr as *const u8, len, tag) }.map(|t| Box::new(t) as Ticket),
         };
         if let Err(e) = &r {
             self.break_group(e);
@@ -578,8 +484,8 @@ impl Collectives for HostsComm {
         self.guarded(|c| {
             // SAFETY: `Collectives::recv`'s contract (api.rs) is post_recv's: the bytes are
             // writable and ours until the handle is waited, just below, or the group breaks.
-            let h = unsafe { c.post_recv(from, addr as *mut u8, len, tag)? };
-            c.wait(h)
+            let h = unsafe { c.route.post_recv(from, addr as *mut u8, len, tag)? };
+            c.route.wait(h)
         })
     }
 }
@@ -592,7 +498,7 @@ mod tests {
     use std::time::Instant;
 
     /// A panic in a collective while a TCP receive is posted into the scratch buffer: the
-    /// scratch is put back (not freed under the receive), the connections are shut (so the
+    /// scratch is kept (not freed under the receive), the connections are shut (so the
     /// receive can no longer land, and the peer fails at once), and the group is broken.
     #[test]
     fn a_panic_with_a_receive_posted_into_scratch_stops_it_and_keeps_the_scratch() {
@@ -613,15 +519,12 @@ mod tests {
                         // Caught here too, so that without the fix the test fails instead of hanging.
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             c.guarded(|c| {
-                                c.with_scratch(|c, s| {
-                                    let p = crate::algo::scratch(s, n).as_mut_ptr();
-                                    // SAFETY: `p` is `n` bytes of the group's scratch, which
-                                    // `with_scratch` puts back rather than frees even when this
-                                    // panics; `guarded` then shuts the connections, so the
-                                    // receive cannot land later.
-                                    unsafe { c.post_recv(1, p, n, 7)? };
-                                    panic!("a bug")
-                                })
+                                let p = crate::algo::scratch(&mut c.scratch, n).as_mut_ptr();
+                                // SAFETY: `p` is `n` bytes of the group's scratch, which stays
+                                // in the group (not freed) even when this panics; `guarded`
+                                // then shuts the connections, so the receive cannot land later.
+                                unsafe { c.route.post_recv(1, p, n, 7)? };
+                                panic!("a bug")
                             })
                         }));
                         let kept = c.scratch.len() >= n;
