@@ -5,7 +5,7 @@
 //!     cargo run --release --example shm_costs -- [ranks] [sizes in bytes, comma separated]
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, Collectives, Comm, Config, DType, Engine, Op, ReduceOp};
+use wirespeed_core::{testing::copy, testing::reduce_many, testing::sys, Collectives, testing::Comm, Config, DType, Engine, Op, ReduceOp};
 
 /// Best per-op time of 5 loops of `iters` calls.
 fn best(iters: usize, mut f: impl FnMut()) -> f64 {

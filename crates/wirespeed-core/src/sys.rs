@@ -35,9 +35,6 @@ impl Mapping {
     pub fn len(&self) -> usize {
         self.len
     }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Drop for Mapping {

@@ -6,10 +6,10 @@ mod common;
 use common::{config, input, setups, with_groups, with_hosts, with_hosts_rooms};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use wirespeed_core::shm::comm::RankInfo;
-use wirespeed_core::hosts::fds::{self, FdRoom};
-use wirespeed_core::hosts::HostLayout;
-use wirespeed_core::plan::NetAlgo;
+use wirespeed_core::RankInfo;
+use wirespeed_core::testing::fds::{self, FdRoom};
+use wirespeed_core::testing::HostLayout;
+use wirespeed_core::testing::NetAlgo;
 use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
 
 const LAYOUTS: &[&[&str]] = &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b"], &["a", "b", "c"]];
@@ -360,7 +360,7 @@ fn ring_all_gather_and_reduce_scatter_across_hosts() {
         let out = with_hosts(ids, move |c| {
             let me = c.rank;
             let mut res = Vec::new();
-            for &n in &[(wirespeed_core::plan::GATHER_RING_MIN / 8), 300_001] {
+            for &n in &[(wirespeed_core::testing::GATHER_RING_MIN / 8), 300_001] {
                 for in_place in [false, true] {
                     let mine = input(me, n);
                     let mut all = vec![0i64; n * w];

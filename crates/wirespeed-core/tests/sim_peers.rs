@@ -7,10 +7,10 @@
 //! ways, random pairs; none may deadlock, each rank connects to the peers it used.
 //! `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
 use std::collections::BTreeSet;
-use wirespeed_core::algo::direct;
-use wirespeed_core::algo::{doubling, ring, tree};
-use wirespeed_core::transport::sim::{self, SimConfig, SimRank};
-use wirespeed_core::transport::{Handle, Transport};
+use wirespeed_core::testing::direct;
+use wirespeed_core::testing::{doubling, ring, tree};
+use wirespeed_core::testing::sim::{self, SimConfig, SimRank};
+use wirespeed_core::testing::{Handle, Transport};
 use wirespeed_core::{DType, ReduceOp, Result};
 
 /// A simulated rank that remembers every peer it posts to or from.

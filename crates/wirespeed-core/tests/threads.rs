@@ -5,7 +5,7 @@ mod common;
 
 use common::{input, with_ranks, with_ranks_timeout};
 use std::time::Duration;
-use wirespeed_core::{Collectives, Comm, Config, DType, Engine, Error, Op, ReduceOp};
+use wirespeed_core::{Collectives, testing::Comm, Config, DType, Engine, Error, Op, ReduceOp};
 
 #[test]
 fn all_reduce_sums_exactly_for_every_size_and_algorithm() {
@@ -389,7 +389,7 @@ impl wirespeed_core::Collectives for Panicky {
         panic!("a bug")
     }
     // SAFETY: unsafe only because `Collectives::send_post` is; this stub panics before it could touch a buffer
-    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::api::Ticket> {
+    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::Ticket> {
         unimplemented!()
     }
     // SAFETY: unsafe only because `Collectives::recv` is; this stub panics before it could touch a buffer

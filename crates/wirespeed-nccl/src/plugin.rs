@@ -1,5 +1,5 @@
 //! The one implementation behind every API version: NCCL's calls in Rust terms, over the core's
-//! multi-stream TCP engine (wirespeed_core::transport::tcp). The per-version `extern "C"` tables
+//! multi-stream TCP engine (`wirespeed_core::net`). The per-version `extern "C"` tables
 //! in `ffi` only convert arguments and map errors.
 //!
 //! Objects NCCL holds as `void*`: a `ListenComm` (one listening socket per `listen`, with a random
@@ -15,7 +15,7 @@ use crate::log;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use wirespeed_core::transport::tcp::{Conn, Dialer, Listener, Reactor, Report, Request};
+use wirespeed_core::net::{Conn, Dialer, Listener, Reactor, Report, Request};
 use wirespeed_core::Error as CoreError;
 
 /// A failure with the NCCL code it maps to; the message is logged at WARN by the entry point.

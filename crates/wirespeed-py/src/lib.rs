@@ -8,8 +8,8 @@ use pyo3::import_exception;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
-use wirespeed_core::engine::Owner;
-use wirespeed_core::hosts::fds::FdRoom;
+use wirespeed_core::Owner;
+use wirespeed_core::FdRoom;
 use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
 
 // The exceptions are Python classes of wirespeed/errors.py, so that each is a member of the one
@@ -50,7 +50,7 @@ fn rop(code: u32) -> PyResult<ReduceOp> {
 /// dtype (every rank refuses it alike, so the group stays usable).
 fn reduction(dtype_code: u32, op_code: u32) -> PyResult<(DType, ReduceOp)> {
     let (d, o) = (dtype(dtype_code)?, rop(op_code)?);
-    wirespeed_core::dtype::check(d, o).map_err(to_py)?;
+    wirespeed_core::check_reduction(d, o).map_err(to_py)?;
     Ok((d, o))
 }
 
@@ -291,7 +291,7 @@ fn core_version() -> &'static str {
 /// This machine's id (hostname + boot id, or WIRESPEED_HOSTID): ranks with equal ids share memory.
 #[pyfunction]
 fn host_id() -> String {
-    wirespeed_core::config::host_id_from_env()
+    wirespeed_core::host_id_from_env()
 }
 
 /// This process's open-file room as text (`FdRoom`: WIRESPEED_NSTREAMS, the hard open-file
@@ -299,13 +299,13 @@ fn host_id() -> String {
 /// decides the stream count from them alike on every rank.
 #[pyfunction]
 fn fd_room() -> PyResult<String> {
-    Ok(FdRoom::here(&wirespeed_core::config::net(&wirespeed_core::config::env)).map_err(to_py)?.to_text())
+    Ok(FdRoom::here(&wirespeed_core::net::config(&wirespeed_core::net::env)).map_err(to_py)?.to_text())
 }
 
 /// 16 random bytes from the kernel, for a job token.
 #[pyfunction]
 fn random_token(py: Python<'_>) -> PyResult<PyObject> {
-    let t = wirespeed_core::sys::random_token().map_err(to_py)?;
+    let t = wirespeed_core::random_token().map_err(to_py)?;
     Ok(pyo3::types::PyBytes::new_bound(py, &t).into())
 }
 

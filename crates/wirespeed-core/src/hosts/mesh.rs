@@ -476,6 +476,7 @@ impl Mesh {
     }
 
     /// Streams of crossing dials this rank refused quietly (the lower rank's dial won).
+    #[cfg(test)]
     pub fn crossings_refused(&self) -> usize {
         self.listener.inner.quiet_refusals()
     }

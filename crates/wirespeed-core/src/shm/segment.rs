@@ -82,7 +82,6 @@ pub struct SendEntry {
 
 #[derive(Clone, Copy)]
 pub struct Layout {
-    pub world: usize,
     pub slot_bytes: usize,
     desc_bytes: usize,
     posted_off: usize,
@@ -104,7 +103,7 @@ impl Layout {
         let ring_off = acked_off + 64 * world;
         let slots_off = round_up(ring_off + world * P2P_RING * 32, 4096);
         let total = slots_off + 2 * slot_bytes;
-        Layout { world, slot_bytes, desc_bytes, posted_off, acked_off, ring_off, slots_off, total }
+        Layout { slot_bytes, desc_bytes, posted_off, acked_off, ring_off, slots_off, total }
     }
 }
 
@@ -163,9 +162,6 @@ impl Seg {
     }
     pub fn world(&self) -> usize {
         self.header().world as usize
-    }
-    pub fn pid(&self) -> i32 {
-        self.header().pid
     }
     pub fn cpus(&self) -> usize {
         self.header().cpus as usize

@@ -2,10 +2,10 @@
 //! one thread each, and their inputs. Each test file is its own crate and uses part of this.
 #![allow(dead_code)]
 use std::time::Duration;
-use wirespeed_core::hosts::fds::FdRoom;
-use wirespeed_core::hosts::{HostsComm, HostsSetup};
-use wirespeed_core::shm::comm::RankInfo;
-use wirespeed_core::{Collectives, Comm, Config, Setup};
+use wirespeed_core::FdRoom;
+use wirespeed_core::testing::{HostsComm, HostsSetup};
+use wirespeed_core::RankInfo;
+use wirespeed_core::{Collectives, testing::Comm, Config, Setup};
 
 /// Run `f(rank, group)` on a thread per group; results in rank order. A panic on any rank
 /// fails the test.
@@ -29,7 +29,7 @@ pub fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + 
 
 /// `with_ranks` with the group's timeout given (short ones test what follows a timeout).
 pub fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let token = wirespeed_core::sys::random_token().unwrap();
+    let token = wirespeed_core::random_token().unwrap();
     let cfg = Config::default();
     let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
     let infos: Vec<RankInfo> = comms.iter().map(|c| c.info()).collect();
@@ -52,7 +52,7 @@ pub fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
 /// `setups`, each rank handed every rank's open-file room (hosts/fds.rs) as the bindings hand
 /// them; empty: none, WIRESPEED_NSTREAMS as it is.
 pub fn setups_with_rooms(ids: &[&str], rooms: &[FdRoom], timeout: Duration) -> Vec<HostsSetup> {
-    let token = wirespeed_core::sys::random_token().unwrap();
+    let token = wirespeed_core::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
     (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, rooms, &cfg).unwrap()).collect()
@@ -80,7 +80,7 @@ pub fn input(rank: usize, n: usize) -> Vec<i64> {
 /// Run `f` on every rank of the layout `ids`, each handed the group `Setup` makes for it (the
 /// one-host group when all ids are equal, else the multi-host one), as the bindings get it.
 pub fn with_groups<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(Box<dyn Collectives>) -> T + Send + Sync + 'static) -> Vec<T> {
-    let token = wirespeed_core::sys::random_token().unwrap();
+    let token = wirespeed_core::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
     let s: Vec<Setup> = (0..ids.len()).map(|r| Setup::new(r, ids.len(), token, timeout, &ids, &[], &cfg).unwrap()).collect();
