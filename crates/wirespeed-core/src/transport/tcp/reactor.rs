@@ -83,14 +83,33 @@ impl Reactor {
         Ok(Arc::new(Reactor { threads, handles: Mutex::new(handles), stop, next_token: AtomicUsize::new(1), next_thread: AtomicUsize::new(0) }))
     }
 
-    /// One reactor per process for the collective groups, made on first use.
+    /// One reactor per process for the collective groups, made on first use with the first
+    /// group's `io_threads`. A later group that asks for another count is refused (every group
+    /// of a process shares these threads, so its count could not be honoured).
     pub fn global(cfg: &NetConfig) -> Result<Arc<Reactor>> {
         static GLOBAL: OnceLock<Arc<Reactor>> = OnceLock::new();
-        if let Some(r) = GLOBAL.get() {
-            return Ok(r.clone());
+        let r = match GLOBAL.get() {
+            Some(r) => r.clone(),
+            None => {
+                let r = Reactor::new(cfg)?;
+                GLOBAL.get_or_init(|| r).clone()
+            }
+        };
+        r.shared_with(cfg)?;
+        Ok(r)
+    }
+
+    /// Whether a group configured by `cfg` may share this reactor: the same I/O thread count.
+    fn shared_with(&self, cfg: &NetConfig) -> Result<()> {
+        let (have, want) = (self.threads.len(), cfg.io_threads.max(1));
+        if have != want {
+            return Err(Error::Unsupported(format!(
+                "this group asks for {want} I/O thread(s) (WIRESPEED_IO_THREADS), but this process's \
+                 groups already run on {have}: every group of a process shares its I/O threads, so \
+                 give every group the same count"
+            )));
         }
-        let r = Reactor::new(cfg)?;
-        Ok(GLOBAL.get_or_init(|| r).clone())
+        Ok(())
     }
 
     pub(super) fn pick(&self) -> usize {

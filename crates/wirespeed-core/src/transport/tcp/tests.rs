@@ -496,3 +496,15 @@ fn a_retry_after_a_failed_try_is_neither_refused_nor_mixed_with_it() {
     }
     assert_eq!(l.refused(), 0, "an abandoned try's streams are not the dialer's fault to report");
 }
+
+/// The process's reactor runs the first group's I/O thread count: a later group that asks for
+/// the same shares it, one that asks for another is refused with an error saying why.
+#[test]
+fn the_global_reactor_refuses_another_io_thread_count() {
+    let first = Reactor::global(&NetConfig::default()).unwrap();
+    let n = first.threads.len();
+    let same = Reactor::global(&NetConfig { io_threads: n, ..NetConfig::default() }).unwrap();
+    assert!(Arc::ptr_eq(&first, &same));
+    let e = Reactor::global(&NetConfig { io_threads: n + 1, ..NetConfig::default() }).err().expect("another count is refused");
+    assert!(matches!(e, Error::Unsupported(ref m) if m.contains(&format!("already run on {n}"))), "{e}");
+}
