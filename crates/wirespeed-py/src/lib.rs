@@ -6,6 +6,7 @@
 //! around anything that waits.
 use pyo3::import_exception;
 use pyo3::prelude::*;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 use wirespeed_core::Owner;
@@ -142,18 +143,22 @@ impl Group {
     /// `hosts[r]` is rank r's host id (`host_id()`); ranks on one host use shared memory, ranks
     /// on others TCP. Without it every rank is taken to be on this host. `rooms[r]` is what rank
     /// r's `fd_room()` returned, exchanged with the host ids: a group across hosts sizes its
-    /// sockets to every rank's open-file limit with them (without: unchecked).
+    /// sockets to every rank's open-file limit with them (without: unchecked). `knobs` are the
+    /// core's WIRESPEED_* knobs given as data: each is read there before the environment (pass
+    /// the same to `fd_room`).
     #[new]
-    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None, rooms=None))]
-    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>, rooms: Option<Vec<String>>) -> PyResult<Group> {
+    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None, rooms=None, knobs=None))]
+    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>, rooms: Option<Vec<String>>,
+           knobs: Option<HashMap<String, String>>) -> PyResult<Group> {
         let tok: [u8; 16] = token.try_into().map_err(|_| UnsupportedError::new_err("the job token must be 16 bytes"))?;
         if !(timeout_s > 0.0) {
             return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
         }
         let hosts = hosts.unwrap_or_default();
         let spans_hosts = hosts.iter().any(|h| h != &hosts[0]);
-        // The one read of the core's WIRESPEED_* knobs for this group; the core reads no variable.
-        let cfg = Config::from_env().map_err(to_py)?;
+        // The one read of the core's WIRESPEED_* knobs for this group (`knobs`, then the
+        // environment); the core reads no variable.
+        let cfg = Config::from_knobs(&knobs.unwrap_or_default()).map_err(to_py)?;
         let rooms = rooms.unwrap_or_default().iter().enumerate().map(|(r, t)| FdRoom::parse(t, r)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
         let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &rooms, &cfg).map_err(to_py)?;
         Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker, streams: None })
@@ -296,10 +301,13 @@ fn host_id() -> String {
 
 /// This process's open-file room as text (`FdRoom`: WIRESPEED_NSTREAMS, the hard open-file
 /// limit, descriptors held), for the store: every rank passes all of them to `Group`, which
-/// decides the stream count from them alike on every rank.
+/// decides the stream count from them alike on every rank. `knobs` as the group's.
 #[pyfunction]
-fn fd_room() -> PyResult<String> {
-    Ok(FdRoom::here(&wirespeed_core::net::config(&wirespeed_core::net::env)).map_err(to_py)?.to_text())
+#[pyo3(signature = (knobs=None))]
+fn fd_room(knobs: Option<HashMap<String, String>>) -> PyResult<String> {
+    let knobs = knobs.unwrap_or_default();
+    let net = wirespeed_core::net::config(&wirespeed_core::knobs_over_env(&knobs));
+    Ok(FdRoom::here(&net).map_err(to_py)?.to_text())
 }
 
 /// 16 random bytes from the kernel, for a job token.

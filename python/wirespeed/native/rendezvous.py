@@ -172,9 +172,19 @@ def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
         pass
 
 
-def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
-    """A connected native group for `rank` of `size`, met through `store`."""
+def knobs_under_environment(defaults: dict[str, str] | None) -> dict[str, str]:
+    """`defaults` for core knobs, less those the environment sets (the user's setting wins): the
+    knobs a group is given as data, which the core reads before the environment."""
+    return {k: v for k, v in (defaults or {}).items() if k not in os.environ}
+
+
+def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
+               knob_defaults: dict[str, str] | None = None):
+    """A connected native group for `rank` of `size`, met through `store`. `knob_defaults`: core
+    knobs (WIRESPEED_NSTREAMS, ...) for this group where the environment does not set them,
+    handed to the core as data (its fd room and its group read them alike on every rank)."""
     t0 = time.monotonic()
+    knobs = knobs_under_environment(knob_defaults)
     store = StoreCounter(store)
     n = _claim(store, rank)
     # This round's keys: a re-init on the same store must not read the last round's token or
@@ -186,12 +196,12 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     # With the host id, what this rank's open files allow (the core's FdRoom, text without a
     # comma): every rank hands all of them to the core, which picks the same TCP stream count on
     # every rank from them, or fails every rank alike when some rank's limit is too low.
-    store.set(f"{at}/host/{rank}", f"{_native.fd_room()},{_native.host_id()}")
+    store.set(f"{at}/host/{rank}", f"{_native.fd_room(knobs)},{_native.host_id()}")
     got = store.get_many([f"{at}/host/{r}" for r in range(size)])
     rooms, hosts = zip(*(v.decode().split(",", 1) for v in got))
     read = store.add(f"{at}/rooms-read", 1)
     try:
-        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms))
+        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms), knobs)
     except Exception:
         # Every rank fails alike here (a limit too low, ranks that disagree), but rank 0, which
         # serves the store under wirespeed's launchers and torch's tcp:// init, must not leave
