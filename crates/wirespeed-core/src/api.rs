@@ -177,11 +177,6 @@ pub trait Collectives: Send {
     /// Break the group for `e`, found outside its ops (a send's wait failed, or an op panicked):
     /// later ops fail, peers are told, and nothing in flight keeps using a caller's buffer.
     fn abort(&mut self, e: &Error);
-    /// Across hosts, the TCP streams per peer chosen at setup: (a line saying how, streams
-    /// used, streams opened) (hosts/probe.rs, `StreamChoice`); None for a group on one host.
-    fn stream_choice(&self) -> Option<(String, usize, usize)> {
-        None
-    }
 }
 
 #[cfg(test)]

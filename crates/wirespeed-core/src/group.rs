@@ -12,7 +12,8 @@ use crate::config::Config;
 use crate::shm::comm::{Comm, RankInfo};
 use crate::error::Result;
 use crate::hosts::fds::FdRoom;
-use crate::hosts::{HostsComm, HostsSetup};
+use crate::hosts::probe::StreamChoice;
+use crate::hosts::HostsSetup;
 use std::time::Duration;
 
 /// A rank between `new` and `connect`.
@@ -42,13 +43,27 @@ impl Setup {
         }
     }
 
-    pub fn connect(self, infos: &[RankInfo]) -> Result<Box<dyn Collectives>> {
+    /// The connected group, and what its setup chose (`SetupReport`).
+    pub fn connect(self, infos: &[RankInfo]) -> Result<(Box<dyn Collectives>, SetupReport)> {
         match self {
             Setup::OneHost(mut c) => {
                 c.connect(infos)?;
-                Ok(Box::new(c))
+                Ok((Box::new(c), SetupReport::default()))
             }
-            Setup::Hosts(h) => Ok(Box::new(h.connect(infos)?) as Box<HostsComm>),
+            Setup::Hosts(h) => {
+                let g = h.connect(infos)?;
+                let report = SetupReport { streams: Some(g.stream_choice().clone()) };
+                Ok((Box::new(g), report))
+            }
         }
     }
+}
+
+/// What a group's setup chose, the same on every rank: for the callers to show (the bindings
+/// compose the lines), not for the ops.
+#[derive(Clone, Debug, Default)]
+pub struct SetupReport {
+    /// Across hosts, the TCP streams per peer and what chose them (hosts/probe.rs); None on one
+    /// host.
+    pub streams: Option<StreamChoice>,
 }

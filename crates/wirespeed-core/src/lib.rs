@@ -46,8 +46,9 @@ pub use config::{host_id_from_env, knobs_over_env, Config};
 pub use dtype::{check as check_reduction, DType, ReduceOp};
 pub use engine::{Engine, Op, Owner};
 pub use error::{Error, Result};
-pub use group::Setup;
+pub use group::{Setup, SetupReport};
 pub use hosts::fds::FdRoom;
+pub use hosts::probe::StreamChoice;
 pub use shm::comm::RankInfo;
 pub use sys::random_token;
 

@@ -294,7 +294,7 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
 fn a_timed_out_send_breaks_the_group_on_one_host_and_across_hosts() {
     for (ids, n) in [(["a", "a"], 1 << 16), (["a", "b"], 64 << 20)] {
         let both = std::sync::Arc::new(std::sync::Barrier::new(2));
-        let out = with_groups(&ids, Duration::from_secs(1), move |mut c| {
+        let out = with_groups(&ids, Duration::from_secs(1), move |mut c, _| {
             if c.rank() == 0 {
                 let e = Engine::with(c, true).unwrap();
                 let msg = vec![7u8; n];
@@ -402,4 +402,14 @@ fn ring_all_gather_and_reduce_scatter_across_hosts() {
             }
         }
     }
+}
+
+/// Setup reports what it chose, alike on every rank: the TCP streams per peer across hosts
+/// (a probe between the two hosts, over loopback), and nothing on one host.
+#[test]
+fn setup_reports_the_streams_chosen_across_hosts() {
+    let across = with_groups(&["a", "b"], Duration::from_secs(10), |_, r| r.streams.map(|s| (s.opened, s.used, s.forced)));
+    assert!(across.iter().all(|s| s.is_some() && *s == across[0]), "{across:?}");
+    let one = with_groups(&["a", "a"], Duration::from_secs(10), |_, r| r.streams.is_none());
+    assert_eq!(one, vec![true, true]);
 }

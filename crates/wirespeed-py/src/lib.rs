@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use wirespeed_core::Owner;
 use wirespeed_core::FdRoom;
-use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
+use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup, StreamChoice};
 
 // The exceptions are Python classes of wirespeed/errors.py, so that each is a member of the one
 // hierarchy whose type says the kind of failure (a CollectiveTimeout is a PeerTimeout, exit
@@ -67,9 +67,9 @@ struct Group {
     spans_hosts: bool,
     /// Whether async ops wake the engine's worker (`Config::wake_worker`), for `connect`.
     wake_worker: bool,
-    /// Across hosts, the TCP streams per peer chosen at setup, as a line (`StreamChoice::describe`)
-    /// and the count used; None on one host or before `connect`.
-    streams: Option<(String, usize, usize)>,
+    /// Across hosts, the TCP streams per peer chosen at setup and what chose them (the setup's
+    /// report); None on one host or before `connect`.
+    streams: Option<StreamChoice>,
 }
 
 impl Group {
@@ -176,8 +176,8 @@ impl Group {
     fn connect(&mut self, py: Python<'_>, infos: Vec<(i32, i32, String, String)>) -> PyResult<()> {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
-        let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
-        self.streams = group.stream_choice();
+        let (group, report) = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
+        self.streams = report.streams;
         self.engine = Some(Engine::with(group, self.wake_worker).map_err(to_py)?);
         Ok(())
     }
@@ -186,11 +186,13 @@ impl Group {
     fn rank(&self) -> usize {
         self.rank
     }
-    /// Across hosts, (line, streams used, streams opened) per bandwidth peer as chosen at
-    /// setup (the core's hosts/probe.rs); None for a group on one host.
+    /// Across hosts, the TCP streams per bandwidth peer as chosen at setup (the core's
+    /// hosts/probe.rs): (opened, used, forced by WIRESPEED_NSTREAMS, the probe's seconds, its
+    /// steps as (streams, bytes per second each way)); None for a group on one host.
     #[getter]
-    fn streams(&self) -> Option<(String, usize, usize)> {
-        self.streams.clone()
+    #[allow(clippy::type_complexity)]
+    fn streams(&self) -> Option<(usize, usize, bool, f64, Vec<(usize, f64)>)> {
+        self.streams.as_ref().map(|s| (s.opened, s.used, s.forced, s.secs, s.steps.clone()))
     }
     #[getter]
     fn world(&self) -> usize {

@@ -172,6 +172,20 @@ def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
         pass
 
 
+def streams_line(streams) -> str:
+    """One line for users (WIRESPEED_SETUP_STATS) from the TCP streams a group chose at setup, as
+    the group reports them: (opened, used, forced, probe seconds, steps of (streams, bytes/s))."""
+    opened, used, forced, secs, steps = streams
+    if forced:
+        how = "WIRESPEED_NSTREAMS is set"
+    elif not steps:
+        how = "one stream opened, nothing to probe"
+    else:
+        by = ", ".join(f"{k}: {r * 8 / 1e9:.3f}" for k, r in steps)
+        how = f"probe {secs * 1e3:.0f} ms, Gbit/s each way by streams {by}"
+    return f"TCP streams per peer: {used} used of {opened} opened ({how})"
+
+
 def knobs_under_environment(defaults: dict[str, str] | None) -> dict[str, str]:
     """`defaults` for core knobs, less those the environment sets (the user's setting wins): the
     knobs a group is given as data, which the core reads before the environment."""
@@ -227,17 +241,17 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
     _check_claims(store, rank, n)
     _LAST.clear()
     # Across hosts, the TCP streams per peer the core chose at setup (a probe between the first
-    # two hosts, or WIRESPEED_NSTREAMS): (line, used, opened), else None.
+    # two hosts, or WIRESPEED_NSTREAMS): (opened, used, forced, seconds, steps), else None.
     streams = group.streams
     _LAST.update(rank=rank, world=size, records_read=len(want), seconds=time.monotonic() - t0,
                  streams_used=streams[1] if streams else None,
-                 streams_opened=streams[2] if streams else None, **store.counts())
+                 streams_opened=streams[0] if streams else None, **store.counts())
     if os.environ.get("WIRESPEED_SETUP_STATS") == "1":
         c = _LAST
         # One write with its newline: ranks sharing a pipe otherwise run their lines together.
         sys.stderr.write(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
                          f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "
                          f"records), {c['requests']} requests, {c['bytes_read']} bytes read"
-                         + (f"; {streams[0]}" if streams else "") + "\n")
+                         + (f"; {streams_line(streams)}" if streams else "") + "\n")
         sys.stderr.flush()
     return group

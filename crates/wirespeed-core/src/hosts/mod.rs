@@ -470,9 +470,6 @@ impl Collectives for HostsComm {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
-    fn stream_choice(&self) -> Option<(String, usize, usize)> {
-        Some((self.streams.describe(), self.streams.used, self.streams.opened))
-    }
     // SAFETY: unsafe to call: `recv` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::recv`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;

@@ -85,20 +85,6 @@ impl StreamChoice {
         let steps = (0..n).map(|i| (w[5 + 2 * i] as usize, f64::from_bits(w[6 + 2 * i]))).collect();
         StreamChoice { opened: w[0] as usize, used: w[1] as usize, forced: w[2] != 0, secs: f64::from_bits(w[3]), steps }
     }
-
-    /// One line for users (WIRESPEED_SETUP_STATS, bench's records).
-    pub fn describe(&self) -> String {
-        let how = if self.forced {
-            "WIRESPEED_NSTREAMS is set".to_string()
-        } else if self.steps.is_empty() {
-            "one stream opened, nothing to probe".to_string()
-        } else {
-            let gbit = |r: f64| r * 8.0 / 1e9;
-            let steps: Vec<String> = self.steps.iter().map(|&(k, r)| format!("{k}: {:.3}", gbit(r))).collect();
-            format!("probe {:.0} ms, Gbit/s each way by streams {}", self.secs * 1e3, steps.join(", "))
-        };
-        format!("TCP streams per peer: {} used of {} opened ({how})", self.used, self.opened)
-    }
 }
 
 /// Steps fit (log2 of 64 streams, the most WIRESPEED_NSTREAMS allows, plus the last odd one).
@@ -283,6 +269,5 @@ mod tests {
         assert_eq!(StreamChoice::decode(&c.encode()), c);
         let f = StreamChoice { opened: 4, used: 4, forced: true, steps: vec![], secs: 0.0 };
         assert_eq!(StreamChoice::decode(&f.encode()), f);
-        assert!(c.describe().starts_with("TCP streams per peer: 9 used of 12 opened (probe 31 ms"), "{}", c.describe());
     }
 }

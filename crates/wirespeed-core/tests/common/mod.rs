@@ -5,7 +5,7 @@ use std::time::Duration;
 use wirespeed_core::FdRoom;
 use wirespeed_core::testing::{HostsComm, HostsSetup};
 use wirespeed_core::RankInfo;
-use wirespeed_core::{Collectives, testing::Comm, Config, Setup};
+use wirespeed_core::{Collectives, testing::Comm, Config, Setup, SetupReport};
 
 /// Run `f(rank, group)` on a thread per group; results in rank order. A panic on any rank
 /// fails the test.
@@ -78,12 +78,16 @@ pub fn input(rank: usize, n: usize) -> Vec<i64> {
 }
 
 /// Run `f` on every rank of the layout `ids`, each handed the group `Setup` makes for it (the
-/// one-host group when all ids are equal, else the multi-host one), as the bindings get it.
-pub fn with_groups<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(Box<dyn Collectives>) -> T + Send + Sync + 'static) -> Vec<T> {
+/// one-host group when all ids are equal, else the multi-host one) and its setup's report, as
+/// the bindings get them.
+pub fn with_groups<T: Send + 'static>(ids: &[&str], timeout: Duration, f: impl Fn(Box<dyn Collectives>, SetupReport) -> T + Send + Sync + 'static) -> Vec<T> {
     let token = wirespeed_core::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
     let s: Vec<Setup> = (0..ids.len()).map(|r| Setup::new(r, ids.len(), token, timeout, &ids, &[], &cfg).unwrap()).collect();
     let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
-    on_threads(s, move |_, x| f(x.connect(&infos).unwrap()))
+    on_threads(s, move |_, x| {
+        let (g, report) = x.connect(&infos).unwrap();
+        f(g, report)
+    })
 }
