@@ -243,8 +243,9 @@ def test_no_circle_between_the_files_of_any_core_folder():
 
 
 def test_the_core_has_a_front_door():
-    """lib.rs keeps its modules private and re-exports the API: few public modules."""
-    public = re.findall(r"^\s*pub\s+mod\s+(\w+)", (CORE / "lib.rs").read_text(), re.M)
+    """lib.rs keeps its modules private and re-exports the API: few public modules (at its top
+    level: those nested in `testing` only sort what the tests reach)."""
+    public = re.findall(r"^pub\s+mod\s+(\w+)", (CORE / "lib.rs").read_text(), re.M)
     assert "net" in public and len(public) <= 4, public
     # the bindings go through it: neither turns the tests' `testing` door on nor names it
     for binding in ("wirespeed-py", "wirespeed-nccl"):

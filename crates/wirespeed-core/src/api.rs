@@ -2,7 +2,7 @@
 //! (`Buf`), what a collective is (`Kind`), a send still in flight (`Pending`, boxed as `Ticket`)
 //! and the collectives of a connected group (`Collectives`). It names no implementation, so a
 //! group can use it without importing `group` or the engine: the one-host shared-memory `Comm`
-//! (shm/collectives.rs) and the multi-host `HostsComm` (hosts/) implement it, the engine runs
+//! (shm/collectives.rs) and the multi-host `hosts::Group` (hosts/) implement it, the engine runs
 //! ops through it.
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -82,8 +82,8 @@ pub(crate) fn check_list(world: usize, n: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// A send that may still be in flight, over shared memory (`shm::p2p::SendTicket`) or TCP
-/// (`hosts::mesh::SendTicket`).
+/// A send that may still be in flight, over shared memory (`shm::p2p::ShmSend`) or TCP
+/// (`hosts::mesh::TcpSend`).
 pub trait Pending: Send + Sync {
     /// Wait until the send is complete (shared memory: the receiver took the bytes; TCP: every
     /// byte is written to the sockets); its outcome.
@@ -100,7 +100,7 @@ pub type Ticket = Box<dyn Pending>;
 /// # Safety
 ///
 /// The buffer contract: every `unsafe` method below is unsafe for it, the implementations
-/// (`Comm` in shm/, `HostsComm` in hosts/) rely on it, and the engine's `Op`s carry
+/// (`Comm` in shm/, `hosts::Group` in hosts/) rely on it, and the engine's `Op`s carry
 /// it (engine.rs). The caller passes memory as addresses (a `Buf`, or `buf`/`out` holding
 /// `count` elements of `dtype`) and promises, for each range:
 /// - it is this process's memory, valid for reads (an input) or writes (an output) of its whole

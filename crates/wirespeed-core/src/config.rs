@@ -50,7 +50,7 @@ pub struct Config {
     /// The planner's knobs.
     pub tuning: Tuning,
     /// The TCP engine's knobs, or why they are invalid: only a group that spans hosts uses them,
-    /// so only such a group fails on them (`HostsSetup::new`), and a one-host group never does.
+    /// so only such a group fails on them (`hosts::Setup::new`), and a one-host group never does.
     pub net: Result<NetConfig>,
     /// WIRESPEED_CONNECT: `lazy` (unset: the default) connects a pair of ranks on different hosts
     /// on its first message, `eager` every such pair at setup (so an unreachable peer fails setup

@@ -1,7 +1,7 @@
 //! A group as the engine sees it: one set of collectives (`api::Collectives`), whatever carries
 //! them; this file makes the group (`Setup`), and each group implements the trait itself. Ranks
 //! that all share a host get the shared-memory `Comm` unchanged (its speed is the product on one
-//! host); ranks spread over hosts get `HostsComm`, which uses a `Comm` per host plus TCP between
+//! host); ranks spread over hosts get `hosts::Group`, which uses a `Comm` per host plus TCP between
 //! hosts.
 //!
 //! Setup is two steps so any store can carry the rendezvous: `Setup::new` (knowing every rank's
@@ -13,7 +13,7 @@ use crate::shm::comm::{Comm, RankInfo};
 use crate::error::Result;
 use crate::hosts::fds::FdRoom;
 use crate::hosts::probe::StreamChoice;
-use crate::hosts::HostsSetup;
+use crate::hosts;
 use std::time::Duration;
 
 /// A rank between `new` and `connect`.
@@ -21,7 +21,7 @@ use std::time::Duration;
 #[allow(clippy::large_enum_variant)]
 pub enum Setup {
     OneHost(Comm),
-    Hosts(HostsSetup),
+    Hosts(hosts::Setup),
 }
 
 impl Setup {
@@ -33,7 +33,7 @@ impl Setup {
         if hosts.is_empty() || hosts.iter().all(|h| *h == hosts[0]) {
             return Ok(Setup::OneHost(Comm::new(rank, world, token, timeout, cfg)?));
         }
-        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts, rooms, cfg)?))
+        Ok(Setup::Hosts(hosts::Setup::new(rank, world, token, timeout, hosts, rooms, cfg)?))
     }
 
     pub fn info(&self) -> RankInfo {

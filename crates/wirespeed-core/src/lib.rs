@@ -68,7 +68,11 @@ pub mod net {
 pub mod testing {
     pub use crate::algo::{direct, doubling, ring, tree};
     pub use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
-    pub use crate::hosts::{fds, HostLayout, HostsComm, HostsSetup};
+    pub use crate::hosts::{fds, HostLayout};
+    /// The multi-host group and its setup.
+    pub mod hosts {
+        pub use crate::hosts::{Group, Setup};
+    }
     pub use crate::kernels::{copy, reduce::reduce_many};
     pub use crate::plan::{NetAlgo, GATHER_RING_MIN};
     pub use crate::shm::comm::Comm;

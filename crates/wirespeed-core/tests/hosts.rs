@@ -263,7 +263,7 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
         let first = match me {
             // SAFETY: `buf` outlives the send: it drops when this closure ends, after the
             // all_reduce below, which fails (rank 1 broke the group on the mismatch) and so shuts
-            // every connection before it returns (HostsComm::guarded).
+            // every connection before it returns (hosts::Group::guarded).
             0 => unsafe { c.send_post(1, buf.as_ptr() as usize, 1000, 0) }.and_then(|t| t.wait()),
             // SAFETY: `inbox` holds 500 bytes, written only by this call (the 1000-byte message
             // is refused on its header).

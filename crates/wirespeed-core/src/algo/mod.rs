@@ -18,7 +18,7 @@
 //! may read or write them until each handle is waited or the transport is shut down
 //! (`Transport`'s contract). On success every handle is waited before the function returns. On an
 //! error it returns at once (`?`), possibly with handles still posted: its caller must then shut
-//! the transport down before those buffers go. `HostsComm::guarded` does (it shuts every
+//! the transport down before those buffers go. `hosts::Group::guarded` does (it shuts every
 //! connection), and the simulator stops a rank whose program fails. The functions taking
 //! `&mut [u8]` are safe to call only under that rule; the SAFETY lines below rely on it.
 use crate::dtype::{DType, ReduceOp};

@@ -3,7 +3,7 @@
 //! connection and no refusal anyone sees; a receive posted before the peer ever sends is filled;
 //! a rank holds streams only with the peers it used; a peer that never accepts is a timeout
 //! naming it, and a peer that is gone an error naming it, never a hang.
-use super::mesh::{Connect, Listener, Mesh};
+use super::mesh::{Connect, MeshListener, Mesh};
 use crate::error::Error;
 use crate::transport::tcp::NetConfig;
 use crate::transport::{Handle, Transport};
@@ -29,8 +29,8 @@ fn meshes_full(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig, p
     let token = [5u8; 16];
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
     let streams_of = |r: usize| -> Vec<usize> { (0..world).map(|p| if p == r { 0 } else { NSTREAMS }).collect() };
-    let listeners: Vec<Listener> = (0..world)
-        .map(|r| Listener::bind(ip, r, world, token, cfg, &(0..r).collect::<Vec<_>>(), &streams_of(r), mode).unwrap())
+    let listeners: Vec<MeshListener> = (0..world)
+        .map(|r| MeshListener::bind(ip, r, world, token, cfg, &(0..r).collect::<Vec<_>>(), &streams_of(r), mode).unwrap())
         .collect();
     let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
     let hs: Vec<_> = listeners
@@ -263,7 +263,7 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     let token = [6u8; 16];
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let l = Listener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
+    let l = MeshListener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
     let addrs = vec![l.addr.to_string(), mute.local_addr().unwrap().to_string()];
     let timeout = Duration::from_millis(1500);
     let mut m = Mesh::connect(l, 0, &addrs, &[0, NSTREAMS], token, timeout).unwrap();
@@ -279,7 +279,7 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     drop(mute);
 
     // A peer whose listener is gone (a rank that exited): an error naming it, at once.
-    let l = Listener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
+    let l = MeshListener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
     let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addrs = vec![l.addr.to_string(), gone.local_addr().unwrap().to_string()];
     drop(gone);

@@ -1,7 +1,7 @@
 //! A group's TCP side: one connection (transport/tcp/) to every rank on another host, made with a
 //! handshake that names the job and both ranks.
 //!
-//! Connections. Every rank listens on one port (`Listener`, address from transport/iface.rs,
+//! Connections. Every rank listens on one port (`MeshListener`, address from transport/iface.rs,
 //! published through the store). For each pair of ranks on different hosts, the lower rank dials
 //! the higher one with as many streams as hosts/mod.rs gives that pair (`pair_streams`). The
 //! 32-byte key of the engine's hello carries the job's random token, both ranks, the world size and
@@ -150,7 +150,7 @@ impl Links {
 }
 
 /// This rank's listening socket; the engine's reactor vets every connection made to it.
-pub struct Listener {
+pub struct MeshListener {
     pub addr: SocketAddr,
     inner: crate::transport::tcp::Listener,
     expect: Arc<Expect>,
@@ -161,12 +161,12 @@ pub struct Listener {
     links: Option<Arc<Links>>,
 }
 
-impl Listener {
+impl MeshListener {
     /// Listen on `ip` for the connections of the ranks in `dialers` (eager; lazily, of any rank
     /// with streams); `streams[r]` is how many streams rank r's connection must have; `cfg` the
     /// engine's knobs for every connection.
     #[allow(clippy::too_many_arguments)]
-    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize], mode: Connect) -> Result<Listener> {
+    pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize], mode: Connect) -> Result<MeshListener> {
         let reactor = Reactor::global(&cfg)?;
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
         let e = expect.clone();
@@ -199,15 +199,15 @@ impl Listener {
                 if let (Some(links), Some((_, from, ..))) = (l.upgrade(), parse_key(k)) {
                     links.route(from, socks);
                 }
-            }) as crate::transport::tcp::Route
+            }) as crate::transport::tcp::Handoff
         });
         let inner = crate::transport::tcp::Listener::bind_routed(&reactor, &cfg, SocketAddr::new(ip, 0), vet, format!("rank {rank}"), None, route)?;
-        Ok(Listener { addr: inner.local_addr(), inner, expect, reactor, cfg, links })
+        Ok(MeshListener { addr: inner.local_addr(), inner, expect, reactor, cfg, links })
     }
 }
 
 /// A send in flight: complete when every byte is written to the sockets.
-pub struct SendTicket {
+pub struct TcpSend {
     req: Request,
     to: usize,
     timeout: Duration,
@@ -237,7 +237,7 @@ impl Note {
     }
 }
 
-impl SendTicket {
+impl TcpSend {
     pub fn is_done(&self) -> bool {
         self.req.is_done()
     }
@@ -248,9 +248,9 @@ impl SendTicket {
 }
 
 /// A send over TCP, as `Collectives::send_post` returns it (api::Ticket).
-impl crate::api::Pending for SendTicket {
+impl crate::api::Pending for TcpSend {
     fn wait(&self) -> Result<()> {
-        SendTicket::wait(self)
+        TcpSend::wait(self)
     }
     fn is_acked(&self) -> bool {
         self.is_done()
@@ -282,7 +282,7 @@ impl RecvTicket {
 pub struct Mesh {
     pub rank: usize,
     conns: Vec<Option<Conn>>,
-    listener: Listener,
+    listener: MeshListener,
     timeout: Duration,
     /// Lazy mode: what a first post needs to dial.
     lazy: Option<Lazy>,
@@ -293,7 +293,7 @@ pub struct Mesh {
 }
 
 enum Posted {
-    Send(SendTicket),
+    Send(TcpSend),
     Recv(RecvTicket),
 }
 
@@ -308,7 +308,7 @@ impl Mesh {
     /// Dial the remote ranks above this one and accept those below; `addrs[r]` is rank r's
     /// listening address ("ip:port"), `streams[r]` the streams of the connection with r (0: r is
     /// on this host, no connection).
-    pub fn connect(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
+    pub fn connect(listener: MeshListener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
         if listener.links.is_some() {
             return Mesh::lazy(listener, rank, addrs, streams, token, timeout);
         }
@@ -394,7 +394,7 @@ impl Mesh {
 
     /// Lazy mode: a `Conn` with no streams for every remote rank, attached to what its peer
     /// already sent; nothing dialled.
-    fn lazy(listener: Listener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
+    fn lazy(listener: MeshListener, rank: usize, addrs: &[String], streams: &[usize], token: [u8; 16], timeout: Duration) -> Result<Mesh> {
         let links = listener.links.clone().expect("lazy");
         let world = addrs.len();
         let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
@@ -529,12 +529,12 @@ impl Mesh {
     /// `ptr..ptr+len` stays readable, and written by nobody, until the ticket completes or the
     /// mesh is shut down (`shutdown`, or drop): the engine's threads read it meanwhile.
     // SAFETY: unsafe to call: `send` relies on its callers for this (`# Safety` above): `ptr..ptr+len` stays readable, and written by nobody, until the ticket completes or the mesh is shut down.
-    pub unsafe fn send(&mut self, to: usize, ptr: *const u8, len: usize, tag: u64) -> Result<SendTicket> {
+    pub unsafe fn send(&mut self, to: usize, ptr: *const u8, len: usize, tag: u64) -> Result<TcpSend> {
         let timeout = self.timeout;
         // SAFETY: this fn's contract is Conn::isend's; `shutdown` (closing every connection)
         // ends the engine's reads of the buffer.
         let req = unsafe { self.conn(to)?.isend(ptr, len, tag)? };
-        Ok(SendTicket { req, to, timeout, note: self.note() })
+        Ok(TcpSend { req, to, timeout, note: self.note() })
     }
 
     /// Post the receive of the next message from `from`: exactly `len` bytes with `tag`.

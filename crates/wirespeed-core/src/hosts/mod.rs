@@ -23,7 +23,7 @@
 //!   so the payload crosses each host's link once, between leaders.
 //! - reduce: a binomial tree over all ranks (algo/tree.rs).
 //! - all_gather, reduce_scatter: across 3 hosts or more, from `Tuning::gather_ring_min` bytes per
-//!   rank's chunk, a ring over every rank (algo/ring.rs) in `HostsComm::ring_order`; otherwise a
+//!   rank's chunk, a ring over every rank (algo/ring.rs) in `Group::ring_order`; otherwise a
 //!   direct exchange (algo/direct.rs). `Tuning::gather_on_ring` says why.
 //! - all_to_all, barrier: direct exchanges (algo/direct.rs).
 //! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
@@ -50,7 +50,7 @@ use crate::api::{check_list, check_rank, Buf, Collectives, Kind, Ticket};
 use crate::shm::comm::{Comm, RankInfo};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use mesh::{Connect, Listener, Mesh};
+use mesh::{Connect, MeshListener, Mesh};
 use route::Route;
 use crate::algo::direct::Region;
 use crate::transport::Transport;
@@ -59,14 +59,14 @@ use std::time::Duration;
 pub use layout::HostLayout;
 
 /// A rank of a multi-host group between `new` and `connect`.
-pub struct HostsSetup {
+pub struct Setup {
     rank: usize,
     world: usize,
     token: [u8; 16],
     timeout: Duration,
     lay: HostLayout,
     local: Comm,
-    listener: Listener,
+    listener: MeshListener,
     /// TCP streams to each rank (`HostLayout::pair_streams`; 0 on this host).
     streams: Vec<usize>,
     /// The planner's knobs (`Config::tuning`), for the connected group.
@@ -77,13 +77,13 @@ pub struct HostsSetup {
     forced: bool,
 }
 
-impl HostsSetup {
+impl Setup {
     /// `ids[r]` is rank r's host id; `cfg` gives the planner's and the TCP engine's knobs and the
     /// variables that choose the listening address. `rooms[r]` is rank r's open-file room
     /// (`fds::FdRoom`, exchanged with the host ids): every rank then agrees on the streams per
     /// pair that every rank's limit holds, raising its own soft limit where needed, or fails
     /// alike (fds.rs). Empty: WIRESPEED_NSTREAMS as it is, the limits unchecked (tests).
-    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, ids: &[String], rooms: &[fds::FdRoom], cfg: &Config) -> Result<HostsSetup> {
+    pub fn new(rank: usize, world: usize, token: [u8; 16], timeout: Duration, ids: &[String], rooms: &[fds::FdRoom], cfg: &Config) -> Result<Setup> {
         if ids.len() != world || rank >= world {
             return Err(Error::Unsupported(format!("{} host ids for rank {rank} of a world of {world}", ids.len())));
         }
@@ -105,8 +105,8 @@ impl HostsSetup {
         let dialers: Vec<usize> = (0..rank).filter(|&r| lay.host_of[r] != h).collect();
         let streams: Vec<usize> = (0..world).map(|r| lay.pair_streams(rank, r, net.nstreams)).collect();
         let mode = if cfg.lazy_connect.clone()? { Connect::Lazy } else { Connect::Eager };
-        let listener = Listener::bind(ip, rank, world, token, net, &dialers, &streams, mode)?;
-        Ok(HostsSetup { rank, world, token, timeout, lay, local, listener, streams, tuning: cfg.tuning, nstreams: net.nstreams, forced: cfg.nstreams_set })
+        let listener = MeshListener::bind(ip, rank, world, token, net, &dialers, &streams, mode)?;
+        Ok(Setup { rank, world, token, timeout, lay, local, listener, streams, tuning: cfg.tuning, nstreams: net.nstreams, forced: cfg.nstreams_set })
     }
 
     pub fn info(&self) -> RankInfo {
@@ -115,8 +115,8 @@ impl HostsSetup {
         i
     }
 
-    pub fn connect(self, infos: &[RankInfo]) -> Result<HostsComm> {
-        let HostsSetup { rank, world, token, timeout, lay, mut local, listener, streams, tuning, nstreams, forced } = self;
+    pub fn connect(self, infos: &[RankInfo]) -> Result<Group> {
+        let Setup { rank, world, token, timeout, lay, mut local, listener, streams, tuning, nstreams, forced } = self;
         if infos.len() != world {
             return Err(Error::Mismatch(format!("{} rank infos for a world of {world}", infos.len())));
         }
@@ -126,13 +126,13 @@ impl HostsSetup {
         let addrs: Vec<String> = infos.iter().map(|i| i.addr.clone()).collect();
         let mesh = Mesh::connect(listener, rank, &addrs, &streams, token, timeout)?;
         let route = Route::new(rank, world, lay, local, mesh);
-        let mut comm = HostsComm { rank, world, route, seq: 0, broken: None, tuning, scratch: Vec::new(), streams: probe::StreamChoice::default() };
+        let mut comm = Group { rank, world, route, seq: 0, broken: None, tuning, scratch: Vec::new(), streams: probe::StreamChoice::default() };
         comm.streams = comm.choose_streams(nstreams, forced)?;
         Ok(comm)
     }
 }
 
-pub struct HostsComm {
+pub struct Group {
     pub rank: usize,
     pub world: usize,
     /// What the algorithms run over (route.rs).
@@ -154,7 +154,7 @@ fn op_tag(seq: u64, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root
     (1 << 63) | ((kind.code() as u64 & 0x7f) << 56) | (d << 48) | (o << 40) | ((root as u64 & 0xff_ffff) << 16) | (seq & 0xffff)
 }
 
-impl HostsComm {
+impl Group {
     pub fn hosts(&self) -> &[Vec<usize>] {
         &self.route.lay.hosts
     }
@@ -198,7 +198,7 @@ impl HostsComm {
     /// Run an op; any error breaks the group and tells every peer (see the module comment). So
     /// does a panic (a bug): caught here, so that its transfers are stopped like a failed op's
     /// before anything above may free their buffers.
-    fn guarded(&mut self, f: impl FnOnce(&mut HostsComm) -> Result<()>) -> Result<()> {
+    fn guarded(&mut self, f: impl FnOnce(&mut Group) -> Result<()>) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
         }
@@ -308,7 +308,7 @@ impl HostsComm {
 /// `guarded`, which breaks the group on an error before returning, so nothing posted into a
 /// caller's buffer outlives the call (algo/mod.rs, "Buffers and errors"); `send_post` breaks the
 /// group itself when posting fails.
-impl Collectives for HostsComm {
+impl Collectives for Group {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -376,7 +376,7 @@ impl Collectives for HostsComm {
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable,
             // every recv[j] writable and ours (recv[rank] being `send` or disjoint from it) until
             // this returns; on an error `guarded` shuts the connections.
-            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &HostsComm::regions(&vec![send; members.len()]), &HostsComm::regions(recv)) }
+            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(&vec![send; members.len()]), &Group::regions(recv)) }
         })
     }
     // SAFETY: unsafe to call: `all_to_all` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_to_all`'s contract (api.rs) keeps them live and unshared until it returns
@@ -387,7 +387,7 @@ impl Collectives for HostsComm {
             let tag = c.tag(Kind::AllToAll, None, None, 0);
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: as for all_gather, with one send range per destination.
-            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &HostsComm::regions(send), &HostsComm::regions(recv)) }
+            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(send), &Group::regions(recv)) }
         })
     }
     // SAFETY: unsafe to call: `broadcast` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::broadcast`'s contract (api.rs) keeps them live and unshared until it returns
@@ -409,7 +409,7 @@ impl Collectives for HostsComm {
             // Every rank sends to the root only; the root receives from all (its own piece copied).
             let mut sends = vec![None; c.world];
             sends[root] = Some(Region { ptr: send.0 as *mut u8, len: send.1 });
-            let recvs = if c.rank == root { HostsComm::regions(recv) } else { vec![None; c.world] };
+            let recvs = if c.rank == root { Group::regions(recv) } else { vec![None; c.world] };
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable and,
             // on the root, every recv[j] writable and ours (recv[root] being `send` or disjoint
             // from it); every other entry is None. On an error `guarded` shuts the connections.
@@ -426,7 +426,7 @@ impl Collectives for HostsComm {
             let tag = c.tag(Kind::Scatter, None, None, root);
             let members: Vec<usize> = (0..c.world).collect();
             // The root sends to all (its own piece copied); every rank receives from the root only.
-            let sends = if c.rank == root { HostsComm::regions(send) } else { vec![None; c.world] };
+            let sends = if c.rank == root { Group::regions(send) } else { vec![None; c.world] };
             let mut recvs = vec![None; c.world];
             recvs[root] = Some(Region { ptr: recv.0 as *mut u8, len: recv.1 });
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `recv` writable and
@@ -502,7 +502,7 @@ mod tests {
         let token = crate::sys::random_token().unwrap();
         let ids = vec!["a".to_string(), "b".to_string()];
         let cfg = Config::from_vars(&|v| (v == "WIRESPEED_IFNAME").then(|| "lo".to_string())).unwrap();
-        let setups: Vec<HostsSetup> = (0..2).map(|r| HostsSetup::new(r, 2, token, Duration::from_secs(3), &ids, &[], &cfg).unwrap()).collect();
+        let setups: Vec<Setup> = (0..2).map(|r| Setup::new(r, 2, token, Duration::from_secs(3), &ids, &[], &cfg).unwrap()).collect();
         let infos: Vec<RankInfo> = setups.iter().map(|s| s.info()).collect();
         let both = Arc::new(Barrier::new(2));
         let n = 1 << 20;

@@ -22,7 +22,7 @@ pub struct Route {
 /// A posted operation of the Transport interface. Shared-memory receives read the sender's
 /// buffer, so they run when waited (after any earlier receive from the same peer).
 enum Pend {
-    ShmSend(crate::shm::p2p::SendTicket),
+    ShmSend(crate::shm::p2p::ShmSend),
     ShmRecv { from: usize, ptr: *mut u8, len: usize, tag: u64 },
     /// A handle of the mesh's own `Transport`.
     Tcp(Handle),

@@ -5,7 +5,7 @@
 //! - `sim`: an in-memory simulated network of N ranks in one process, deterministic, with link
 //!   latency and bandwidth, per-flow caps and faults, for testing algorithms at 1..64 ranks;
 //! - `hosts::mesh::Mesh`: a rank's TCP connections to the ranks on other hosts, over `tcp`;
-//! - shared memory between ranks of one host: `hosts::HostsComm` implements the trait over its
+//! - shared memory between ranks of one host: `hosts::hosts::Group` implements the trait over its
 //!   shm `Comm` (shm/p2p.rs) and its `Mesh`, choosing per peer.
 //!
 //! Beside them, `iface`: which address a rank or the NCCL plugin listens on.

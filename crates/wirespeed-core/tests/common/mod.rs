@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 use std::time::Duration;
 use wirespeed_core::FdRoom;
-use wirespeed_core::testing::{HostsComm, HostsSetup};
+use wirespeed_core::testing::hosts;
 use wirespeed_core::RankInfo;
 use wirespeed_core::{Collectives, testing::Comm, Config, Setup, SetupReport};
 
@@ -45,28 +45,28 @@ pub fn config() -> Config {
 }
 
 /// One multi-host setup per rank of the layout `ids` (one host id per rank), all of one job.
-pub fn setups(ids: &[&str], timeout: Duration) -> Vec<HostsSetup> {
+pub fn setups(ids: &[&str], timeout: Duration) -> Vec<hosts::Setup> {
     setups_with_rooms(ids, &[], timeout)
 }
 
 /// `setups`, each rank handed every rank's open-file room (hosts/fds.rs) as the bindings hand
 /// them; empty: none, WIRESPEED_NSTREAMS as it is.
-pub fn setups_with_rooms(ids: &[&str], rooms: &[FdRoom], timeout: Duration) -> Vec<HostsSetup> {
+pub fn setups_with_rooms(ids: &[&str], rooms: &[FdRoom], timeout: Duration) -> Vec<hosts::Setup> {
     let token = wirespeed_core::random_token().unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let cfg = config();
-    (0..ids.len()).map(|r| HostsSetup::new(r, ids.len(), token, timeout, &ids, rooms, &cfg).unwrap()).collect()
+    (0..ids.len()).map(|r| hosts::Setup::new(r, ids.len(), token, timeout, &ids, rooms, &cfg).unwrap()).collect()
 }
 
 /// `with_hosts` with every rank's open-file room handed to its setup (`setups_with_rooms`).
-pub fn with_hosts_rooms<T: Send + 'static>(ids: &[&str], rooms: &[FdRoom], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+pub fn with_hosts_rooms<T: Send + 'static>(ids: &[&str], rooms: &[FdRoom], f: impl Fn(&mut hosts::Group) -> T + Send + Sync + 'static) -> Vec<T> {
     let s = setups_with_rooms(ids, rooms, Duration::from_secs(20));
     let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
     on_threads(s, move |_, x| f(&mut x.connect(&infos).unwrap()))
 }
 
 /// Run `f` on every rank of the layout `ids` (one host id per rank); results in rank order.
-pub fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut HostsComm) -> T + Send + Sync + 'static) -> Vec<T> {
+pub fn with_hosts<T: Send + 'static>(ids: &[&str], f: impl Fn(&mut hosts::Group) -> T + Send + Sync + 'static) -> Vec<T> {
     let s = setups(ids, Duration::from_secs(20));
     let infos: Vec<RankInfo> = s.iter().map(|x| x.info()).collect();
     on_threads(s, move |_, x| f(&mut x.connect(&infos).unwrap()))

@@ -87,7 +87,7 @@ pub type Report = Box<dyn Fn(&str) + Send + Sync>;
 /// Where a listener hands a connection whose streams all passed their handshake, instead of
 /// queueing it for `poll_accept`: (key, streams in index order, the dialer's address). Called
 /// on a reactor thread, with no lock of the listener held.
-pub type Route = Box<dyn Fn(&[u8; 32], Vec<TcpStream>, SocketAddr) + Send + Sync>;
+pub type Handoff = Box<dyn Fn(&[u8; 32], Vec<TcpStream>, SocketAddr) + Send + Sync>;
 
 /// Where an accepted stream is in its handshake.
 enum Phase {
@@ -129,7 +129,7 @@ pub(super) struct ListenerInner {
     secret: Option<Secret>,
     label: String,
     report: Option<Report>,
-    route: Option<Route>,
+    route: Option<Handoff>,
     state: Mutex<ListenerState>,
     refused: AtomicUsize,
     /// Refusals of the protocol's own (`Vet`'s empty reason): not logged, not in `refused`.
@@ -447,7 +447,7 @@ impl Listener {
     /// `bind_vetted`, and with `route` every connection accepted goes there, on the reactor's
     /// thread, as soon as its streams are all in (`poll_accept` then has nothing): how a
     /// group's lazy connections attach to the `Conn` already waiting for them.
-    pub fn bind_routed(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>, route: Option<Route>) -> Result<Listener> {
+    pub fn bind_routed(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, vet: Vet, label: String, report: Option<Report>, route: Option<Handoff>) -> Result<Listener> {
         let cfg = *cfg;
         let sock = TcpListener::bind(addr).map_err(|e| Error::Unsupported(format!("cannot listen on {addr}: {e}")))?;
         deepen_backlog(&sock);

@@ -68,7 +68,7 @@ mod tests;
 pub use auth::Secret;
 pub use conn::{Attacher, Conn};
 pub use dialer::Dialer;
-pub use handshake::{Listener, Report, Route, Vet};
+pub use handshake::{Listener, Report, Handoff, Vet};
 pub use reactor::Reactor;
 pub use request::Request;
 

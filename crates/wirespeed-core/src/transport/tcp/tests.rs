@@ -378,7 +378,7 @@ fn a_pending_conn_moves_what_was_posted_once_the_reactor_dial_attaches() {
     let r = Reactor::new(&cfg).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
-    let route: Route = Box::new(move |_k, socks, from| {
+    let route: Handoff = Box::new(move |_k, socks, from| {
         let _ = tx.lock().unwrap().send((socks, from));
     });
     let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
@@ -455,7 +455,7 @@ fn a_retry_after_a_failed_try_is_neither_refused_nor_mixed_with_it() {
     let r = Reactor::new(&cfg).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
-    let route: Route = Box::new(move |_k, socks, _from| {
+    let route: Handoff = Box::new(move |_k, socks, _from| {
         let _ = tx.lock().unwrap().send(socks);
     });
     let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
