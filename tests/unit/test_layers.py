@@ -265,3 +265,29 @@ def test_the_cores_files_stay_readable_and_one_name_means_one_thing():
 def test_the_core_reads_the_environment_in_one_module():
     readers = sorted(str(f.relative_to(CORE)) for f in CORE.rglob("*.rs") if "env::var" in f.read_text())
     assert readers == ["config.rs"]
+
+
+def test_every_unsafe_fn_of_the_core_states_its_contract_once():
+    """An `unsafe fn` says its contract in its `# Safety` doc (a trait's method: the trait's),
+    once: no comment beside it restates it. (clippy's missing_safety_doc sees only what the
+    crate exports; its modules are private.)"""
+    bare, seen = [], 0
+    for f in sorted(CORE.rglob("*.rs")):
+        lines = f.read_text().splitlines()
+        impl = ""
+        for i, line in enumerate(lines):
+            if re.match(r"(unsafe )?impl\b|(pub(\(\w+\))? )?(unsafe )?trait\b", line):
+                impl = line
+            elif re.match(r"[^\s/#}]", line):
+                impl = ""
+            if not re.match(r"\s*(pub(\([\w:]+\))? )?unsafe fn ", line):
+                continue
+            seen += 1
+            doc, j = [], i - 1
+            while j >= 0 and re.match(r"\s*(///|#\[|//)", lines[j]):
+                doc.append(lines[j])
+                j -= 1
+            assert not any("SAFETY:" in d for d in doc), f"{f.relative_to(CORE)}:{i + 1} restates its contract"
+            if not any("# Safety" in d for d in doc) and " for " not in impl:
+                bare.append(f"{f.relative_to(CORE)}:{i + 1}")
+    assert seen > 40 and bare == []

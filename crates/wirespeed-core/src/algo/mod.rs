@@ -39,7 +39,6 @@ pub(crate) fn position(members: &[usize], rank: usize) -> crate::error::Result<u
 /// # Safety
 /// Each pointer covers `count` elements of `dtype`, aligned for it; `dst` is `a`, `b` or
 /// disjoint from both; nothing else writes them during the call.
-// SAFETY: unsafe to call: `combine` relies on its callers for this (`# Safety` above): Each pointer covers `count` elements of `dtype`, aligned for it; `dst` is `a`, `b` or disjoint from both; nothing else writes them during the call.
 pub(crate) unsafe fn combine(dst: *mut u8, a: *const u8, b: *const u8, count: usize, dtype: DType, op: ReduceOp) {
     // SAFETY: this fn's contract is reduce_many's, for the sources [a, b].
     unsafe { reduce_many(dst, &[a, b], count, dtype, op, 2) }

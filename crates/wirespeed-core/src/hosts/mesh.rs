@@ -528,7 +528,6 @@ impl Mesh {
     /// # Safety
     /// `ptr..ptr+len` stays readable, and written by nobody, until the ticket completes or the
     /// mesh is shut down (`shutdown`, or drop): the engine's threads read it meanwhile.
-    // SAFETY: unsafe to call: `send` relies on its callers for this (`# Safety` above): `ptr..ptr+len` stays readable, and written by nobody, until the ticket completes or the mesh is shut down.
     pub unsafe fn send(&mut self, to: usize, ptr: *const u8, len: usize, tag: u64) -> Result<TcpSend> {
         let timeout = self.timeout;
         // SAFETY: this fn's contract is Conn::isend's; `shutdown` (closing every connection)
@@ -542,7 +541,6 @@ impl Mesh {
     /// # Safety
     /// `dst..dst+len` stays writable, and touched by nobody else, until the ticket completes or
     /// the mesh is shut down: the engine's threads write it meanwhile.
-    // SAFETY: unsafe to call: `irecv` relies on its callers for this (`# Safety` above): `dst..dst+len` stays writable, and touched by nobody else, until the ticket completes or the mesh is shut down.
     unsafe fn irecv(&mut self, from: usize, dst: *mut u8, len: usize, tag: u64) -> Result<RecvTicket> {
         let (me, timeout) = (self.rank, self.timeout);
         // SAFETY: this fn's contract is Conn::irecv's; `shutdown` ends the engine's writes into
@@ -577,14 +575,12 @@ impl Transport for Mesh {
     fn world(&self) -> usize {
         self.conns.len()
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the mesh is shut down
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         // SAFETY: `Transport::post_send`'s contract is `send`'s: the bytes stay readable and
         // unwritten until the handle (which holds the ticket) is waited or the mesh shut down.
         let t = unsafe { self.send(to, data, len, tag)? };
         Ok(self.push(Posted::Send(t)))
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the mesh is shut down
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         // SAFETY: `Transport::post_recv`'s contract is `irecv`'s: the bytes stay writable and
         // ours until the handle is waited or the mesh shut down.

@@ -259,7 +259,6 @@ impl Group {
     /// # Safety
     /// `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`,
     /// which shuts the connections on an error (algo/mod.rs, "Buffers and errors").
-    // SAFETY: unsafe to call: `broadcast_impl` relies on its callers for this (`# Safety` above): `Collectives::broadcast`'s buffer contract (api.rs) for `buf`; called inside `guarded`, which shuts the connections on an error (algo/mod.rs, ...
     unsafe fn broadcast_impl(&mut self, buf: Buf, root: usize) -> Result<()> {
         let tag = self.tag(Kind::Broadcast, None, None, root);
         let r = &mut self.route;
@@ -312,14 +311,12 @@ impl Collectives for Group {
     fn rank(&self) -> usize {
         self.rank
     }
-    // SAFETY: unsafe to call: `all_reduce` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_reduce`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements of `dtype`,
         // ours until this returns; the slice does not outlive the call.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
-    // SAFETY: unsafe to call: `reduce_scatter` reads and writes `send` and `out` over shared memory within a host and the TCP mesh across hosts; `Collectives::reduce_scatter`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -345,7 +342,6 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::reduce_scatter(&mut c.route, &members, tag, &regions, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
         })
     }
-    // SAFETY: unsafe to call: `reduce` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::reduce`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
@@ -357,7 +353,6 @@ impl Collectives for Group {
             crate::algo::tree::reduce(&mut c.route, &members, tag, b, dtype, op, root, world, &mut c.scratch)
         })
     }
-    // SAFETY: unsafe to call: `all_gather` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -379,7 +374,6 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(&vec![send; members.len()]), &Group::regions(recv)) }
         })
     }
-    // SAFETY: unsafe to call: `all_to_all` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::all_to_all`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -390,14 +384,12 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(send), &Group::regions(recv)) }
         })
     }
-    // SAFETY: unsafe to call: `broadcast` reads and writes `buf` over shared memory within a host and the TCP mesh across hosts; `Collectives::broadcast`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: `Collectives::broadcast`'s contract (api.rs) is broadcast_impl's, which runs
         // inside `guarded` as it asks.
         self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
-    // SAFETY: unsafe to call: `gather` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -416,7 +408,6 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &sends, &recvs) }
         })
     }
-    // SAFETY: unsafe to call: `scatter` reads and writes `send` and `recv` over shared memory within a host and the TCP mesh across hosts; `Collectives::scatter`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -442,7 +433,6 @@ impl Collectives for Group {
             crate::algo::direct::barrier(&mut c.route, &members, tag)
         })
     }
-    // SAFETY: unsafe to call: `send_post` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::send_post`'s contract (api.rs) keeps it live and unwritten until the returned ticket completes
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -470,7 +460,6 @@ impl Collectives for Group {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
-    // SAFETY: unsafe to call: `recv` reads and writes `addr..addr+len` over shared memory within a host and the TCP mesh across hosts; `Collectives::recv`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {

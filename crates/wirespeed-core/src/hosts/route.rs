@@ -69,7 +69,6 @@ impl Transport for Route {
     fn world(&self) -> usize {
         self.world
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
         let p = match self.local_index(to) {
@@ -83,7 +82,6 @@ impl Transport for Route {
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the group is shut
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, from, "receive from")?;
         let p = match self.local_index(from) {

@@ -43,7 +43,6 @@ impl Comm {
     /// (not boxed, as `Collectives::send_post`'s is): hosts/ keeps it among its own handles.
     /// # Safety
     /// `addr..addr+len` stays valid and unchanged until the ticket completes (the receiver reads it).
-    // SAFETY: unsafe to call: `post_to` relies on its callers for this (`# Safety` above): `addr..addr+len` stays valid and unchanged until the ticket completes (the receiver reads it).
     pub unsafe fn post_to(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<ShmSend> {
         self.check_peer(to, "send to")?;
         if let Some(e) = &self.broken {
@@ -71,7 +70,6 @@ impl Comm {
     /// Receive exactly `len` bytes from rank `from` into `addr`.
     /// # Safety
     /// `addr..addr+len` is valid for writes, and touched by nobody else, for the call.
-    // SAFETY: unsafe to call: `recv_from` relies on its callers for this (`# Safety` above): `addr..addr+len` is valid for writes, and touched by nobody else, for the call.
     pub unsafe fn recv_from(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         self.check_peer(from, "receive from")?;
         if let Some(e) = &self.broken {

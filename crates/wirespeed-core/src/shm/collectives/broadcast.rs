@@ -15,7 +15,6 @@ impl Comm {
     /// `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root,
     /// writable and ours elsewhere. Each side publishes it for the other to read or write in
     /// place; both end in a sync, so neither returns while the other still copies.
-    // SAFETY: unsafe to call: `broadcast_split` relies on its callers for this (`# Safety` above): `buf` meets `Collectives`' contract (api.rs) until this returns: readable on the root, writable and ours elsewhere. Each side publishes it for the ...
     pub(super) unsafe fn broadcast_split(&mut self, h: DescHeader, buf: Buf, root: usize) -> Result<()> {
         let peer = 1 - self.rank;
         let mut pieces = vec![Piece::default(); 2];

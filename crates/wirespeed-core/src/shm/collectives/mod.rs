@@ -82,7 +82,6 @@ impl Collectives for Comm {
     }
 
     /// In-place all_reduce of `count` elements at `buf`.
-    // SAFETY: unsafe to call: `all_reduce` reads and writes `buf` through this host's shared segment; `Collectives::all_reduce`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
@@ -154,7 +153,6 @@ impl Collectives for Comm {
     }
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
-    // SAFETY: unsafe to call: `reduce_scatter` reads and writes `send` and `out` through this host's shared segment; `Collectives::reduce_scatter`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -172,7 +170,6 @@ impl Collectives for Comm {
     }
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
-    // SAFETY: unsafe to call: `reduce` reads and writes `buf` through this host's shared segment; `Collectives::reduce`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
@@ -193,7 +190,6 @@ impl Collectives for Comm {
     }
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
-    // SAFETY: unsafe to call: `all_gather` reads and writes `send` and `recv` through this host's shared segment; `Collectives::all_gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -207,7 +203,6 @@ impl Collectives for Comm {
     }
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
-    // SAFETY: unsafe to call: `all_to_all` reads and writes `send` and `recv` through this host's shared segment; `Collectives::all_to_all`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -221,7 +216,6 @@ impl Collectives for Comm {
     }
 
     /// `buf` on every rank = `buf` on `root`.
-    // SAFETY: unsafe to call: `broadcast` reads and writes `buf` through this host's shared segment; `Collectives::broadcast`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -249,7 +243,6 @@ impl Collectives for Comm {
     }
 
     /// On `root`, recv[j] = rank j's `send`.
-    // SAFETY: unsafe to call: `gather` reads and writes `send` and `recv` through this host's shared segment; `Collectives::gather`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -269,7 +262,6 @@ impl Collectives for Comm {
     }
 
     /// recv = `root`'s send[rank].
-    // SAFETY: unsafe to call: `scatter` reads and writes `send` and `recv` through this host's shared segment; `Collectives::scatter`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -297,14 +289,12 @@ impl Collectives for Comm {
         })
     }
 
-    // SAFETY: unsafe to call: `send_post` reads and writes `addr..addr+len` through this host's shared segment; `Collectives::send_post`'s contract (api.rs) keeps it live and unwritten until the returned ticket completes
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         // SAFETY: the trait's contract is `post_to`'s: the bytes stay readable and unwritten
         // until the ticket completes, and the boxed ticket is `post_to`'s own.
         unsafe { self.post_to(to, addr, len, tag) }.map(|t| Box::new(t) as Ticket)
     }
 
-    // SAFETY: unsafe to call: `recv` reads and writes `addr..addr+len` through this host's shared segment; `Collectives::recv`'s contract (api.rs) keeps them live and unshared until it returns
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         // SAFETY: the trait's contract is `recv_from`'s: the bytes are writable and ours for the call.
         unsafe { self.recv_from(from, addr, len, tag) }

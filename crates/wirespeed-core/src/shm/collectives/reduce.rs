@@ -19,7 +19,6 @@ impl Comm {
     /// address; all aligned for `dtype`. They stay so until the call returns and, when it says a
     /// sync is due, until the caller's sync after it (peers read unstaged ranges in place).
     #[allow(clippy::too_many_arguments)]
-    // SAFETY: unsafe to call: `reduce_to_me` relies on its callers for this (`# Safety` above): `send` holds one range per rank, each readable; `out` is writable for `count` elements of `dtype` and ours alone, overlapping no send range except ...
     pub(super) unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the sync this returns as due.
@@ -45,7 +44,6 @@ impl Comm {
     /// ours alone, overlapping no send range except send[rank] at the same address; aligned for
     /// `dtype`.
     #[allow(clippy::too_many_arguments)]
-    // SAFETY: unsafe to call: `reduce_blocks` relies on its callers for this (`# Safety` above).
     pub(super) unsafe fn reduce_blocks(&mut self, parity: usize, send: &[Buf], out: usize, bytes: usize, dtype: DType, op: ReduceOp,
                             mut each: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {
         if bytes == 0 {

@@ -28,7 +28,6 @@ impl Comm {
     /// `buf` holds `count` elements of `dtype`, aligned, readable, writable and touched by
     /// nobody else until this returns (peers read and write its chunks in place meanwhile; the
     /// closing sync waits for them).
-    // SAFETY: unsafe to call: `rsag` relies on its callers for this (`# Safety` above).
     pub(super) unsafe fn rsag(&mut self, h: DescHeader, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let es = dtype.size();
         let (me, world) = (self.rank, self.world);

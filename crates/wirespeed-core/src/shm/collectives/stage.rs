@@ -16,7 +16,6 @@ impl Comm {
     /// call: staging copies it. One that is not staged is published (MODE_ADDR) for rank j to
     /// read in place, so the caller keeps it so until the op's closing sync (`exchange`,
     /// `reduce_to_me`'s `sync_due`).
-    // SAFETY: unsafe to call: `pieces` relies on its callers for this (`# Safety` above): Every non-empty `send[j]` is readable for its length, and written by nobody, for the call: staging copies it. One that is not staged is published ...
     pub(super) unsafe fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
         let parity = ((self.seq) % 2) as usize;
         let mut uniq: Vec<Buf> = Vec::new();
@@ -91,7 +90,6 @@ impl Comm {
     /// `dst..dst+len` is writable, and touched by nobody else, for the call; if `j` is this rank,
     /// `own_src..own_src+len` is readable and either is `dst` or overlaps it nowhere. Rank j's
     /// piece to this rank is `len` bytes long (`check_lengths`).
-    // SAFETY: unsafe to call: `fetch` relies on its callers for this (`# Safety` above): `dst..dst+len` is writable, and touched by nobody else, for the call; if `j` is this rank, `own_src..own_src+len` is readable and either is `dst` or ...
     pub(super) unsafe fn fetch(&self, parity: usize, j: usize, own_src: usize, dst: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
@@ -125,7 +123,6 @@ impl Comm {
     /// the call: every send[j] readable, every recv[j] writable and ours alone, recv[rank] either
     /// send[rank] itself or disjoint from it. Ranges read in place by peers are safe to reuse on
     /// return: the closing sync (`any_direct`) waits for every reader.
-    // SAFETY: unsafe to call: `exchange` relies on its callers for this (`# Safety` above): `send` and `recv` hold one range per rank and meet `Collectives`' contract (api.rs) for the call: every send[j] readable, every recv[j] writable and ...
     pub(super) unsafe fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the closing sync below.

@@ -62,7 +62,6 @@ impl Conn {
     /// # Safety
     /// `data..data+len` must stay valid and unmodified until the request completes or the
     /// connection is closed (engine threads read it until then).
-    // SAFETY: unsafe to call: `isend` relies on its callers for this (`# Safety` above): `data..data+len` must stay valid and unmodified until the request completes or the connection is closed (engine threads read it until then).
     pub unsafe fn isend(&self, data: *const u8, len: usize, tag: u64) -> Result<Request> {
         let c = &*self.inner;
         if let Some(e) = c.error() {
@@ -125,7 +124,6 @@ impl Conn {
     /// # Safety
     /// `data..data+cap` must stay valid, and not be read or written by anyone else, until the
     /// request completes or the connection is closed (engine threads write it until then).
-    // SAFETY: unsafe to call: `irecv` relies on its callers for this (`# Safety` above): `data..data+cap` must stay valid, and not be read or written by anyone else, until the request completes or the connection is closed (engine threads ...
     pub unsafe fn irecv(&self, data: *mut u8, cap: usize, tag: u64) -> Result<Request> {
         let c = &*self.inner;
         if let Some(e) = c.error() {
