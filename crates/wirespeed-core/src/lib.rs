@@ -76,6 +76,7 @@ pub mod testing {
     pub use crate::kernels::{copy, reduce::reduce_many};
     pub use crate::plan::{NetAlgo, GATHER_RING_MIN};
     pub use crate::shm::comm::Comm;
+    pub use crate::shm::threads::one_host;
     /// The Linux calls the examples time (a peer's memory read with process_vm_readv).
     pub mod sys {
         pub use crate::sys::{getpid, random_token, read_peer};

@@ -29,14 +29,7 @@ pub fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + 
 
 /// `with_ranks` with the group's timeout given (short ones test what follows a timeout).
 pub fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let token = wirespeed_core::random_token().unwrap();
-    let cfg = Config::default();
-    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
-    let infos: Vec<RankInfo> = comms.iter().map(|c| c.info()).collect();
-    on_threads(comms, move |_, mut c| {
-        c.connect(&infos).unwrap();
-        f(&mut c)
-    })
+    wirespeed_core::testing::one_host(world, timeout, &Config::default(), move |mut c| f(&mut c))
 }
 
 /// The ranks' configuration: the defaults, listening on loopback.

@@ -1,6 +1,5 @@
 //! The one-host collectives on ranks that are threads of this process.
 use super::*;
-use crate::sys;
 use std::time::Duration;
 
 /// Run `f` on `world` connected ranks (threads of this process); results in rank order.
@@ -9,22 +8,7 @@ fn with_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Comm) -> T + Send
 }
 
 fn with_ranks_timeout<T: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(&mut Comm) -> T + Send + Sync + 'static) -> Vec<T> {
-    let token = sys::random_token().unwrap();
-    let f = std::sync::Arc::new(f);
-    let cfg = crate::config::Config::default();
-    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, timeout, &cfg).unwrap()).collect();
-    let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|mut c| {
-            let (infos, f) = (infos.clone(), f.clone());
-            std::thread::spawn(move || {
-                c.connect(&infos).unwrap();
-                f(&mut c)
-            })
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
+    crate::shm::threads::one_host(world, timeout, &crate::config::Config::default(), move |mut c| f(&mut c))
 }
 
 fn input(rank: usize, n: usize) -> Vec<i64> {
