@@ -17,11 +17,15 @@
 //! - one host: `shm` (`segment` layout, `comm` connect/waits/sync points/failure detection,
 //!   `collectives` that read peers' buffers in place, `p2p` send/recv);
 //! - algorithms: `algo` (ring, doubling, tree, direct: each written once over the trait);
-//! - several hosts: `hosts` (ranks grouped by host: shm inside, TCP across, itself a
-//!   `Transport`; `hosts::mesh`, the group's TCP connections; `hosts::hier`, the hierarchical
-//!   all_reduce; `hosts::fds`, the open-file budget that sets the streams per pair);
-//! - on top: `group` (`Setup`: the one-host or the multi-host group, behind `Collectives`) and
-//!   `engine` (ordered background execution), which the bindings call.
+//! - several hosts: `hosts` (ranks grouped by host: shm inside, TCP across; `hosts::route`, the
+//!   group's one `Transport`, which its algorithms run over; `hosts::mesh`, the group's TCP
+//!   connections; `hosts::hier`, the hierarchical all_reduce; `hosts::probe`, the streams per
+//!   peer; `hosts::fds`, the open-file budget that sets the streams per pair);
+//! - on top: `group` (`Setup`: the one-host or the multi-host group, behind `Collectives`, and
+//!   its `SetupReport`) and `engine` (ordered background execution), which the bindings call.
+//!
+//! Every module is private: the bindings reach the re-exports below and `net`; the tests and
+//! examples also `testing` (feature `testing`).
 // Without `testing`, what only the tests reach (the simulated network, a few accessors) looks
 // unused; the test builds turn `testing` on and check dead code over the whole surface.
 #![cfg_attr(not(feature = "testing"), allow(dead_code))]
