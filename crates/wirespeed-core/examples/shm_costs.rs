@@ -103,7 +103,7 @@ fn collectives(world: usize, sizes: Vec<usize>, cfg: &Config) {
             out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
         }
         // The same all_reduce through the engine's blocking path (what the bindings call).
-        let e = Engine::new(c, wake_worker).unwrap();
+        let e = Engine::with(Box::new(c), wake_worker).unwrap();
         for &b in &sizes {
             let n = b / 4;
             let mut v = vec![0f32; n];

@@ -169,6 +169,16 @@ pub trait Collectives: Send {
     fn abort(&mut self, e: &Error);
 }
 
+/// What one rank publishes for its peers to connect (its setup's `info`): every group's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    pub pid: i32,
+    pub fd: i32,
+    pub host: String,
+    /// TCP listening address ("ip:port") when the group spans hosts, else empty.
+    pub addr: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::Kind;

@@ -21,7 +21,6 @@
 //! owner travels with the op, whatever wraps, joins or forgets the handle. What a caller of
 //! `submit` or `run` promises in return is their `# Safety` section (the owner contract).
 use crate::api::{Buf, Collectives, Kind, Ticket};
-use crate::shm::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
@@ -236,11 +235,6 @@ impl Shared {
 }
 
 impl Engine {
-    /// `Engine::with` over one host's `Comm`.
-    pub fn new(comm: Comm, wake_worker: bool) -> Result<Engine> {
-        Engine::with(Box::new(comm), wake_worker)
-    }
-
     /// An engine over any group (one host's `Comm`, or a multi-host group from `Setup::connect`).
     /// `wake_worker` (`Config::wake_worker`, WIRESPEED_WORKER): whether `submit` wakes the
     /// worker; without, an async op progresses only when waited on or when another op is queued.

@@ -9,7 +9,8 @@
 //! exchanges infos through its store and hands them all to `connect`.
 use crate::api::Collectives;
 use crate::config::Config;
-use crate::shm::comm::{Comm, RankInfo};
+use crate::api::RankInfo;
+use crate::shm::comm::Comm;
 use crate::error::Result;
 use crate::hosts::fds::FdRoom;
 use crate::hosts::probe::StreamChoice;

@@ -45,7 +45,7 @@ mod sys;
 mod transport;
 
 // The front door: what the Python bindings use. Everything else is private to the core.
-pub use api::{Buf, Collectives, Ticket};
+pub use api::{Buf, Collectives, RankInfo, Ticket};
 pub use config::{host_id_from_env, knobs_over_env, Config};
 pub use dtype::{check as check_reduction, DType, ReduceOp};
 pub use engine::{Engine, Op, Owner};
@@ -53,7 +53,6 @@ pub use error::{Error, Result};
 pub use group::{Setup, SetupReport};
 pub use hosts::fds::FdRoom;
 pub use hosts::probe::StreamChoice;
-pub use shm::comm::RankInfo;
 pub use sys::random_token;
 
 /// The TCP engine and what the NCCL plugin (crates/wirespeed-nccl) needs around it: which

@@ -3,7 +3,8 @@
 use crate::config::Config;
 use crate::plan::{NetAlgo, Tuning};
 use crate::api::{check_list, check_rank, Buf, Collectives, Kind, Ticket};
-use crate::shm::comm::{Comm, RankInfo};
+use crate::api::RankInfo;
+use crate::shm::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use super::mesh::{Connect, MeshListener, Mesh};

@@ -7,7 +7,7 @@
 //! Setup is two steps so any store can carry the rendezvous: `Comm::new` creates this rank's
 //! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
 //! through its store and hands every rank's info to `connect`.
-use crate::api::Kind;
+use crate::api::{Kind, RankInfo};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use super::segment::{DescHeader, SegmentLayout, Piece, Seg, MAGIC};
@@ -15,16 +15,6 @@ use crate::sys::{self, Mapping, PidFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What one rank publishes for its peers to connect.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RankInfo {
-    pub pid: i32,
-    pub fd: i32,
-    pub host: String,
-    /// TCP listening address ("ip:port") when the group spans hosts, else empty.
-    pub addr: String,
-}
 
 /// How long a waiter spins before it sleeps, and whether it yields the CPU while spinning.
 #[derive(Clone, Copy, Debug)]
