@@ -186,12 +186,12 @@ def test_a_big_put_crosses_in_pieces_each_with_its_own_header(monkeypatch):
 
 
 def test_port_groups_open_few_streams_unless_the_user_says(monkeypatch):
+    from wirespeed.native.rendezvous import knobs_under_environment
     from wirespeed.plans import execute as ex
     monkeypatch.delenv("WIRESPEED_NSTREAMS", raising=False)
-    with ex.port_streams():
-        assert os.environ["WIRESPEED_NSTREAMS"] == str(ex.PORT_STREAMS)
-    assert "WIRESPEED_NSTREAMS" not in os.environ     # the job's own groups keep the default
+    assert knobs_under_environment(ex.port_knobs()) == {"WIRESPEED_NSTREAMS": str(ex.PORT_STREAMS)}
+    assert "WIRESPEED_NSTREAMS" not in os.environ     # given as data: the job's own groups keep the default
     monkeypatch.setenv("WIRESPEED_NSTREAMS", "5")
-    with ex.port_streams():
-        assert os.environ["WIRESPEED_NSTREAMS"] == "5"
+    assert knobs_under_environment(ex.port_knobs()) == {}
+    assert os.environ["WIRESPEED_NSTREAMS"] == "5"
     assert os.environ["WIRESPEED_NSTREAMS"] == "5"

@@ -1,12 +1,12 @@
 //! Quick look at the core's all_reduce speed without Python: ranks are threads of one process.
 //!     cargo run --release --example allreduce_threads -- <ranks> <bytes> <iters>
 use std::time::{Duration, Instant};
-use wirespeed_core::{Collectives, Comm, Config, DType, ReduceOp};
+use wirespeed_core::{Collectives, testing::Comm, Config, DType, ReduceOp};
 
 fn main() {
     let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("integer arguments")).collect();
     let (world, bytes, iters) = (a.first().copied().unwrap_or(2), a.get(1).copied().unwrap_or(64 << 20), a.get(2).copied().unwrap_or(10));
-    let token = wirespeed_core::sys::random_token().unwrap();
+    let token = wirespeed_core::random_token().unwrap();
     // The WIRESPEED_* knobs (WIRESPEED_ALGO, ...) apply as in a real run.
     let cfg = Config::from_env().unwrap();
     let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60), &cfg).unwrap()).collect();

@@ -1,7 +1,7 @@
 //! Throughput of the reduction kernel and of the copy routines on this machine.
 //!     cargo run --release --example kernels
 use std::time::Instant;
-use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, DType, ReduceOp};
+use wirespeed_core::{testing::copy, testing::reduce_many, testing::sys, DType, ReduceOp};
 
 fn main() {
     let n = 8 << 20; // floats (32 MiB)

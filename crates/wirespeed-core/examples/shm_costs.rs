@@ -5,7 +5,7 @@
 //!     cargo run --release --example shm_costs -- [ranks] [sizes in bytes, comma separated]
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use wirespeed_core::{kernels::copy, kernels::reduce::reduce_many, sys, Collectives, Comm, Config, DType, Engine, Op, ReduceOp};
+use wirespeed_core::{testing::copy, testing::reduce_many, testing::sys, Collectives, testing::Comm, Config, DType, Engine, Op, ReduceOp};
 
 /// Best per-op time of 5 loops of `iters` calls.
 fn best(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -68,21 +68,7 @@ fn building_blocks(sizes: &[usize]) {
 
 /// Run `f(rank, comm)` on `world` connected ranks (threads); the slowest rank's result per op.
 fn on_ranks(world: usize, cfg: &Config, f: impl Fn(Comm) -> Vec<(String, f64)> + Send + Sync + 'static) -> Vec<(String, f64)> {
-    let token = sys::random_token().unwrap();
-    let comms: Vec<Comm> = (0..world).map(|r| Comm::new(r, world, token, Duration::from_secs(60), cfg).unwrap()).collect();
-    let infos: Vec<_> = comms.iter().map(|c| c.info()).collect();
-    let f = Arc::new(f);
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|mut c| {
-            let (infos, f) = (infos.clone(), f.clone());
-            std::thread::spawn(move || {
-                c.connect(&infos).unwrap();
-                f(c)
-            })
-        })
-        .collect();
-    let all: Vec<Vec<(String, f64)>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let all = wirespeed_core::testing::one_host(world, Duration::from_secs(60), cfg, f);
     all[0].iter().enumerate().map(|(i, (name, _))| (name.clone(), all.iter().map(|v| v[i].1).fold(0.0, f64::max))).collect()
 }
 
@@ -117,7 +103,7 @@ fn collectives(world: usize, sizes: Vec<usize>, cfg: &Config) {
             out.push((format!("broadcast {b}"), best(it, || unsafe { c.broadcast((p, n * 4), 0).unwrap() })));
         }
         // The same all_reduce through the engine's blocking path (what the bindings call).
-        let e = Engine::new(c, wake_worker).unwrap();
+        let e = Engine::with(Box::new(c), wake_worker).unwrap();
         for &b in &sizes {
             let n = b / 4;
             let mut v = vec![0f32; n];

@@ -24,6 +24,7 @@ pub use crate::plan::Tuning;
 use crate::transport::iface::IFNAME_VARS;
 pub use crate::transport::tcp::NetConfig;
 use crate::transport::tcp::Secret;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Where knobs come from: a variable's value, or None where it is unset.
@@ -32,6 +33,12 @@ pub type Vars<'a> = &'a dyn Fn(&str) -> Option<String>;
 /// The process's environment as `Vars` (a value that is not unicode counts as unset).
 pub fn env(name: &str) -> Option<String> {
     std::env::var(name).ok()
+}
+
+/// Knobs given as data (`knobs`, e.g. a binding's `Group(..., knobs=...)`) before the process's
+/// environment: a name in `knobs` is read there, any other from the environment.
+pub fn knobs_over_env(knobs: &HashMap<String, String>) -> impl Fn(&str) -> Option<String> + '_ {
+    move |name| knobs.get(name).cloned().or_else(|| env(name))
 }
 
 /// What `transport::iface::listen_ip` reads, in its order.
@@ -43,7 +50,7 @@ pub struct Config {
     /// The planner's knobs.
     pub tuning: Tuning,
     /// The TCP engine's knobs, or why they are invalid: only a group that spans hosts uses them,
-    /// so only such a group fails on them (`HostsSetup::new`), and a one-host group never does.
+    /// so only such a group fails on them (`hosts::Setup::new`), and a one-host group never does.
     pub net: Result<NetConfig>,
     /// WIRESPEED_CONNECT: `lazy` (unset: the default) connects a pair of ranks on different hosts
     /// on its first message, `eager` every such pair at setup (so an unreachable peer fails setup
@@ -64,9 +71,15 @@ pub struct Config {
 }
 
 impl Config {
-    /// Every knob from the process's environment: what the bindings call once per group.
+    /// Every knob from the process's environment.
     pub fn from_env() -> Result<Config> {
         Config::from_vars(&env)
+    }
+
+    /// Every knob from `knobs` where given, else from the environment: what the bindings call
+    /// once per group.
+    pub fn from_knobs(knobs: &HashMap<String, String>) -> Result<Config> {
+        Config::from_vars(&knobs_over_env(knobs))
     }
 
     /// Every knob from `var`. An invalid planner knob is an error here, with the first one's
@@ -185,6 +198,16 @@ fn ranged(var: Vars, name: &str, default: usize, min: usize, max: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Knobs given as data are read before the environment (the bindings' `knobs`).
+    #[test]
+    fn given_knobs_come_before_the_environment() {
+        let knobs = HashMap::from([("WIRESPEED_NSTREAMS".to_string(), "3".to_string())]);
+        let cfg = Config::from_knobs(&knobs).unwrap();
+        assert_eq!((cfg.net.unwrap().nstreams, cfg.nstreams_set), (3, true));
+        let other = HashMap::from([("WIRESPEED_NSTREAMS".to_string(), "0".to_string())]);
+        assert!(Config::from_knobs(&other).unwrap().net.is_err(), "a knob given out of range is refused as from the environment");
+    }
 
     fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())

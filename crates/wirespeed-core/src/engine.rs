@@ -21,7 +21,6 @@
 //! owner travels with the op, whatever wraps, joins or forgets the handle. What a caller of
 //! `submit` or `run` promises in return is their `# Safety` section (the owner contract).
 use crate::api::{Buf, Collectives, Kind, Ticket};
-use crate::shm::comm::Comm;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
@@ -111,7 +110,6 @@ const KEEP_FAILURES: usize = 4096;
 /// # Safety
 /// `op`'s buffers meet `Collectives`' contract (api.rs) for this call and, for a send, until its
 /// ticket completes: the owner contract (`Engine::submit`) under which it was queued.
-// SAFETY: unsafe to call: `execute` relies on its callers for this (`# Safety` above): `op`'s buffers meet `Collectives`' contract (api.rs) for this call and, for a send, until its ticket completes: the owner contract (`Engine::submit`) ...
 unsafe fn execute(comm: &mut dyn Collectives, op: Op) -> Result<Option<Ticket>> {
     // SAFETY: this function's contract is `Collectives`': each arm passes the op's own buffers,
     // unchanged, to the method of the same name.
@@ -237,11 +235,6 @@ impl Shared {
 }
 
 impl Engine {
-    /// `Engine::with` over one host's `Comm`.
-    pub fn new(comm: Comm, wake_worker: bool) -> Result<Engine> {
-        Engine::with(Box::new(comm), wake_worker)
-    }
-
     /// An engine over any group (one host's `Comm`, or a multi-host group from `Setup::connect`).
     /// `wake_worker` (`Config::wake_worker`, WIRESPEED_WORKER): whether `submit` wakes the
     /// worker; without, an async op progresses only when waited on or when another op is queued.
@@ -274,7 +267,6 @@ impl Engine {
     /// touch the memory any more, and never if the op failed: module note, "Ownership") or by
     /// the caller, who must then keep it for the engine's life if the op fails (`retain`).
     /// Until then nothing but the engine writes the memory, nor reads an output.
-    // SAFETY: unsafe to call: `submit` relies on its callers for this (`# Safety` above): The owner contract, `run`'s too. Every address in `op` meets `Collectives`' buffer contract (api.rs) until the op is complete (`wait` returned Ok, or ...
     pub unsafe fn submit(&self, op: Op, owner: Owner) -> u64 {
         let id = self.enqueue(op, owner);
         if self.wake_worker {
@@ -289,7 +281,6 @@ impl Engine {
     /// The owner contract (`submit`). The op is complete when this returns Ok, so memory the
     /// caller keeps itself (an empty `owner`) may go then; after an error it must be kept for the
     /// engine's life, as a failed op's `owner` is.
-    // SAFETY: unsafe to call: `run` relies on its callers for this (`# Safety` above): The owner contract (`submit`). The op is complete when this returns Ok, so memory the caller keeps itself (an empty `owner`) may go then; after an ...
     pub unsafe fn run(&self, op: Op, owner: Owner) -> Result<u64> {
         let id = self.enqueue(op, owner);
         self.wait(id).map(|_| id)

@@ -1,7 +1,7 @@
 //! A group as the engine sees it: one set of collectives (`api::Collectives`), whatever carries
 //! them; this file makes the group (`Setup`), and each group implements the trait itself. Ranks
 //! that all share a host get the shared-memory `Comm` unchanged (its speed is the product on one
-//! host); ranks spread over hosts get `HostsComm`, which uses a `Comm` per host plus TCP between
+//! host); ranks spread over hosts get `hosts::Group`, which uses a `Comm` per host plus TCP between
 //! hosts.
 //!
 //! Setup is two steps so any store can carry the rendezvous: `Setup::new` (knowing every rank's
@@ -9,10 +9,12 @@
 //! exchanges infos through its store and hands them all to `connect`.
 use crate::api::Collectives;
 use crate::config::Config;
-use crate::shm::comm::{Comm, RankInfo};
+use crate::api::RankInfo;
+use crate::shm::comm::Comm;
 use crate::error::Result;
 use crate::hosts::fds::FdRoom;
-use crate::hosts::{HostsComm, HostsSetup};
+use crate::hosts::probe::StreamChoice;
+use crate::hosts;
 use std::time::Duration;
 
 /// A rank between `new` and `connect`.
@@ -20,7 +22,7 @@ use std::time::Duration;
 #[allow(clippy::large_enum_variant)]
 pub enum Setup {
     OneHost(Comm),
-    Hosts(HostsSetup),
+    Hosts(hosts::Setup),
 }
 
 impl Setup {
@@ -32,7 +34,7 @@ impl Setup {
         if hosts.is_empty() || hosts.iter().all(|h| *h == hosts[0]) {
             return Ok(Setup::OneHost(Comm::new(rank, world, token, timeout, cfg)?));
         }
-        Ok(Setup::Hosts(HostsSetup::new(rank, world, token, timeout, hosts, rooms, cfg)?))
+        Ok(Setup::Hosts(hosts::Setup::new(rank, world, token, timeout, hosts, rooms, cfg)?))
     }
 
     pub fn info(&self) -> RankInfo {
@@ -42,13 +44,27 @@ impl Setup {
         }
     }
 
-    pub fn connect(self, infos: &[RankInfo]) -> Result<Box<dyn Collectives>> {
+    /// The connected group, and what its setup chose (`SetupReport`).
+    pub fn connect(self, infos: &[RankInfo]) -> Result<(Box<dyn Collectives>, SetupReport)> {
         match self {
             Setup::OneHost(mut c) => {
                 c.connect(infos)?;
-                Ok(Box::new(c))
+                Ok((Box::new(c), SetupReport::default()))
             }
-            Setup::Hosts(h) => Ok(Box::new(h.connect(infos)?) as Box<HostsComm>),
+            Setup::Hosts(h) => {
+                let g = h.connect(infos)?;
+                let report = SetupReport { streams: Some(g.stream_choice().clone()) };
+                Ok((Box::new(g), report))
+            }
         }
     }
+}
+
+/// What a group's setup chose, the same on every rank: for the callers to show (the bindings
+/// compose the lines), not for the ops.
+#[derive(Clone, Debug, Default)]
+pub struct SetupReport {
+    /// Across hosts, the TCP streams per peer and what chose them (hosts/probe.rs); None on one
+    /// host.
+    pub streams: Option<StreamChoice>,
 }

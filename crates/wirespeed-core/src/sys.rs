@@ -35,9 +35,6 @@ impl Mapping {
     pub fn len(&self) -> usize {
         self.len
     }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Drop for Mapping {
@@ -253,7 +250,6 @@ pub fn first_exited(fds: &[Option<PidFd>]) -> Option<usize> {
 ///
 /// # Safety
 /// `local` must be valid for writes of `len` bytes (the remote side is checked by the kernel).
-// SAFETY: unsafe to call: `read_peer` relies on its callers for this (`# Safety` above): `local` must be valid for writes of `len` bytes (the remote side is checked by the kernel).
 pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> std::result::Result<(), i32> {
     // SAFETY: this fn's contract (`local` writable for `len` bytes) is peer_copy's for a read.
     unsafe { peer_copy(pid, remote, local, len, false) }
@@ -264,7 +260,6 @@ pub unsafe fn read_peer(pid: i32, remote: u64, local: *mut u8, len: usize) -> st
 /// # Safety
 /// `local` must be valid for reads of `len` bytes; the caller must own the remote range for the
 /// op (the peer published it for this rank to fill; the kernel checks it is mapped and writable).
-// SAFETY: unsafe to call: `write_peer` relies on its callers for this (`# Safety` above): `local` must be valid for reads of `len` bytes; the caller must own the remote range for the op (the peer published it for this rank to fill; the ...
 pub unsafe fn write_peer(pid: i32, remote: u64, local: *const u8, len: usize) -> std::result::Result<(), i32> {
     // SAFETY: this fn's contract is peer_copy's for a write, which only reads through `local`
     // (the cast to *mut is for the shared iovec type).
@@ -277,7 +272,6 @@ pub unsafe fn write_peer(pid: i32, remote: u64, local: *const u8, len: usize) ->
 /// # Safety
 /// `read_peer`'s contract when `write` is false (`local` writable for `len` bytes), `write_peer`'s
 /// when it is true (`local` readable, the remote range given to this rank to fill).
-// SAFETY: unsafe to call: `peer_copy` relies on its callers for this (`# Safety` above): `read_peer`'s contract when `write` is false (`local` writable for `len` bytes), `write_peer`'s when it is true (`local` readable, the remote range ...
 unsafe fn peer_copy(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> std::result::Result<(), i32> {
     let mut done = 0usize;
     while done < len {

@@ -6,10 +6,10 @@ mod common;
 use common::{config, input, setups, with_groups, with_hosts, with_hosts_rooms};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use wirespeed_core::shm::comm::RankInfo;
-use wirespeed_core::hosts::fds::{self, FdRoom};
-use wirespeed_core::hosts::Layout;
-use wirespeed_core::plan::NetAlgo;
+use wirespeed_core::RankInfo;
+use wirespeed_core::testing::fds::{self, FdRoom};
+use wirespeed_core::testing::HostLayout;
+use wirespeed_core::testing::NetAlgo;
 use wirespeed_core::{Collectives, DType, Engine, Error, Op, ReduceOp};
 
 const LAYOUTS: &[&[&str]] = &[&["a", "b"], &["a", "b", "a", "b"], &["a", "a", "b"], &["a", "b", "c"]];
@@ -153,7 +153,7 @@ fn every_other_collective_and_p2p_across_hosts() {
 #[test]
 fn the_tightest_ranks_open_file_limit_sets_every_pairs_streams() {
     let six: &[&str] = &["a", "a", "b", "b", "c", "c"];
-    let lay = Layout::new(&six.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    let lay = HostLayout::new(&six.iter().map(|s| s.to_string()).collect::<Vec<_>>());
     let held = 10;
     // Rank 3 gets exactly its need at 5 streams; the limits stay far below this process's soft
     // limit, so no rank raises it (the test process's limit is not ours to change).
@@ -263,7 +263,7 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
         let first = match me {
             // SAFETY: `buf` outlives the send: it drops when this closure ends, after the
             // all_reduce below, which fails (rank 1 broke the group on the mismatch) and so shuts
-            // every connection before it returns (HostsComm::guarded).
+            // every connection before it returns (hosts::Group::guarded).
             0 => unsafe { c.send_post(1, buf.as_ptr() as usize, 1000, 0) }.and_then(|t| t.wait()),
             // SAFETY: `inbox` holds 500 bytes, written only by this call (the 1000-byte message
             // is refused on its header).
@@ -294,7 +294,7 @@ fn truncation_is_a_mismatch_and_a_dead_peer_fails_the_others_fast() {
 fn a_timed_out_send_breaks_the_group_on_one_host_and_across_hosts() {
     for (ids, n) in [(["a", "a"], 1 << 16), (["a", "b"], 64 << 20)] {
         let both = std::sync::Arc::new(std::sync::Barrier::new(2));
-        let out = with_groups(&ids, Duration::from_secs(1), move |mut c| {
+        let out = with_groups(&ids, Duration::from_secs(1), move |mut c, _| {
             if c.rank() == 0 {
                 let e = Engine::with(c, true).unwrap();
                 let msg = vec![7u8; n];
@@ -360,7 +360,7 @@ fn ring_all_gather_and_reduce_scatter_across_hosts() {
         let out = with_hosts(ids, move |c| {
             let me = c.rank;
             let mut res = Vec::new();
-            for &n in &[(wirespeed_core::plan::GATHER_RING_MIN / 8), 300_001] {
+            for &n in &[(wirespeed_core::testing::GATHER_RING_MIN / 8), 300_001] {
                 for in_place in [false, true] {
                     let mine = input(me, n);
                     let mut all = vec![0i64; n * w];
@@ -402,4 +402,14 @@ fn ring_all_gather_and_reduce_scatter_across_hosts() {
             }
         }
     }
+}
+
+/// Setup reports what it chose, alike on every rank: the TCP streams per peer across hosts
+/// (a probe between the two hosts, over loopback), and nothing on one host.
+#[test]
+fn setup_reports_the_streams_chosen_across_hosts() {
+    let across = with_groups(&["a", "b"], Duration::from_secs(10), |_, r| r.streams.map(|s| (s.opened, s.used, s.forced)));
+    assert!(across.iter().all(|s| s.is_some() && *s == across[0]), "{across:?}");
+    let one = with_groups(&["a", "a"], Duration::from_secs(10), |_, r| r.streams.is_none());
+    assert_eq!(one, vec![true, true]);
 }

@@ -3,11 +3,11 @@
 //! reference computed independently in i64/f64; faults (a rank that dies, stalls or sends
 //! garbage) end every rank with a typed error; the network model's bandwidth and flow caps show
 //! in virtual time.
-use wirespeed_core::algo::direct::{self, Region};
-use wirespeed_core::algo::{doubling, ring, tree};
-use wirespeed_core::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
-use wirespeed_core::transport::sim::{self, Fault, SimConfig, SimRank};
-use wirespeed_core::transport::Transport;
+use wirespeed_core::testing::direct::{self, Region};
+use wirespeed_core::testing::{doubling, ring, tree};
+use wirespeed_core::testing::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use wirespeed_core::testing::sim::{self, Fault, SimConfig, SimRank};
+use wirespeed_core::testing::Transport;
 use wirespeed_core::{DType, Error, ReduceOp};
 
 const DTYPES: [DType; 13] = [
@@ -166,7 +166,7 @@ fn ring_and_doubling_all_reduce_every_dtype_and_op() {
     for w in [1, 2, 3, 4, 5, 8] {
         for d in DTYPES {
             for op in OPS {
-                if wirespeed_core::dtype::check(d, op).is_err() {
+                if wirespeed_core::check_reduction(d, op).is_err() {
                     continue;
                 }
                 for n in [0, 1, 37] {
@@ -435,7 +435,7 @@ fn ring_all_gather_and_reduce_scatter() {
     for order in [vec![0], vec![0, 1], vec![0, 1, 2], vec![0, 3, 1, 2], vec![0, 4, 5, 1, 2, 6, 7, 3], (0..7).collect::<Vec<_>>()] {
         for &d in &[DType::F32, DType::BF16, DType::I32, DType::U8] {
             for &op in &OPS {
-                if wirespeed_core::dtype::check(d, op).is_err() {
+                if wirespeed_core::check_reduction(d, op).is_err() {
                     continue;
                 }
                 run_ring_gathers(&order, d, op, 37, false);

@@ -7,10 +7,10 @@
 //! ways, random pairs; none may deadlock, each rank connects to the peers it used.
 //! `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
 use std::collections::BTreeSet;
-use wirespeed_core::algo::direct;
-use wirespeed_core::algo::{doubling, ring, tree};
-use wirespeed_core::transport::sim::{self, SimConfig, SimRank};
-use wirespeed_core::transport::{Handle, Transport};
+use wirespeed_core::testing::direct;
+use wirespeed_core::testing::{doubling, ring, tree};
+use wirespeed_core::testing::sim::{self, SimConfig, SimRank};
+use wirespeed_core::testing::{Handle, Transport};
 use wirespeed_core::{DType, ReduceOp, Result};
 
 /// A simulated rank that remembers every peer it posts to or from.
@@ -26,14 +26,12 @@ impl Transport for Counted<'_> {
     fn world(&self) -> usize {
         self.t.world()
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs), passed on unchanged to the simulated rank
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         self.peers.insert(to);
         // SAFETY: our caller keeps `data..data+len` readable until the handle completes, which is
         // what SimRank::post_send asks; nothing here touches the bytes.
         unsafe { self.t.post_send(to, data, len, tag) }
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs), passed on unchanged to the simulated rank
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         self.peers.insert(from);
         // SAFETY: our caller keeps `data..data+len` writable and unshared until the handle

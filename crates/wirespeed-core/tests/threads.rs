@@ -5,7 +5,7 @@ mod common;
 
 use common::{input, with_ranks, with_ranks_timeout};
 use std::time::Duration;
-use wirespeed_core::{Collectives, Comm, Config, DType, Engine, Error, Op, ReduceOp};
+use wirespeed_core::{Collectives, testing::Comm, Config, DType, Engine, Error, Op, ReduceOp};
 
 #[test]
 fn all_reduce_sums_exactly_for_every_size_and_algorithm() {
@@ -96,7 +96,7 @@ fn engine_runs_async_ops_in_order_in_the_background() {
         // Move the connected comm into an engine (replace with a placeholder that is never used).
         let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1), &Config::default()).unwrap();
         let comm = std::mem::replace(c, placeholder);
-        let e = Engine::new(comm, true).unwrap();
+        let e = Engine::with(Box::new(comm), true).unwrap();
         let mut a = vec![e.rank() as f64 + 1.0; 100_000];
         let mut b = vec![2.0f64; 10];
         // SAFETY: `a` and `b` are dropped before the engine, but only after both ops were waited
@@ -138,7 +138,7 @@ fn dropped(f: &std::sync::atomic::AtomicBool) -> bool {
 fn engine_holds_an_ops_owner_until_nobody_can_touch_its_buffers() {
     let out = with_ranks(2, |c| {
         let placeholder = Comm::new(0, 1, [0; 16], Duration::from_secs(1), &Config::default()).unwrap();
-        let e = Engine::new(std::mem::replace(c, placeholder), true).unwrap();
+        let e = Engine::with(Box::new(std::mem::replace(c, placeholder)), true).unwrap();
         if e.rank() == 0 {
             // A send whose receiver comes late: the receiver reads the buffer until it acknowledges,
             // so the engine keeps the buffer (moved into the owner; its heap address is stable).
@@ -389,7 +389,7 @@ impl wirespeed_core::Collectives for Panicky {
         panic!("a bug")
     }
     // SAFETY: unsafe only because `Collectives::send_post` is; this stub panics before it could touch a buffer
-    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::api::Ticket> {
+    unsafe fn send_post(&mut self, _: usize, _: usize, _: usize, _: u64) -> wirespeed_core::Result<wirespeed_core::Ticket> {
         unimplemented!()
     }
     // SAFETY: unsafe only because `Collectives::recv` is; this stub panics before it could touch a buffer

@@ -3,10 +3,10 @@
 //! Knobs, read once at the first `init` and handed to the engine from there:
 //! - the engine's: WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES, WIRESPEED_IO_THREADS,
 //!   WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT (a `NetConfig`, read by the
-//!   core's config module, `wirespeed_core::config::net`, as the groups read them);
+//!   core's `wirespeed_core::net::config`, as the groups read them);
 //! - which interfaces: WIRESPEED_IFNAME, else NCCL_SOCKET_IFNAME, in NCCL's syntax (a comma list
 //!   of name prefixes; `=` before the list for exact names; `^` for an exclusion list; parsed by
-//!   wirespeed_core::iface, as the groups parse it); unset,
+//!   wirespeed_core::net::iface, as the groups parse it); unset,
 //!   every interface that is up except docker* and loopback, as NCCL's socket transport does;
 //! - WIRESPEED_NET_ALLOW_LOOPBACK=1 lets a loopback interface be a device (one-machine tests:
 //!   every "host" then shares 127.0.0.1, which across real hosts would connect a rank to itself);
@@ -18,9 +18,9 @@
 //! it drives several flows to one peer at once (`streams_for`), unless WIRESPEED_NSTREAMS is set.
 use std::ffi::CString;
 use std::net::IpAddr;
-pub use wirespeed_core::iface::Family;
-use wirespeed_core::iface::{interfaces, IfSpec, Iface};
-use wirespeed_core::config::{self, NetConfig};
+pub use wirespeed_core::net::iface::Family;
+use wirespeed_core::net::iface::{interfaces, IfSpec, Iface};
+use wirespeed_core::net::{self as config, NetConfig};
 
 /// As many interfaces as NCCL's socket transport offers at most.
 const MAX_DEVICES: usize = 16;
@@ -44,7 +44,7 @@ fn env(name: &str) -> Option<String> {
 
 impl PluginConfig {
     pub fn from_env() -> Result<PluginConfig, String> {
-        let net = config::net(&config::env).map_err(|e| e.to_string())?;
+        let net = config::config(&config::env).map_err(|e| e.to_string())?;
         let ifname = ["WIRESPEED_IFNAME", "NCCL_SOCKET_IFNAME"].into_iter().find_map(|v| env(v).map(|s| (v, s)));
         let allow_loopback = match env("WIRESPEED_NET_ALLOW_LOOPBACK").as_deref().map(str::trim) {
             None | Some("0") => false,
@@ -228,7 +228,7 @@ mod tests {
     fn a_selection_means_the_same_to_the_plugin_and_to_the_groups() {
         // NCCL_SOCKET_IFNAME=l: a prefix of "lo", in NCCL's syntax, for both
         let vars = |k: &str| (k == "NCCL_SOCKET_IFNAME").then(|| "l".to_string());
-        let (group_ip, how) = wirespeed_core::iface::listen_ip_from(&vars, &interfaces()).unwrap();
+        let (group_ip, how) = wirespeed_core::net::iface::listen_ip_from(&vars, &interfaces()).unwrap();
         let cfg = PluginConfig { ifname: Some(("NCCL_SOCKET_IFNAME", "l".into())), ..cfg(None, true, None) };
         let d = find_devices(&cfg).unwrap();
         assert_eq!((d[0].name.to_str().unwrap(), d[0].addr), ("lo", group_ip), "groups chose {how}");

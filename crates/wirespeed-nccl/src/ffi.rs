@@ -50,7 +50,6 @@ fn guard(what: &str, f: impl FnOnce() -> Result<(), PluginError>) -> NcclResult 
 ///
 /// # Safety
 /// `out` is NULL or valid for an aligned write of a `T`: an out-parameter under NCCL's contract.
-// SAFETY: unsafe to call: `put` relies on its callers for this (`# Safety` above): `out` is NULL or valid for an aligned write of a `T`: an out-parameter under NCCL's contract.
 unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
     if out.is_null() {
         return Err(internal(format!("{what}: NULL output pointer")));
@@ -65,7 +64,6 @@ unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), PluginError> {
 /// # Safety
 /// `p` is NULL or a `T` this plugin boxed and returned, not freed for `'a`: a comm or request
 /// under NCCL's contract.
-// SAFETY: unsafe to call: `obj` relies on its callers for this (`# Safety` above): `p` is NULL or a `T` this plugin boxed and returned, not freed for `'a`: a comm or request under NCCL's contract.
 unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
     if p.is_null() {
         return Err(internal(format!("{what}: NULL comm")));
@@ -80,7 +78,6 @@ unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T, PluginError> {
 /// # Safety
 /// `h` is NULL or points to NCCL_NET_HANDLE_MAXSIZE bytes that nothing else touches for `'a`
 /// (NCCL's contract for `handle`).
-// SAFETY: unsafe to call: `handle_bytes` relies on its callers for this (`# Safety` above): `h` is NULL or points to NCCL_NET_HANDLE_MAXSIZE bytes that nothing else touches for `'a` (NCCL's contract for `handle`).
 unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE], PluginError> {
     if h.is_null() {
         return Err(internal("NULL connection handle"));
@@ -304,7 +301,6 @@ unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, send_comm: *mut *m
 ///
 /// # Safety
 /// NCCL's contract for connect's `handle` and `send_comm`, and for `ctx` when it is not NULL.
-// SAFETY: unsafe to call: `connect_with` relies on its callers for this (`# Safety` above): NCCL's contract for connect's `handle` and `send_comm`, and for `ctx` when it is not NULL.
 unsafe fn connect_with(ctx: *mut c_void, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, _dev_comm: *mut *mut c_void) -> NcclResult {
     guard("connect", || {
         // SAFETY: this fn's contract: a non-NULL `ctx` is a context init_v11 returned, not
@@ -386,7 +382,6 @@ fn size_of_int(size: c_int, what: &str) -> Result<usize, PluginError> {
 ///
 /// # Safety
 /// NCCL's contract for isend's `send_comm`, `data` and `size`, and `request`.
-// SAFETY: unsafe to call: `do_isend` relies on its callers for this (`# Safety` above): NCCL's contract for isend's `send_comm`, `data` and `size`, and `request`.
 unsafe fn do_isend(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, request: *mut *mut c_void) -> NcclResult {
     guard("isend", || {
         if request.is_null() {
@@ -428,7 +423,6 @@ unsafe extern "C" fn isend_v10(send_comm: *mut c_void, data: *mut c_void, size: 
 /// # Safety
 /// NCCL's contract for irecv's `recv_comm`, `data`, `tags` and `request`; `size` reads `sizes[0]`
 /// and is called only once n == 1 is checked.
-// SAFETY: unsafe to call: `do_irecv` relies on its callers for this (`# Safety` above): NCCL's contract for irecv's `recv_comm`, `data`, `tags` and `request`; `size` reads `sizes[0]` and is called only once n == 1 is checked.
 unsafe fn do_irecv(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, size: impl FnOnce() -> Result<usize, PluginError>, tags: *mut c_int, request: *mut *mut c_void) -> NcclResult {
     guard("irecv", || {
         if n != 1 {

@@ -83,7 +83,7 @@ pub fn set_stage(b: &mut [u8; NCCL_NET_HANDLE_MAXSIZE], v: u64) {
 /// 32 random bytes from the kernel, for a listen key.
 pub fn random_key() -> Result<[u8; 32], String> {
     let mut k = [0u8; 32];
-    wirespeed_core::sys::random_bytes(&mut k).map_err(|e| e.to_string())?;
+    wirespeed_core::net::random_bytes(&mut k).map_err(|e| e.to_string())?;
     Ok(k)
 }
 

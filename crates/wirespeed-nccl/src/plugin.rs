@@ -1,5 +1,5 @@
 //! The one implementation behind every API version: NCCL's calls in Rust terms, over the core's
-//! multi-stream TCP engine (wirespeed_core::transport::tcp). The per-version `extern "C"` tables
+//! multi-stream TCP engine (`wirespeed_core::net`). The per-version `extern "C"` tables
 //! in `ffi` only convert arguments and map errors.
 //!
 //! Objects NCCL holds as `void*`: a `ListenComm` (one listening socket per `listen`, with a random
@@ -15,7 +15,7 @@ use crate::log;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use wirespeed_core::transport::tcp::{Conn, Dialer, Listener, Reactor, Report, Request};
+use wirespeed_core::net::{Conn, Dialer, Listener, Reactor, Report, Request};
 use wirespeed_core::Error as CoreError;
 
 /// A failure with the NCCL code it maps to; the message is logged at WARN by the entry point.
@@ -306,7 +306,6 @@ fn reserve(c: &Comm) -> bool {
 /// # Safety
 /// `data..data+size` stays valid and unchanged until `test` reports the request done or the comm
 /// is closed (NCCL's contract for isend).
-// SAFETY: unsafe to call: `isend` relies on its callers for this (`# Safety` above): `data..data+size` stays valid and unchanged until `test` reports the request done or the comm is closed (NCCL's contract for isend).
 pub unsafe fn isend(c: &Comm, data: *const u8, size: usize, tag: i32) -> Result<Option<Box<Req>>> {
     if size > 0 && data.is_null() {
         return Err(internal("isend of a NULL buffer"));
@@ -332,7 +331,6 @@ pub unsafe fn isend(c: &Comm, data: *const u8, size: usize, tag: i32) -> Result<
 /// # Safety
 /// `data..data+cap` stays valid and untouched by others until `test` reports the request done or
 /// the comm is closed (NCCL's contract for irecv).
-// SAFETY: unsafe to call: `irecv` relies on its callers for this (`# Safety` above): `data..data+cap` stays valid and untouched by others until `test` reports the request done or the comm is closed (NCCL's contract for irecv).
 pub unsafe fn irecv(c: &Comm, data: *mut u8, cap: usize, tag: i32) -> Result<Option<Box<Req>>> {
     if cap > 0 && data.is_null() {
         return Err(internal("irecv into a NULL buffer"));

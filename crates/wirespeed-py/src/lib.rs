@@ -6,11 +6,12 @@
 //! around anything that waits.
 use pyo3::import_exception;
 use pyo3::prelude::*;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
-use wirespeed_core::engine::Owner;
-use wirespeed_core::hosts::fds::FdRoom;
-use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup};
+use wirespeed_core::Owner;
+use wirespeed_core::FdRoom;
+use wirespeed_core::{Config, DType, Engine, Error, Op, RankInfo, ReduceOp, Setup, StreamChoice};
 
 // The exceptions are Python classes of wirespeed/errors.py, so that each is a member of the one
 // hierarchy whose type says the kind of failure (a CollectiveTimeout is a PeerTimeout, exit
@@ -50,7 +51,7 @@ fn rop(code: u32) -> PyResult<ReduceOp> {
 /// dtype (every rank refuses it alike, so the group stays usable).
 fn reduction(dtype_code: u32, op_code: u32) -> PyResult<(DType, ReduceOp)> {
     let (d, o) = (dtype(dtype_code)?, rop(op_code)?);
-    wirespeed_core::dtype::check(d, o).map_err(to_py)?;
+    wirespeed_core::check_reduction(d, o).map_err(to_py)?;
     Ok((d, o))
 }
 
@@ -66,9 +67,9 @@ struct Group {
     spans_hosts: bool,
     /// Whether async ops wake the engine's worker (`Config::wake_worker`), for `connect`.
     wake_worker: bool,
-    /// Across hosts, the TCP streams per peer chosen at setup, as a line (`StreamChoice::describe`)
-    /// and the count used; None on one host or before `connect`.
-    streams: Option<(String, usize, usize)>,
+    /// Across hosts, the TCP streams per peer chosen at setup and what chose them (the setup's
+    /// report); None on one host or before `connect`.
+    streams: Option<StreamChoice>,
 }
 
 impl Group {
@@ -142,18 +143,22 @@ impl Group {
     /// `hosts[r]` is rank r's host id (`host_id()`); ranks on one host use shared memory, ranks
     /// on others TCP. Without it every rank is taken to be on this host. `rooms[r]` is what rank
     /// r's `fd_room()` returned, exchanged with the host ids: a group across hosts sizes its
-    /// sockets to every rank's open-file limit with them (without: unchecked).
+    /// sockets to every rank's open-file limit with them (without: unchecked). `knobs` are the
+    /// core's WIRESPEED_* knobs given as data: each is read there before the environment (pass
+    /// the same to `fd_room`).
     #[new]
-    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None, rooms=None))]
-    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>, rooms: Option<Vec<String>>) -> PyResult<Group> {
+    #[pyo3(signature = (rank, world, token, timeout_s, hosts=None, rooms=None, knobs=None))]
+    fn new(rank: usize, world: usize, token: &[u8], timeout_s: f64, hosts: Option<Vec<String>>, rooms: Option<Vec<String>>,
+           knobs: Option<HashMap<String, String>>) -> PyResult<Group> {
         let tok: [u8; 16] = token.try_into().map_err(|_| UnsupportedError::new_err("the job token must be 16 bytes"))?;
         if !(timeout_s > 0.0) {
             return Err(UnsupportedError::new_err(format!("timeout must be positive, got {timeout_s}")));
         }
         let hosts = hosts.unwrap_or_default();
         let spans_hosts = hosts.iter().any(|h| h != &hosts[0]);
-        // The one read of the core's WIRESPEED_* knobs for this group; the core reads no variable.
-        let cfg = Config::from_env().map_err(to_py)?;
+        // The one read of the core's WIRESPEED_* knobs for this group (`knobs`, then the
+        // environment); the core reads no variable.
+        let cfg = Config::from_knobs(&knobs.unwrap_or_default()).map_err(to_py)?;
         let rooms = rooms.unwrap_or_default().iter().enumerate().map(|(r, t)| FdRoom::parse(t, r)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
         let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &rooms, &cfg).map_err(to_py)?;
         Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker, streams: None })
@@ -171,8 +176,8 @@ impl Group {
     fn connect(&mut self, py: Python<'_>, infos: Vec<(i32, i32, String, String)>) -> PyResult<()> {
         let setup = self.pending.lock().unwrap().take().ok_or_else(|| UnsupportedError::new_err("already connected"))?;
         let infos: Vec<RankInfo> = infos.into_iter().map(|(pid, fd, host, addr)| RankInfo { pid, fd, host, addr }).collect();
-        let group = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
-        self.streams = group.stream_choice();
+        let (group, report) = py.allow_threads(|| setup.connect(&infos)).map_err(to_py)?;
+        self.streams = report.streams;
         self.engine = Some(Engine::with(group, self.wake_worker).map_err(to_py)?);
         Ok(())
     }
@@ -181,11 +186,13 @@ impl Group {
     fn rank(&self) -> usize {
         self.rank
     }
-    /// Across hosts, (line, streams used, streams opened) per bandwidth peer as chosen at
-    /// setup (the core's hosts/probe.rs); None for a group on one host.
+    /// Across hosts, the TCP streams per bandwidth peer as chosen at setup (the core's
+    /// hosts/probe.rs): (opened, used, forced by WIRESPEED_NSTREAMS, the probe's seconds, its
+    /// steps as (streams, bytes per second each way)); None for a group on one host.
     #[getter]
-    fn streams(&self) -> Option<(String, usize, usize)> {
-        self.streams.clone()
+    #[allow(clippy::type_complexity)]
+    fn streams(&self) -> Option<(usize, usize, bool, f64, Vec<(usize, f64)>)> {
+        self.streams.as_ref().map(|s| (s.opened, s.used, s.forced, s.secs, s.steps.clone()))
     }
     #[getter]
     fn world(&self) -> usize {
@@ -304,21 +311,24 @@ fn core_version() -> &'static str {
 /// This machine's id (hostname + boot id, or WIRESPEED_HOSTID): ranks with equal ids share memory.
 #[pyfunction]
 fn host_id() -> String {
-    wirespeed_core::config::host_id_from_env()
+    wirespeed_core::host_id_from_env()
 }
 
 /// This process's open-file room as text (`FdRoom`: WIRESPEED_NSTREAMS, the hard open-file
 /// limit, descriptors held), for the store: every rank passes all of them to `Group`, which
-/// decides the stream count from them alike on every rank.
+/// decides the stream count from them alike on every rank. `knobs` as the group's.
 #[pyfunction]
-fn fd_room() -> PyResult<String> {
-    Ok(FdRoom::here(&wirespeed_core::config::net(&wirespeed_core::config::env)).map_err(to_py)?.to_text())
+#[pyo3(signature = (knobs=None))]
+fn fd_room(knobs: Option<HashMap<String, String>>) -> PyResult<String> {
+    let knobs = knobs.unwrap_or_default();
+    let net = wirespeed_core::net::config(&wirespeed_core::knobs_over_env(&knobs));
+    Ok(FdRoom::here(&net).map_err(to_py)?.to_text())
 }
 
 /// 16 random bytes from the kernel, for a job token.
 #[pyfunction]
 fn random_token(py: Python<'_>) -> PyResult<PyObject> {
-    let t = wirespeed_core::sys::random_token().map_err(to_py)?;
+    let t = wirespeed_core::random_token().map_err(to_py)?;
     Ok(pyo3::types::PyBytes::new_bound(py, &t).into())
 }
 

@@ -135,9 +135,33 @@ def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
         pass
 
 
-def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
-    """A connected native group for `rank` of `size`, met through `store`."""
+def streams_line(streams) -> str:
+    """One line for users (WIRESPEED_SETUP_STATS) from the TCP streams a group chose at setup, as
+    the group reports them: (opened, used, forced, probe seconds, steps of (streams, bytes/s))."""
+    opened, used, forced, secs, steps = streams
+    if forced:
+        how = "WIRESPEED_NSTREAMS is set"
+    elif not steps:
+        how = "one stream opened, nothing to probe"
+    else:
+        by = ", ".join(f"{k}: {r * 8 / 1e9:.3f}" for k, r in steps)
+        how = f"probe {secs * 1e3:.0f} ms, Gbit/s each way by streams {by}"
+    return f"TCP streams per peer: {used} used of {opened} opened ({how})"
+
+
+def knobs_under_environment(defaults: dict[str, str] | None) -> dict[str, str]:
+    """`defaults` for core knobs, less those the environment sets (the user's setting wins): the
+    knobs a group is given as data, which the core reads before the environment."""
+    return {k: v for k, v in (defaults or {}).items() if k not in os.environ}
+
+
+def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
+               knob_defaults: dict[str, str] | None = None):
+    """A connected native group for `rank` of `size`, met through `store`. `knob_defaults`: core
+    knobs (WIRESPEED_NSTREAMS, ...) for this group where the environment does not set them,
+    handed to the core as data (its fd room and its group read them alike on every rank)."""
     t0 = time.monotonic()
+    knobs = knobs_under_environment(knob_defaults)
     store = StoreCounter(store)
     n = admission.claim(store, rank)
     # This round's keys: a re-init on the same store must not read the last round's token or
@@ -151,19 +175,19 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     # comma): every rank hands all of them to the core, which picks the same TCP stream count on
     # every rank from them, or fails every rank alike when some rank's limit is too low. And the
     # digest of its job's identity, which every rank compares.
-    store.set(f"{at}/host/{rank}", f"{_native.fd_room()},{admission.identity_digest(identity)},{_native.host_id()}")
+    store.set(f"{at}/host/{rank}", f"{_native.fd_room(knobs)},{admission.identity_digest(identity)},{_native.host_id()}")
     got = store.get_many([f"{at}/host/{r}" for r in range(size)])
     rooms, jobs, hosts = zip(*(v.decode().split(",", 2) for v in got))
     read = store.add(f"{at}/rooms-read", 1)
     try:
         admission.check_identities(rank, list(jobs), identity)
-        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms))
+        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms), knobs)
     except Exception:
         # Every rank fails alike here (a limit too low, ranks that disagree, a rank of another
         # job), but rank 0, which serves the store under wirespeed's launchers and torch's
         # tcp:// init, must not leave before the others have read what they decide from: they
-        # would meet a closed store instead of the same one-line error. (Only rank 0 waits: a rank polling a store whose
-        # server leaves gets torch's stack trace on stderr.)
+        # would meet a closed store instead of the same one-line error. (Only rank 0 waits: a
+        # rank polling a store whose server leaves gets torch's stack trace on stderr.)
         if rank == 0:
             _wait_count(store, f"{at}/rooms-read", read, size, min(timeout.total_seconds(), 10.0))
         raise
@@ -186,17 +210,17 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta):
     admission.watch(group, store._store, size)
     _LAST.clear()
     # Across hosts, the TCP streams per peer the core chose at setup (a probe between the first
-    # two hosts, or WIRESPEED_NSTREAMS): (line, used, opened), else None.
+    # two hosts, or WIRESPEED_NSTREAMS): (opened, used, forced, seconds, steps), else None.
     streams = group.streams
     _LAST.update(rank=rank, world=size, records_read=len(want), seconds=time.monotonic() - t0,
                  streams_used=streams[1] if streams else None,
-                 streams_opened=streams[2] if streams else None, **store.counts())
+                 streams_opened=streams[0] if streams else None, **store.counts())
     if os.environ.get("WIRESPEED_SETUP_STATS") == "1":
         c = _LAST
         # One write with its newline: ranks sharing a pipe otherwise run their lines together.
         sys.stderr.write(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
                          f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "
                          f"records), {c['requests']} requests, {c['bytes_read']} bytes read"
-                         + (f"; {streams[0]}" if streams else "") + "\n")
+                         + (f"; {streams_line(streams)}" if streams else "") + "\n")
         sys.stderr.flush()
     return group

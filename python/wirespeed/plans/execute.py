@@ -52,7 +52,6 @@ import secrets
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from datetime import timedelta
 
 import numpy as np
@@ -133,18 +132,11 @@ def n_counters(plan: Plan, rank: int) -> int:
     return len(plan.ranks[rank].channels["memory"]) + len(plan.ranks[rank].channels["port"])
 
 
-@contextmanager
-def port_streams():
-    """WIRESPEED_NSTREAMS=PORT_STREAMS while a port group is made (the engine reads it there and
-    in the rank's fd room, on every rank alike), unless the user set it; restored after."""
-    if "WIRESPEED_NSTREAMS" in os.environ:
-        yield
-        return
-    os.environ["WIRESPEED_NSTREAMS"] = str(PORT_STREAMS)
-    try:
-        yield
-    finally:
-        os.environ.pop("WIRESPEED_NSTREAMS", None)
+def port_knobs() -> dict[str, str]:
+    """The core knobs of a port group, given to it as data: PORT_STREAMS streams (the engine reads
+    it at setup and in the rank's fd room, on every rank alike) unless the user set
+    WIRESPEED_NSTREAMS (rendezvous's knob_defaults)."""
+    return {"WIRESPEED_NSTREAMS": str(PORT_STREAMS)}
 
 
 class Target:
@@ -183,8 +175,8 @@ class PortLinks:
                 if rank not in (s, p):
                     continue
                 sub = dist.PrefixStore(f"wirespeed-plan/{token}/port/{s}/{p}/", store)
-                with port_streams():
-                    g = rendezvous(sub, 0 if rank == s else 1, 2, timedelta(seconds=PORT_GROUP_TIMEOUT_S))
+                g = rendezvous(sub, 0 if rank == s else 1, 2, timedelta(seconds=PORT_GROUP_TIMEOUT_S),
+                               knob_defaults=port_knobs())
                 if s == rank:
                     self.out[p] = g
                     self.sends[p] = deque()

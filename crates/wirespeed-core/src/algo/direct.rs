@@ -42,7 +42,6 @@ impl Region {
 /// regions writable and touched by nobody else); receive regions do not overlap each other or
 /// any send region (except send[p] == recv[p], the in-place case). After an error return the
 /// caller shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
-// SAFETY: unsafe to call: `exchange` relies on its callers for this (`# Safety` above): Every region is valid for its length until this returns (send regions readable, receive regions writable and touched by nobody else); receive regions ...
 pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Option<Region>], recv: &[Option<Region>]) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;
@@ -87,7 +86,6 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
 /// other than send[p], and that one only at the same address. After an error return the caller
 /// shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
 #[allow(clippy::too_many_arguments)]
-// SAFETY: unsafe to call: `reduce_scatter` relies on its callers for this (`# Safety` above): send regions and `out` are valid for count elements each until this returns (send readable, `out` writable and touched by nobody else), aligned for ...
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;

@@ -18,7 +18,7 @@
 //! may read or write them until each handle is waited or the transport is shut down
 //! (`Transport`'s contract). On success every handle is waited before the function returns. On an
 //! error it returns at once (`?`), possibly with handles still posted: its caller must then shut
-//! the transport down before those buffers go. `HostsComm::guarded` does (it shuts every
+//! the transport down before those buffers go. `hosts::Group::guarded` does (it shuts every
 //! connection), and the simulator stops a rank whose program fails. The functions taking
 //! `&mut [u8]` are safe to call only under that rule; the SAFETY lines below rely on it.
 use crate::dtype::{DType, ReduceOp};
@@ -39,7 +39,6 @@ pub(crate) fn position(members: &[usize], rank: usize) -> crate::error::Result<u
 /// # Safety
 /// Each pointer covers `count` elements of `dtype`, aligned for it; `dst` is `a`, `b` or
 /// disjoint from both; nothing else writes them during the call.
-// SAFETY: unsafe to call: `combine` relies on its callers for this (`# Safety` above): Each pointer covers `count` elements of `dtype`, aligned for it; `dst` is `a`, `b` or disjoint from both; nothing else writes them during the call.
 pub(crate) unsafe fn combine(dst: *mut u8, a: *const u8, b: *const u8, count: usize, dtype: DType, op: ReduceOp) {
     // SAFETY: this fn's contract is reduce_many's, for the sources [a, b].
     unsafe { reduce_many(dst, &[a, b], count, dtype, op, 2) }

@@ -174,7 +174,6 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
 /// region is complete before its item's send is posted (for j > 0: once `done(j-1, i)` ran) and
 /// not written while that send may still read it.
 #[allow(clippy::too_many_arguments)]
-// SAFETY: unsafe to call: `steps` relies on its callers for this (`# Safety` above): every region `src` and `dst` give stays valid, complete and untouched by others for the lifetime its item needs.
 unsafe fn steps<T: Transport + ?Sized>(
     t: &mut T,
     next: usize,
@@ -256,7 +255,6 @@ fn piece_of(len: usize, per: usize, i: usize) -> (usize, usize) {
 /// `direct::exchange`'s contract for `send` and `recv`: valid until this returns (recv writable
 /// and touched by nobody else), recv regions disjoint from each other and from `send` unless
 /// recv[p] is `send` itself; after an error the caller shuts the transport down.
-// SAFETY: unsafe to call: `all_gather` relies on its callers for this (`# Safety` above): send readable and recv writable and ours until this returns, disjoint but for recv[p] == send; shutdown after an error.
 pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: super::direct::Region, recv: &[super::direct::Region]) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;
@@ -317,7 +315,6 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], ta
 /// region but send[p], and that one only at the same address; after an error the caller shuts
 /// the transport down.
 #[allow(clippy::too_many_arguments)]
-// SAFETY: unsafe to call: `reduce_scatter` relies on its callers for this (`# Safety` above): send regions and `out` valid and aligned for count elements until this returns, `out` aliasing only send[p] at the same address; shutdown after an error.
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[super::direct::Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;

@@ -1,5 +1,5 @@
 //! File descriptors as a budget. A rank of a multi-host group opens a TCP socket per stream to
-//! every rank on another host (`Layout::pair_streams`), a listening socket, a pidfd per peer on
+//! every rank on another host (`HostLayout::pair_streams`), a listening socket, a pidfd per peer on
 //! its host, and the reactor's descriptors; at 1,024 hosts x 8 ranks and 12 streams that is about
 //! 20,000, where the usual soft limit is 1,024. A process that meets its limit halfway through
 //! dialling fails with EMFILE on one rank and leaves the others to time out. So before anything
@@ -33,7 +33,7 @@
 //! eventfd) are counted by each rank in what it holds (`FdRoom::here`), since its I/O thread count
 //! is its own knob; a group after the first counts them again (3 to 6 too many at the default
 //! thread count).
-use super::Layout;
+use super::layout::HostLayout;
 use crate::error::{Error, Result};
 use crate::transport::tcp::NetConfig;
 
@@ -110,7 +110,7 @@ impl Need {
 
 /// Every rank's `Need`, in O(world): counted in closed form from the layout rather than by asking
 /// `pair_streams` about every pair (O(world²): 67 million pairs at 8,192 ranks, on every rank).
-pub fn needs(lay: &Layout) -> Vec<Need> {
+pub fn needs(lay: &HostLayout) -> Vec<Need> {
     let world = lay.host_of.len();
     // deeper[i]: hosts with more than i ranks, i.e. ranks of local index i, one per host.
     let mut deeper = vec![0u64; lay.hosts.iter().map(|h| h.len()).max().unwrap_or(0)];
@@ -155,7 +155,7 @@ pub struct Plan {
 /// The stream count every rank uses, from every rank's room (see the module's opening): the most
 /// streams up to WIRESPEED_NSTREAMS that every rank's hard limit holds, or the error every rank
 /// raises. `rooms[r]` is rank r's.
-pub fn plan(lay: &Layout, rooms: &[FdRoom]) -> Result<Plan> {
+pub fn plan(lay: &HostLayout, rooms: &[FdRoom]) -> Result<Plan> {
     let world = lay.host_of.len();
     if rooms.len() != world {
         return Err(Error::Mismatch(format!("{} open-file rooms for a world of {world}", rooms.len())));
@@ -235,8 +235,8 @@ pub fn apply(plan: &Plan, rank: usize, rooms: &[FdRoom]) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn layout(hosts_of: &[usize]) -> Layout {
-        Layout::new(&hosts_of.iter().map(|h| format!("h{h}")).collect::<Vec<_>>())
+    fn layout(hosts_of: &[usize]) -> HostLayout {
+        HostLayout::new(&hosts_of.iter().map(|h| format!("h{h}")).collect::<Vec<_>>())
     }
 
     fn room(nstreams: usize, limit: u64, held: u64) -> FdRoom {

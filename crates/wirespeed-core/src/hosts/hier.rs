@@ -6,32 +6,42 @@
 //! Among the leaders the planner (plan.rs) picks the ring (algo/ring.rs: 2(H-1) messages, each link
 //! carries 2·S·(H-1)/H each way) or, for small messages and a power-of-two number of hosts,
 //! recursive doubling (algo/doubling.rs: log2(H) messages of the whole buffer).
+use super::route::Route;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
-use super::HostsComm;
 use crate::api::Collectives;
+use crate::plan::{NetAlgo, Tuning};
 
-impl HostsComm {
-    pub(crate) fn hier_all_reduce(&mut self, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let count = buf.len() / dtype.size();
-        // avg: sum inside hosts; the leaders' all_reduce divides by the whole world once.
-        let local_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
-        let nlocal = self.hosts()[self.my_host()].len();
-        let addr = buf.as_mut_ptr() as usize;
-        if nlocal > 1 {
-            // SAFETY: `buf` is our &mut slice of `count` elements for this whole call, and
-            // nothing else touches it: reduced in place on the leader (local rank 0), input
-            // elsewhere, as Comm::reduce's contract asks.
-            unsafe { self.local.reduce(addr, count, dtype, local_op, 0)? };
-        }
-        if self.is_leader() {
-            self.leaders_all_reduce(tag, buf, dtype, op)?;
-        }
-        if nlocal > 1 {
-            // SAFETY: as for the reduce: `buf`, ours for the call, is read on the leader and
-            // written on the host's other ranks.
-            unsafe { self.local.broadcast((addr, buf.len()), 0)? };
-        }
-        Ok(())
+pub(super) fn all_reduce(r: &mut Route, tuning: &Tuning, scratch: &mut Vec<u8>, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    let count = buf.len() / dtype.size();
+    // avg: sum inside hosts; the leaders' all_reduce divides by the whole world once.
+    let local_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+    let nlocal = r.lay.hosts[r.my_host()].len();
+    let addr = buf.as_mut_ptr() as usize;
+    if nlocal > 1 {
+        // SAFETY: `buf` is our &mut slice of `count` elements for this whole call, and
+        // nothing else touches it: reduced in place on the leader (local rank 0), input
+        // elsewhere, as Comm::reduce's contract asks.
+        unsafe { r.local.reduce(addr, count, dtype, local_op, 0)? };
+    }
+    if r.is_leader() {
+        leaders_all_reduce(r, tuning, scratch, tag, buf, dtype, op)?;
+    }
+    if nlocal > 1 {
+        // SAFETY: as for the reduce: `buf`, ours for the call, is read on the leader and
+        // written on the host's other ranks.
+        unsafe { r.local.broadcast((addr, buf.len()), 0)? };
+    }
+    Ok(())
+}
+
+/// The all_reduce among host leaders inside the hierarchy: the planner's ring or doubling.
+fn leaders_all_reduce(r: &mut Route, tuning: &Tuning, scratch: &mut Vec<u8>, tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    let leaders: Vec<usize> = r.lay.hosts.iter().map(|h| h[0]).collect();
+    let world = r.world;
+    match tuning.pick_among_leaders(buf.len(), leaders.len()) {
+        NetAlgo::Doubling => crate::algo::doubling::all_reduce(r, &leaders, tag, buf, dtype, op, world, scratch),
+        // pick_among_leaders gives Ring or Doubling.
+        NetAlgo::Ring | NetAlgo::Hier => crate::algo::ring::all_reduce(r, &leaders, tag, buf, dtype, op, world, scratch),
     }
 }

@@ -3,10 +3,10 @@
 //! connection and no refusal anyone sees; a receive posted before the peer ever sends is filled;
 //! a rank holds streams only with the peers it used; a peer that never accepts is a timeout
 //! naming it, and a peer that is gone an error naming it, never a hang.
-use super::mesh::{Connect, Listener, Mesh};
+use super::mesh::{Connect, MeshListener, Mesh};
 use crate::error::Error;
 use crate::transport::tcp::NetConfig;
-use crate::transport::Transport;
+use crate::transport::{Handle, Transport};
 use std::net::IpAddr;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -29,8 +29,8 @@ fn meshes_full(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig, p
     let token = [5u8; 16];
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
     let streams_of = |r: usize| -> Vec<usize> { (0..world).map(|p| if p == r { 0 } else { NSTREAMS }).collect() };
-    let listeners: Vec<Listener> = (0..world)
-        .map(|r| Listener::bind(ip, r, world, token, cfg, &(0..r).collect::<Vec<_>>(), &streams_of(r), mode).unwrap())
+    let listeners: Vec<MeshListener> = (0..world)
+        .map(|r| MeshListener::bind(ip, r, world, token, cfg, &(0..r).collect::<Vec<_>>(), &streams_of(r), mode).unwrap())
         .collect();
     let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
     let hs: Vec<_> = listeners
@@ -263,7 +263,7 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     let token = [6u8; 16];
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let l = Listener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
+    let l = MeshListener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
     let addrs = vec![l.addr.to_string(), mute.local_addr().unwrap().to_string()];
     let timeout = Duration::from_millis(1500);
     let mut m = Mesh::connect(l, 0, &addrs, &[0, NSTREAMS], token, timeout).unwrap();
@@ -279,7 +279,7 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     drop(mute);
 
     // A peer whose listener is gone (a rank that exited): an error naming it, at once.
-    let l = Listener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
+    let l = MeshListener::bind(ip, 0, 2, token, NetConfig::default(), &[], &[0, NSTREAMS], Connect::Lazy).unwrap();
     let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addrs = vec![l.addr.to_string(), gone.local_addr().unwrap().to_string()];
     drop(gone);
@@ -291,4 +291,24 @@ fn a_peer_that_never_accepts_is_a_timeout_naming_it() {
     let e = unsafe { m.post_send(1, data.as_ptr(), data.len(), 3) }.and_then(|h| m.wait(h)).unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
     assert!(matches!(e, Error::PeerAborted { rank: 1, .. }), "{e}");
+}
+
+/// The algorithms run over the mesh alone (every rank on its own host): a ring all_reduce
+/// over loopback, then a handle waited twice is refused.
+#[test]
+fn the_ring_runs_over_the_mesh_alone() {
+    let world = 3;
+    let ms = meshes(world, Connect::Eager, Duration::from_secs(10));
+    let out = on_every_rank(ms, move |r, m| {
+        let mut v: Vec<i32> = (0..1000).map(|i| i * (r as i32 + 1)).collect();
+        // SAFETY: `v` is a live Vec of i32 viewed as bytes for the call only.
+        let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
+        let members: Vec<usize> = (0..world).collect();
+        crate::algo::ring::all_reduce(m, &members, 1, b, crate::DType::I32, crate::ReduceOp::Sum, world, &mut Vec::new()).unwrap();
+        (v, m.wait(Handle(0)).is_err())
+    });
+    for ((v, refused), _) in out {
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as i32 * 6), "wrong sum");
+        assert!(refused, "a handle waited twice must be refused");
+    }
 }

@@ -29,7 +29,7 @@
 //! still counts the streams opened. WIRESPEED_NSTREAMS, set on rank 0, skips the probe: every
 //! opened stream is used, as before. One pair's probe stands for every link: the network is
 //! taken to cap flows alike everywhere (a cloud's per-flow limit is a property of the network).
-use super::HostsComm;
+use super::route::Route;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use std::time::{Duration, Instant};
@@ -71,7 +71,7 @@ pub struct StreamChoice {
 }
 
 impl StreamChoice {
-    fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut w: Vec<u64> = vec![self.opened as u64, self.used as u64, self.forced as u64, self.secs.to_bits(), self.steps.len() as u64];
         for &(k, r) in &self.steps {
             w.extend([k as u64, r.to_bits()]);
@@ -79,31 +79,17 @@ impl StreamChoice {
         w.resize(ENCODED / 8, 0);
         w.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
-    fn decode(b: &[u8]) -> StreamChoice {
+    pub(super) fn decode(b: &[u8]) -> StreamChoice {
         let w: Vec<u64> = b.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
         let n = (w[4] as usize).min(MAX_STEPS);
         let steps = (0..n).map(|i| (w[5 + 2 * i] as usize, f64::from_bits(w[6 + 2 * i]))).collect();
         StreamChoice { opened: w[0] as usize, used: w[1] as usize, forced: w[2] != 0, secs: f64::from_bits(w[3]), steps }
     }
-
-    /// One line for users (WIRESPEED_SETUP_STATS, bench's records).
-    pub fn describe(&self) -> String {
-        let how = if self.forced {
-            "WIRESPEED_NSTREAMS is set".to_string()
-        } else if self.steps.is_empty() {
-            "one stream opened, nothing to probe".to_string()
-        } else {
-            let gbit = |r: f64| r * 8.0 / 1e9;
-            let steps: Vec<String> = self.steps.iter().map(|&(k, r)| format!("{k}: {:.3}", gbit(r))).collect();
-            format!("probe {:.0} ms, Gbit/s each way by streams {}", self.secs * 1e3, steps.join(", "))
-        };
-        format!("TCP streams per peer: {} used of {} opened ({how})", self.used, self.opened)
-    }
 }
 
 /// Steps fit (log2 of 64 streams, the most WIRESPEED_NSTREAMS allows, plus the last odd one).
 const MAX_STEPS: usize = 8;
-const ENCODED: usize = 8 * (5 + 2 * MAX_STEPS);
+pub(super) const ENCODED: usize = 8 * (5 + 2 * MAX_STEPS);
 
 /// The streams to use from the probe's steps (in the order run; the first is one stream) and
 /// the streams opened: twice the most streams that still helped (`helps`, against the best rate
@@ -125,27 +111,18 @@ fn helps(k0: usize, r0: f64, k: usize, r: f64) -> bool {
     r >= r0 * (1.0 + GAIN * (k as f64 / k0 as f64 - 1.0))
 }
 
-/// Every rank: the probe where it is rank 0 or its partner, then rank 0's choice told to all,
-/// and every connection set to it. `opened`: the bandwidth pairs' streams; `forced`:
-/// WIRESPEED_NSTREAMS is set here (rank 0's decides).
-pub(super) fn choose_streams(c: &mut HostsComm, opened: usize, forced: bool) -> Result<StreamChoice> {
+/// The probe, on rank 0 (which leads it and returns its choice) and its partner, the first rank
+/// of the second host; other ranks return None at once. `opened`: the bandwidth pairs' streams;
+/// `forced`: WIRESPEED_NSTREAMS is set here (rank 0's decides). The group tells every rank the
+/// choice.
+pub(super) fn measure(c: &mut Route, opened: usize, forced: bool) -> Result<Option<StreamChoice>> {
     let partner = c.lay.hosts[1][0];
-    let mut mine = None;
-    c.guarded(|c| {
-        if c.rank == 0 {
-            mine = Some(lead(c, partner, opened, forced)?);
-        } else if c.rank == partner {
-            follow(c, 0)?;
-        }
-        Ok(())
-    })?;
-    let mut buf = mine.map_or_else(|| vec![0u8; ENCODED], |m| m.encode());
-    // SAFETY: `buf` is ours, ENCODED bytes on every rank, read on rank 0 and written elsewhere,
-    // and lives until the broadcast returns.
-    unsafe { crate::api::Collectives::broadcast(c, (buf.as_mut_ptr() as usize, buf.len()), 0)? };
-    let choice = StreamChoice::decode(&buf);
-    c.mesh.use_streams(choice.used);
-    Ok(choice)
+    if c.rank == 0 {
+        return Ok(Some(lead(c, partner, opened, forced)?));
+    } else if c.rank == partner {
+        follow(c, 0)?;
+    }
+    Ok(None)
 }
 
 /// Messages per step, queued at once: a stream pulls its chunks from them as its flow allows,
@@ -155,7 +132,7 @@ const MSGS: usize = 2;
 /// One step, both ways at once: MSGS messages of `bytes` from `send` to `peer` and as many from
 /// it into `recv`; bytes per second from `t` (before the step was announced: its latency counts
 /// in every step alike) to the last byte, sent or received.
-fn exchange(c: &mut HostsComm, peer: usize, send: &[u8], recv: &mut [u8], bytes: usize, t: Instant) -> Result<f64> {
+fn exchange(c: &mut Route, peer: usize, send: &[u8], recv: &mut [u8], bytes: usize, t: Instant) -> Result<f64> {
     let mut posted = Vec::with_capacity(2 * MSGS);
     for i in 0..MSGS {
         // SAFETY: both buffers are ours and outlive the waits below (which complete or fail
@@ -174,7 +151,7 @@ fn exchange(c: &mut HostsComm, peer: usize, send: &[u8], recv: &mut [u8], bytes:
     Ok((MSGS * bytes) as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }
 
-fn send_ctl(c: &mut HostsComm, peer: usize, k: usize, bytes: usize) -> Result<()> {
+fn send_ctl(c: &mut Route, peer: usize, k: usize, bytes: usize) -> Result<()> {
     let mut m = [0u8; 16];
     m[..8].copy_from_slice(&(k as u64).to_le_bytes());
     m[8..].copy_from_slice(&(bytes as u64).to_le_bytes());
@@ -185,13 +162,13 @@ fn send_ctl(c: &mut HostsComm, peer: usize, k: usize, bytes: usize) -> Result<()
 
 /// Rank 0: run the steps, telling the partner each one (streams, bytes per message) before it,
 /// and (0, 0) at the end.
-fn lead(c: &mut HostsComm, peer: usize, opened: usize, forced: bool) -> Result<StreamChoice> {
+fn lead(c: &mut Route, peer: usize, opened: usize, forced: bool) -> Result<StreamChoice> {
     let t0 = Instant::now();
     let mut steps: Vec<(usize, f64)> = Vec::new();
     if !forced && opened > 1 {
         let mut send = Vec::new();
         let mut recv = Vec::new();
-        let mut step = |c: &mut HostsComm, k: usize, bytes: usize| -> Result<f64> {
+        let mut step = |c: &mut Route, k: usize, bytes: usize| -> Result<f64> {
             if send.len() < bytes {
                 send.resize(bytes, 0);
                 recv.resize(MSGS * bytes, 0);
@@ -232,7 +209,7 @@ fn lead(c: &mut HostsComm, peer: usize, opened: usize, forced: bool) -> Result<S
 }
 
 /// Rank 0's partner: do each step rank 0 announces, until it says the probe is over.
-fn follow(c: &mut HostsComm, lead: usize) -> Result<()> {
+fn follow(c: &mut Route, lead: usize) -> Result<()> {
     let mut send = Vec::new();
     let mut recv = Vec::new();
     loop {
@@ -292,6 +269,5 @@ mod tests {
         assert_eq!(StreamChoice::decode(&c.encode()), c);
         let f = StreamChoice { opened: 4, used: 4, forced: true, steps: vec![], secs: 0.0 };
         assert_eq!(StreamChoice::decode(&f.encode()), f);
-        assert!(c.describe().starts_with("TCP streams per peer: 9 used of 12 opened (probe 31 ms"), "{}", c.describe());
     }
 }

@@ -6,7 +6,6 @@
 ///
 /// # Safety
 /// `dst` and `src` must be valid for `len` bytes and must not overlap.
-// SAFETY: unsafe to call: `copy` relies on its callers for this (`# Safety` above): `dst` and `src` must be valid for `len` bytes and must not overlap.
 pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -47,7 +46,6 @@ fn in_rep_movsb_trap(dst: *mut u8, src: *const u8) -> bool {
 /// As `copy`; the CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-// SAFETY: unsafe to call: `vec_copy` relies on its callers for this (`# Safety` above): As `copy`; the CPU must have AVX2.
 unsafe fn vec_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
     let mut i = 0;
@@ -79,7 +77,6 @@ unsafe fn vec_copy(dst: *mut u8, src: *const u8, len: usize) {
 /// As `copy`: `dst` and `src` valid for `len` bytes, not overlapping. (SSE2 only, which every
 /// x86-64 CPU has.)
 #[cfg(target_arch = "x86_64")]
-// SAFETY: unsafe to call: `nt_copy` relies on its callers for this (`# Safety` above): As `copy`: `dst` and `src` valid for `len` bytes, not overlapping. (SSE2 only, which every x86-64 CPU has.)
 unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Align the destination to 16 bytes with a plain copy, stream the body, copy the tail.

@@ -183,7 +183,6 @@ fn combine<T: Elem>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) ->
 /// `reduce_many`'s, with `T` the type `dtype` names (Half, BHalf and Flag are repr(transparent)
 /// over the bytes torch stores).
 #[inline(always)]
-// SAFETY: unsafe to call: `reduce_typed` relies on its callers for this (`# Safety` above): `reduce_many`'s, with `T` the type `dtype` names (Half, BHalf and Flag are repr(transparent) over the bytes torch stores).
 unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, op: ReduceOp, avg_n: usize) {
     let mut acc = [T::Acc::default(); BLOCK];
     let mut start = 0;
@@ -230,7 +229,6 @@ unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, 
 /// # Safety
 /// Every pointer must be valid for `count` elements of `dtype` and suitably aligned; dst may alias
 /// a source only at the same offset; nothing else writes them during the call.
-// SAFETY: unsafe to call: `reduce_many` relies on its callers for this (`# Safety` above): Every pointer must be valid for `count` elements of `dtype` and suitably aligned; dst may alias a source only at the same offset; nothing else writes ...
 pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     if count == 0 || srcs.is_empty() {
         return;
@@ -256,7 +254,6 @@ pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype:
 /// `reduce_many`'s, and the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-// SAFETY: unsafe to call: `reduce_avx2` relies on its callers for this (`# Safety` above): `reduce_many`'s, and the CPU has AVX2 and FMA.
 unsafe fn reduce_avx2(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     // SAFETY: reduce_dispatch's contract is this fn's (less the CPU features).
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
@@ -267,7 +264,6 @@ unsafe fn reduce_avx2(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DTy
 /// # Safety
 /// `reduce_many`'s.
 #[inline(always)]
-// SAFETY: unsafe to call: `reduce_dispatch` relies on its callers for this (`# Safety` above): `reduce_many`'s.
 unsafe fn reduce_dispatch(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     // SAFETY: this fn's contract; each arm passes the element type its `dtype` names, as
     // reduce_typed requires.

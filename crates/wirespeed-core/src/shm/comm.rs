@@ -1,30 +1,20 @@
 //! The shared-memory group of the ranks of one host: setup, the wait that spins then sleeps, sync
 //! points, failure detection and op descriptors. It is the whole group when every rank shares a
 //! host (group.rs, `Setup::OneHost`), and the inside-a-host part of a group that spans hosts
-//! (hosts/: each `HostsComm` holds one over the ranks of its host, numbered locally). The
+//! (hosts/: each `hosts::Group` holds one over the ranks of its host, numbered locally). The
 //! collectives built on these live in collectives.rs and p2p.rs.
 //!
 //! Setup is two steps so any store can carry the rendezvous: `Comm::new` creates this rank's
 //! segment and returns what peers need (pid, memfd number, host id); the caller exchanges those
 //! through its store and hands every rank's info to `connect`.
-use crate::api::Kind;
+use crate::api::{Kind, RankInfo};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use super::segment::{DescHeader, Layout, Piece, Seg, MAGIC};
+use super::segment::{DescHeader, SegmentLayout, Piece, Seg, MAGIC};
 use crate::sys::{self, Mapping, PidFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What one rank publishes for its peers to connect.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RankInfo {
-    pub pid: i32,
-    pub fd: i32,
-    pub host: String,
-    /// TCP listening address ("ip:port") when the group spans hosts, else empty.
-    pub addr: String,
-}
 
 /// How long a waiter spins before it sleeps, and whether it yields the CPU while spinning.
 #[derive(Clone, Copy, Debug)]
@@ -77,7 +67,7 @@ pub struct Net {
 pub struct Comm {
     pub rank: usize,
     pub world: usize,
-    pub(crate) lay: Layout,
+    pub(crate) lay: SegmentLayout,
     pub(crate) net: Arc<Net>,
     own_fd: i32,
     pub(crate) token: [u8; 16],
@@ -104,7 +94,7 @@ impl Comm {
             return Err(Error::Unsupported(format!("rank {rank} is outside a world of {world}")));
         }
         let tuning = cfg.tuning;
-        let lay = Layout::new(world, tuning.slot_bytes);
+        let lay = SegmentLayout::new(world, tuning.slot_bytes);
         let (fd, map) = sys::memfd_segment(lay.total)?;
         let own = Seg { map: Arc::new(map), lay };
         own.write_header(&token, rank, world, sys::getpid(), sys::cpus_available());
@@ -164,7 +154,7 @@ impl Comm {
         }
         let me = &infos[self.rank];
         // A Comm only ever joins the ranks of one host: `Setup` builds one only when every rank
-        // shares a host, and `HostsSetup` hands its own the infos of its host alone. Ranks on
+        // shares a host, and `hosts::Setup` hands its own the infos of its host alone. Ranks on
         // several hosts connect through `Setup` (hosts/), not here.
         if let Some((r, other)) = infos.iter().enumerate().find(|(_, i)| i.host != me.host) {
             return Err(Error::Unsupported(format!(

@@ -5,3 +5,5 @@ pub mod collectives;
 pub mod comm;
 pub mod p2p;
 pub mod segment;
+#[cfg(any(test, feature = "testing"))]
+pub mod threads;

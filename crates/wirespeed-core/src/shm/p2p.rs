@@ -4,20 +4,20 @@
 //! its `posted[dst]` counter; it does not wait for the receiver, so a ring of ranks that all send
 //! before they receive cannot deadlock. The receiver waits for the counter, reads the bytes from
 //! the sender's memory (process_vm_readv) and bumps its `acked[src]` counter; the send completes
-//! when that counter passes it (`SendTicket::wait`), after which the sender may reuse its buffer.
+//! when that counter passes it (`ShmSend::wait`), after which the sender may reuse its buffer.
 use super::comm::{Comm, Net};
 use crate::error::{Error, Result};
 use super::segment::{SendEntry, P2P_RING};
 use std::sync::Arc;
 
 /// What a posted send still waits for: the receiver's acknowledgement.
-pub struct SendTicket {
+pub struct ShmSend {
     net: Arc<Net>,
     to: usize,
     n: u32,
 }
 
-impl SendTicket {
+impl ShmSend {
     pub fn wait(&self) -> Result<()> {
         let me = self.net.rank;
         let n = self.n;
@@ -43,8 +43,7 @@ impl Comm {
     /// (not boxed, as `Collectives::send_post`'s is): hosts/ keeps it among its own handles.
     /// # Safety
     /// `addr..addr+len` stays valid and unchanged until the ticket completes (the receiver reads it).
-    // SAFETY: unsafe to call: `post_to` relies on its callers for this (`# Safety` above): `addr..addr+len` stays valid and unchanged until the ticket completes (the receiver reads it).
-    pub unsafe fn post_to(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<SendTicket> {
+    pub unsafe fn post_to(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<ShmSend> {
         self.check_peer(to, "send to")?;
         if let Some(e) = &self.broken {
             return Err(Error::Broken(e.to_string()));
@@ -65,13 +64,12 @@ impl Comm {
         net.own().write_send(to, n, SendEntry { addr: addr as u64, len: len as u64, tag });
         net.bump(net.own().posted(to));
         self.p2p_sent[to] = n.wrapping_add(1);
-        Ok(SendTicket { net, to, n: n.wrapping_add(1) })
+        Ok(ShmSend { net, to, n: n.wrapping_add(1) })
     }
 
     /// Receive exactly `len` bytes from rank `from` into `addr`.
     /// # Safety
     /// `addr..addr+len` is valid for writes, and touched by nobody else, for the call.
-    // SAFETY: unsafe to call: `recv_from` relies on its callers for this (`# Safety` above): `addr..addr+len` is valid for writes, and touched by nobody else, for the call.
     pub unsafe fn recv_from(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         self.check_peer(from, "receive from")?;
         if let Some(e) = &self.broken {
@@ -104,7 +102,7 @@ impl Comm {
     }
 }
 
-impl SendTicket {
+impl ShmSend {
     pub fn is_acked(&self) -> bool {
         let a = self.net.segs[self.to].acked(self.net.rank).load(std::sync::atomic::Ordering::Acquire);
         a.wrapping_sub(self.n) as i32 >= 0
@@ -112,11 +110,11 @@ impl SendTicket {
 }
 
 /// A send over shared memory, as `Collectives::send_post` returns it (api::Ticket).
-impl crate::api::Pending for SendTicket {
+impl crate::api::Pending for ShmSend {
     fn wait(&self) -> Result<()> {
-        SendTicket::wait(self)
+        ShmSend::wait(self)
     }
     fn is_acked(&self) -> bool {
-        SendTicket::is_acked(self)
+        ShmSend::is_acked(self)
     }
 }

@@ -81,8 +81,7 @@ pub struct SendEntry {
 }
 
 #[derive(Clone, Copy)]
-pub struct Layout {
-    pub world: usize,
+pub struct SegmentLayout {
     pub slot_bytes: usize,
     desc_bytes: usize,
     posted_off: usize,
@@ -96,15 +95,15 @@ fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
-impl Layout {
-    pub fn new(world: usize, slot_bytes: usize) -> Layout {
+impl SegmentLayout {
+    pub fn new(world: usize, slot_bytes: usize) -> SegmentLayout {
         let desc_bytes = round_up(64 + PIECE_BYTES * world, 64);
         let posted_off = DESC_OFF + 2 * desc_bytes;
         let acked_off = posted_off + 64 * world;
         let ring_off = acked_off + 64 * world;
         let slots_off = round_up(ring_off + world * P2P_RING * 32, 4096);
         let total = slots_off + 2 * slot_bytes;
-        Layout { world, slot_bytes, desc_bytes, posted_off, acked_off, ring_off, slots_off, total }
+        SegmentLayout { slot_bytes, desc_bytes, posted_off, acked_off, ring_off, slots_off, total }
     }
 }
 
@@ -112,13 +111,13 @@ impl Layout {
 #[derive(Clone)]
 pub struct Seg {
     pub map: Arc<Mapping>,
-    pub lay: Layout,
+    pub lay: SegmentLayout,
 }
 
 impl Seg {
     fn at<T>(&self, off: usize) -> *mut T {
         debug_assert!(off + std::mem::size_of::<T>() <= self.map.len());
-        // SAFETY: callers pass offsets of the segment Layout, all below `Layout::total`, which
+        // SAFETY: callers pass offsets of the SegmentLayout, all below `SegmentLayout::total`, which
         // the mapping covers (this rank's by construction, a peer's checked at connect); debug
         // builds assert it above.
         unsafe { self.map.ptr().add(off) as *mut T }
@@ -163,9 +162,6 @@ impl Seg {
     }
     pub fn world(&self) -> usize {
         self.header().world as usize
-    }
-    pub fn pid(&self) -> i32 {
-        self.header().pid
     }
     pub fn cpus(&self) -> usize {
         self.header().cpus as usize

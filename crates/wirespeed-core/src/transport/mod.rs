@@ -5,7 +5,7 @@
 //! - `sim`: an in-memory simulated network of N ranks in one process, deterministic, with link
 //!   latency and bandwidth, per-flow caps and faults, for testing algorithms at 1..64 ranks;
 //! - `hosts::mesh::Mesh`: a rank's TCP connections to the ranks on other hosts, over `tcp`;
-//! - shared memory between ranks of one host: `hosts::HostsComm` implements the trait over its
+//! - shared memory between ranks of one host: `hosts::hosts::Group` implements the trait over its
 //!   shm `Comm` (shm/p2p.rs) and its `Mesh`, choosing per peer.
 //!
 //! Beside them, `iface`: which address a rank or the NCCL plugin listens on.
@@ -36,7 +36,6 @@ pub trait Transport {
     /// # Safety
     /// `data..data+len` stays valid and unmodified until the handle is waited (or the transport
     /// is shut down).
-    // SAFETY: unsafe to call: `post_send` relies on its callers for this (`# Safety` above): `data..data+len` stays valid and unmodified until the handle is waited (or the transport is shut down).
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle>;
 
     /// Post the receive of the next message from rank `from`: exactly `len` bytes with `tag`.
@@ -44,7 +43,6 @@ pub trait Transport {
     /// # Safety
     /// `data..data+len` stays valid, and is touched by nobody else, until the handle is waited
     /// (or the transport is shut down).
-    // SAFETY: unsafe to call: `post_recv` relies on its callers for this (`# Safety` above): `data..data+len` stays valid, and is touched by nobody else, until the handle is waited (or the transport is shut down).
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle>;
 
     /// Block until the handle's operation completes; its error, typed.

@@ -352,11 +352,9 @@ impl Transport for SimRank {
     fn world(&self) -> usize {
         self.world
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the transport is cut off
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(true, to, data as usize, len, tag)
     }
-    // SAFETY: unsafe to call: `Transport`'s contract (transport/mod.rs): the pointer is valid for `len` bytes until the handle completes or the transport is cut off
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(false, from, data as usize, len, tag)
     }

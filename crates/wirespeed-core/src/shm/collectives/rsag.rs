@@ -1,5 +1,5 @@
-//! `rsag`, the one-host all_reduce past the staging slot (its own file for length; it uses the
-//! parent's descriptor helpers).
+//! `rsag`, the one-host all_reduce past the staging slot: `reduce_blocks` (reduce.rs) over each
+//! rank's chunk, each reduced block written back into the peers' buffers.
 use super::Mode;
 use crate::api::Buf;
 use crate::dtype::{DType, ReduceOp};
@@ -28,7 +28,6 @@ impl Comm {
     /// `buf` holds `count` elements of `dtype`, aligned, readable, writable and touched by
     /// nobody else until this returns (peers read and write its chunks in place meanwhile; the
     /// closing sync waits for them).
-    // SAFETY: unsafe to call: `rsag` relies on its callers for this (`# Safety` above).
     pub(super) unsafe fn rsag(&mut self, h: DescHeader, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let es = dtype.size();
         let (me, world) = (self.rank, self.world);

@@ -12,8 +12,8 @@
 //! dial won), the dial stops quietly and `done` is not called (a try under way is finished
 //! first, so that the peer reads a whole hello it refuses quietly, not a connection closed
 //! before it said anything, which it would log as a stranger's).
-use super::handshake::Attempt;
-use super::reactor::{Entry, Reactor};
+use super::dialer::Attempt;
+use super::reactor::{Entry, Reactor, Ready};
 use super::NetConfig;
 use crate::error::{Error, Result};
 use mio::Interest;
@@ -76,7 +76,7 @@ pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8
     });
     // The first try starts here, on the caller's thread (the sockets' connects are
     // non-blocking); from the registration on, their events drive it on the reactor.
-    reactor.threads[thread].entries.lock().unwrap().insert(task.token, Entry::Dial(task.clone()));
+    reactor.threads[thread].entries.lock().unwrap().insert(task.token, Entry::Held(task.clone()));
     let mut st = task.st.lock().unwrap();
     if let Err(e) = task.try_again(reactor, &mut st) {
         drop(st);
@@ -84,6 +84,18 @@ pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8
         return Err(e);
     }
     Ok(())
+}
+
+/// A dial moves on at its sockets' events and at every tick (retries and its deadline, for
+/// which no socket event comes).
+impl Ready for DialTask {
+    fn ready(self: Arc<Self>, _: bool, _: bool) {
+        self.advance();
+    }
+
+    fn tick(self: Arc<Self>) {
+        self.advance();
+    }
 }
 
 impl DialTask {

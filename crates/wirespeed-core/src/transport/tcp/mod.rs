@@ -57,15 +57,18 @@ use std::time::Duration;
 mod auth;
 mod conn;
 pub mod dial;
+mod dialer;
 mod handshake;
 mod reactor;
 mod request;
+mod stream;
 #[cfg(test)]
 mod tests;
 
 pub use auth::Secret;
 pub use conn::{Attacher, Conn};
-pub use handshake::{Dialer, Listener, Report, Route, Vet};
+pub use dialer::Dialer;
+pub use handshake::{Listener, Report, Handoff, Vet};
 pub use reactor::Reactor;
 pub use request::Request;
 

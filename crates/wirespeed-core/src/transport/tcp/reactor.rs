@@ -1,7 +1,4 @@
 //! The reactor: the I/O threads of a process, each an epoll loop over the sockets assigned to it.
-use super::conn::Stream;
-use super::dial::DialTask;
-use super::handshake::ListenerInner;
 use super::{NetConfig, REACTOR_TICK};
 use crate::error::{Error, Result};
 use mio::unix::SourceFd;
@@ -12,13 +9,40 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+/// What the reactor drives: a stream, a listener, a stream saying hello, a dial. The reactor
+/// knows its clients only through this.
+pub(super) trait Ready: Send + Sync {
+    /// A socket event for this entry's token.
+    fn ready(self: Arc<Self>, readable: bool, writable: bool);
+    /// Once per `REACTOR_TICK`, for entries registered to be ticked (`Entry::Ticked`,
+    /// `Entry::Held`): deadlines and retries no socket event announces.
+    fn tick(self: Arc<Self>) {}
+}
+
 pub(super) enum Entry {
-    Stream(Weak<Stream>),
-    Listener(Weak<ListenerInner>),
-    Hello(Weak<ListenerInner>, usize),
-    /// A dial in progress (dial.rs): held here, strongly, until it ends, so that it goes on
-    /// whatever its owner does; all its sockets share its token.
-    Dial(Arc<DialTask>),
+    /// Driven by its socket events while its owner keeps it alive.
+    Watched(Weak<dyn Ready>),
+    /// As `Watched`, and ticked too (a listener: handshake deadlines, accepts that failed).
+    Ticked(Weak<dyn Ready>),
+    /// Held here, strongly, until it ends, so that it goes on whatever its owner does, and
+    /// ticked (a dial in progress, dial.rs: all its sockets share its token; a hello).
+    Held(Arc<dyn Ready>),
+}
+
+impl Entry {
+    fn get(&self) -> Option<Arc<dyn Ready>> {
+        match self {
+            Entry::Watched(w) | Entry::Ticked(w) => w.upgrade(),
+            Entry::Held(a) => Some(a.clone()),
+        }
+    }
+
+    fn ticked(&self) -> Option<Arc<dyn Ready>> {
+        match self {
+            Entry::Watched(_) => None,
+            _ => self.get(),
+        }
+    }
 }
 
 pub(super) struct IoThread {
@@ -59,14 +83,33 @@ impl Reactor {
         Ok(Arc::new(Reactor { threads, handles: Mutex::new(handles), stop, next_token: AtomicUsize::new(1), next_thread: AtomicUsize::new(0) }))
     }
 
-    /// One reactor per process for the collective groups, made on first use.
+    /// One reactor per process for the collective groups, made on first use with the first
+    /// group's `io_threads`. A later group that asks for another count is refused (every group
+    /// of a process shares these threads, so its count could not be honoured).
     pub fn global(cfg: &NetConfig) -> Result<Arc<Reactor>> {
         static GLOBAL: OnceLock<Arc<Reactor>> = OnceLock::new();
-        if let Some(r) = GLOBAL.get() {
-            return Ok(r.clone());
+        let r = match GLOBAL.get() {
+            Some(r) => r.clone(),
+            None => {
+                let r = Reactor::new(cfg)?;
+                GLOBAL.get_or_init(|| r).clone()
+            }
+        };
+        r.shared_with(cfg)?;
+        Ok(r)
+    }
+
+    /// Whether a group configured by `cfg` may share this reactor: the same I/O thread count.
+    fn shared_with(&self, cfg: &NetConfig) -> Result<()> {
+        let (have, want) = (self.threads.len(), cfg.io_threads.max(1));
+        if have != want {
+            return Err(Error::Unsupported(format!(
+                "this group asks for {want} I/O thread(s) (WIRESPEED_IO_THREADS), but this process's \
+                 groups already run on {have}: every group of a process shares its I/O threads, so \
+                 give every group the same count"
+            )));
         }
-        let r = Reactor::new(cfg)?;
-        Ok(GLOBAL.get_or_init(|| r).clone())
+        Ok(())
     }
 
     pub(super) fn pick(&self) -> usize {
@@ -126,58 +169,18 @@ fn io_loop(mut poll: Poll, t: &IoThread, stop: &AtomicBool) {
             if ev.token() == WAKER {
                 continue;
             }
-            let entry = match t.entries.lock().unwrap().get(&ev.token().0) {
-                Some(Entry::Stream(w)) => Entry::Stream(w.clone()),
-                Some(Entry::Listener(w)) => Entry::Listener(w.clone()),
-                Some(Entry::Hello(w, i)) => Entry::Hello(w.clone(), *i),
-                Some(Entry::Dial(d)) => Entry::Dial(d.clone()),
-                None => continue,
-            };
-            match entry {
-                Entry::Stream(w) => {
-                    let Some(s) = w.upgrade() else { continue };
-                    let Some(c) = s.conn.upgrade() else { continue };
-                    if ev.is_writable() || ev.is_write_closed() {
-                        let mut tx = s.tx.lock().unwrap();
-                        c.flush(&s, &mut tx);
-                    }
-                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                        let mut rx = s.rx.lock().unwrap();
-                        c.read(&s, &mut rx);
-                    }
-                }
-                Entry::Listener(w) => {
-                    if let Some(l) = w.upgrade() {
-                        l.accept_all();
-                    }
-                }
-                Entry::Hello(w, id) => {
-                    if let Some(l) = w.upgrade() {
-                        l.read_hello(id);
-                    }
-                }
-                Entry::Dial(d) => d.advance(),
-            }
+            let Some(entry) = t.entries.lock().unwrap().get(&ev.token().0).and_then(Entry::get) else { continue };
+            entry.ready(
+                ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                ev.is_writable() || ev.is_write_closed(),
+            );
         }
         if last_tick.elapsed() >= REACTOR_TICK {
             last_tick = Instant::now();
-            let listeners: Vec<Arc<ListenerInner>> = t.entries.lock().unwrap().values()
-                .filter_map(|e| if let Entry::Listener(w) = e { w.upgrade() } else { None })
-                .collect();
-            for l in listeners {
-                l.expire();
-                // A connection whose accept failed (no descriptor free, for a moment) is still
-                // queued, and only a new connection would raise the listener's edge again: a
-                // dialer (a group's lazy dial, whose peer waits on it) would stall to its
-                // deadline. One accept that finds nothing, per listener and tick, otherwise.
-                l.accept_all();
-            }
-            // Retries and deadlines of the dials: no socket event comes for them.
-            let dials: Vec<Arc<DialTask>> = t.entries.lock().unwrap().values()
-                .filter_map(|e| if let Entry::Dial(d) = e { Some(d.clone()) } else { None })
-                .collect();
-            for d in dials {
-                d.advance();
+            // Listeners expire handshakes and retry accepts; dials retry and meet deadlines.
+            let ticked: Vec<Arc<dyn Ready>> = t.entries.lock().unwrap().values().filter_map(Entry::ticked).collect();
+            for e in ticked {
+                e.tick();
             }
         }
     }

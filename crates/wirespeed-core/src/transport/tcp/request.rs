@@ -1,19 +1,10 @@
 //! Requests: a posted send or receive, and how a caller waits for it.
-use super::conn::ConnInner;
+use super::stream::{ConnInner, ReqState};
 use super::WAIT_SLICE;
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A posted send or receive. Complete when `done`; its outcome is `bytes` or `error`.
-pub(super) struct ReqState {
-    pub(super) done: AtomicBool,
-    /// Chunks (send) or bytes (receive) still to move.
-    pub(super) left: AtomicUsize,
-    pub(super) bytes: AtomicUsize,
-    pub(super) error: Mutex<Option<Error>>,
-}
 
 /// A send or receive in flight. Dropping it does not cancel it: the buffer must stay alive until
 /// it completes or its connection is closed.

@@ -378,7 +378,7 @@ fn a_pending_conn_moves_what_was_posted_once_the_reactor_dial_attaches() {
     let r = Reactor::new(&cfg).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
-    let route: Route = Box::new(move |_k, socks, from| {
+    let route: Handoff = Box::new(move |_k, socks, from| {
         let _ = tx.lock().unwrap().send((socks, from));
     });
     let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
@@ -455,7 +455,7 @@ fn a_retry_after_a_failed_try_is_neither_refused_nor_mixed_with_it() {
     let r = Reactor::new(&cfg).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
-    let route: Route = Box::new(move |_k, socks, _from| {
+    let route: Handoff = Box::new(move |_k, socks, _from| {
         let _ = tx.lock().unwrap().send(socks);
     });
     let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
@@ -495,4 +495,16 @@ fn a_retry_after_a_failed_try_is_neither_refused_nor_mixed_with_it() {
         assert!(rx.try_recv().is_err(), "one connection");
     }
     assert_eq!(l.refused(), 0, "an abandoned try's streams are not the dialer's fault to report");
+}
+
+/// The process's reactor runs the first group's I/O thread count: a later group that asks for
+/// the same shares it, one that asks for another is refused with an error saying why.
+#[test]
+fn the_global_reactor_refuses_another_io_thread_count() {
+    let first = Reactor::global(&NetConfig::default()).unwrap();
+    let n = first.threads.len();
+    let same = Reactor::global(&NetConfig { io_threads: n, ..NetConfig::default() }).unwrap();
+    assert!(Arc::ptr_eq(&first, &same));
+    let e = Reactor::global(&NetConfig { io_threads: n + 1, ..NetConfig::default() }).err().expect("another count is refused");
+    assert!(matches!(e, Error::Unsupported(ref m) if m.contains(&format!("already run on {n}"))), "{e}");
 }

@@ -80,7 +80,6 @@ macro_rules! f {
 ///
 /// # Safety
 /// `p` is NULL or a NUL-terminated string alive for the call.
-// SAFETY: unsafe to call: `cstr` relies on its callers for this (`# Safety` above): `p` is NULL or a NUL-terminated string alive for the call.
 unsafe fn cstr(p: *const c_char) -> Option<String> {
     // SAFETY: non-NULL here, so by this fn's contract a live C string.
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
@@ -150,7 +149,6 @@ impl Net {
 
     /// # Safety
     /// `init` is the init entry of this Net's v11 or v12 table.
-    // SAFETY: unsafe to call: `init_ctx` relies on its callers for this (`# Safety` above): `init` is the init entry of this Net's v11 or v12 table.
     unsafe fn init_ctx(&mut self, init: unsafe extern "C" fn(*mut Ptr, u64, *mut CommConfig, Logger, ProfilerCallback) -> Rc, comm_id: u64, logger: Logger) -> Result<(), Rc> {
         let mut ctx: Ptr = 1 as Ptr; // garbage in: the plugin must overwrite it
         let mut cfg = CommConfig { trafficClass: -1 };
@@ -314,7 +312,6 @@ impl Net {
     /// # Safety
     /// `comm` is a send comm from `connect`, not closed; `data..data+size` must stay valid and
     /// unchanged until the request completes or the comm is closed.
-    // SAFETY: unsafe to call: `isend` relies on its callers for this (`# Safety` above): `comm` is a send comm from `connect`, not closed; `data..data+size` must stay valid and unchanged until the request completes or the comm is closed.
     pub unsafe fn isend(&self, comm: Ptr, data: *const u8, size: usize, tag: c_int, mh: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut r: Ptr = std::ptr::null_mut();
         let d = data as Ptr;
@@ -338,7 +335,6 @@ impl Net {
     /// # Safety
     /// `comm` is a receive comm from `accept`, not closed; `data..data+cap` must stay valid, and
     /// untouched by the caller, until the request completes or the comm is closed.
-    // SAFETY: unsafe to call: `irecv` relies on its callers for this (`# Safety` above): `comm` is a receive comm from `accept`, not closed; `data..data+cap` must stay valid, and untouched by the caller, until the request completes or the ...
     pub unsafe fn irecv(&self, comm: Ptr, data: *mut u8, cap: usize, tag: c_int, mh: Ptr) -> Result<Option<Ptr>, Rc> {
         let mut r: Ptr = if self.version >= 9 { NCCL_NET_OPTIONAL_RECV_COMPLETION as Ptr } else { std::ptr::null_mut() };
         let mut d = data as Ptr;

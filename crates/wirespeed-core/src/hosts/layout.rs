@@ -1,0 +1,43 @@
+//! Where the ranks are: ranks grouped by host, and the TCP streams each pair of ranks gets
+//! (mod.rs's opening says why).
+/// Ranks grouped by host, hosts ordered by their lowest rank (so every rank computes the same).
+pub struct HostLayout {
+    pub hosts: Vec<Vec<usize>>,
+    pub host_of: Vec<usize>,
+    pub local_of: Vec<usize>,
+}
+
+impl HostLayout {
+    pub fn new(ids: &[String]) -> HostLayout {
+        let mut hosts: Vec<Vec<usize>> = Vec::new();
+        let mut names: Vec<&String> = Vec::new();
+        let mut host_of = vec![0; ids.len()];
+        let mut local_of = vec![0; ids.len()];
+        for (r, id) in ids.iter().enumerate() {
+            let h = match names.iter().position(|n| *n == id) {
+                Some(h) => h,
+                None => {
+                    names.push(id);
+                    hosts.push(Vec::new());
+                    hosts.len() - 1
+                }
+            };
+            host_of[r] = h;
+            local_of[r] = hosts[h].len();
+            hosts[h].push(r);
+        }
+        HostLayout { hosts, host_of, local_of }
+    }
+
+    /// TCP streams between ranks `a` and `b` (0 on one host): see the module's opening.
+    pub fn pair_streams(&self, a: usize, b: usize, nstreams: usize) -> usize {
+        let world = self.host_of.len();
+        if self.host_of[a] == self.host_of[b] {
+            0
+        } else if self.local_of[a] == self.local_of[b] || (a + 1) % world == b || (b + 1) % world == a {
+            nstreams
+        } else {
+            1
+        }
+    }
+}
