@@ -45,5 +45,8 @@ mod route;
 #[cfg(test)]
 mod lazy_tests;
 
+// The group by its folder's name; outside the core only the testing door names these two.
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use group::{Group, Setup};
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use layout::HostLayout;
