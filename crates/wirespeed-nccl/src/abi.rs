@@ -95,72 +95,52 @@ pub struct PropertiesV8 {
     pub netDeviceVersion: c_int,
 }
 
-/// v9 and v10 share this layout.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct PropertiesV9 {
-    pub name: *mut c_char,
-    pub pciPath: *mut c_char,
-    pub guid: u64,
-    pub ptrSupport: c_int,
-    pub regIsGlobal: c_int,
-    pub forceFlush: c_int,
-    pub speed: c_int,
-    pub port: c_int,
-    pub latency: f32,
-    pub maxComms: c_int,
-    pub maxRecvs: c_int,
-    pub netDeviceType: c_int,
-    pub netDeviceVersion: c_int,
-    pub vProps: VDeviceProps<MAX_DEVS_PER_NIC_V9>,
-    pub maxP2pBytes: usize,
-    pub maxCollBytes: usize,
+/// Writes a properties struct of v9 on, `#[repr(C)]`: ncclNetProperties_v9_t's fields, `vProps`
+/// holding up to `$devs` devices, then the fields the version appends.
+macro_rules! properties_v9_on {
+    ($(#[$doc:meta])* $name:ident, $devs:ident { $($more:ident: $more_ty:ty,)* }) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name {
+            pub name: *mut c_char,
+            pub pciPath: *mut c_char,
+            pub guid: u64,
+            pub ptrSupport: c_int,
+            pub regIsGlobal: c_int,
+            pub forceFlush: c_int,
+            pub speed: c_int,
+            pub port: c_int,
+            pub latency: f32,
+            pub maxComms: c_int,
+            pub maxRecvs: c_int,
+            pub netDeviceType: c_int,
+            pub netDeviceVersion: c_int,
+            pub vProps: VDeviceProps<$devs>,
+            pub maxP2pBytes: usize,
+            pub maxCollBytes: usize,
+            $(pub $more: $more_ty,)*
+        }
+    };
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct PropertiesV11 {
-    pub name: *mut c_char,
-    pub pciPath: *mut c_char,
-    pub guid: u64,
-    pub ptrSupport: c_int,
-    pub regIsGlobal: c_int,
-    pub forceFlush: c_int,
-    pub speed: c_int,
-    pub port: c_int,
-    pub latency: f32,
-    pub maxComms: c_int,
-    pub maxRecvs: c_int,
-    pub netDeviceType: c_int,
-    pub netDeviceVersion: c_int,
-    pub vProps: VDeviceProps<MAX_DEVS_PER_NIC_V9>,
-    pub maxP2pBytes: usize,
-    pub maxCollBytes: usize,
-    pub maxMultiRequestSize: c_int,
+properties_v9_on! {
+    /// v9 and v10 share this layout.
+    PropertiesV9, MAX_DEVS_PER_NIC_V9 {}
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct PropertiesV12 {
-    pub name: *mut c_char,
-    pub pciPath: *mut c_char,
-    pub guid: u64,
-    pub ptrSupport: c_int,
-    pub regIsGlobal: c_int,
-    pub forceFlush: c_int,
-    pub speed: c_int,
-    pub port: c_int,
-    pub latency: f32,
-    pub maxComms: c_int,
-    pub maxRecvs: c_int,
-    pub netDeviceType: c_int,
-    pub netDeviceVersion: c_int,
-    pub vProps: VDeviceProps<MAX_DEVS_PER_NIC_V12>,
-    pub maxP2pBytes: usize,
-    pub maxCollBytes: usize,
-    pub maxMultiRequestSize: c_int,
-    pub railId: i16,
-    pub planeId: i16,
+properties_v9_on! {
+    PropertiesV11, MAX_DEVS_PER_NIC_V9 {
+        maxMultiRequestSize: c_int,
+    }
+}
+
+properties_v9_on! {
+    PropertiesV12, MAX_DEVS_PER_NIC_V12 {
+        maxMultiRequestSize: c_int,
+        railId: i16,
+        planeId: i16,
+    }
 }
 
 // Layouts as NCCL's headers give them (LP64): a wrong field order or width fails the build.
