@@ -225,148 +225,121 @@ pub type Accept = Option<unsafe extern "C" fn(P, PP, PP) -> NcclResult>;
 // SAFETY: `MakeVDevice` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
 pub type MakeVDevice = Option<unsafe extern "C" fn(*mut c_int, P) -> NcclResult>;
 
-/// ncclNet_v8_t.
-#[repr(C)]
-pub struct NetV8 {
-    pub name: *const c_char,
-    // SAFETY: the type of NetV8's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
-    pub devices: Devices,
-    // SAFETY: the type of NetV8's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV8) -> NcclResult>,
-    // SAFETY: the type of NetV8's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV8's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
-    pub accept: Accept,
-    pub regMr: RegMr,
-    pub regMrDmaBuf: RegMrDmaBuf,
-    pub deregMr: DeregMr,
-    // SAFETY: the type of NetV8's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub isend: Option<unsafe extern "C" fn(P, P, c_int, c_int, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV8's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut c_int, *mut c_int, PP, PP) -> NcclResult>,
-    pub iflush: Iflush,
-    pub test: Test,
-    pub closeSend: Close,
-    pub closeRecv: Close,
-    pub closeListen: Close,
-    pub getDeviceMr: GetDeviceMr,
-    pub irecvConsumed: IrecvConsumed,
+// SAFETY: `Finalize` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
+pub type Finalize = Option<unsafe extern "C" fn(P) -> NcclResult>;
+// SAFETY: `SetNetAttr` only names a C function-pointer type; calling one is unsafe because the callee trusts its pointers, which ffi.rs's contract spells out
+pub type SetNetAttr = Option<unsafe extern "C" fn(P, *mut NetAttr) -> NcclResult>;
+
+/// Writes one version's ncclNet_vN_t, `#[repr(C)]`, in NCCL's table order: `name`, the entries
+/// every version has (those whose C signature the version fixes, `init`, `getProperties`' struct,
+/// `listen`, `connect`, `isend` and `irecv`, given per version), then the entries the version
+/// appends. Also its `Sync`: the tables are immutable statics that NCCL reads from any thread.
+macro_rules! net_table {
+    (
+        $(#[$doc:meta])*
+        $name:ident $(<$g:ident>)? {
+            init: fn($($init:ty),*),
+            getProperties: $props:ty,
+            listen: fn($($listen:ty),*),
+            connect: fn($($connect:ty),*),
+            isend: fn($($isend:ty),*),
+            irecv: fn($($irecv:ty),*),
+            $($more:ident: $more_ty:ty,)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[repr(C)]
+        pub struct $name $(<$g>)? {
+            pub name: *const c_char,
+            // SAFETY: the type of this version's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
+            pub init: Option<unsafe extern "C" fn($($init),*) -> NcclResult>,
+            pub devices: Devices,
+            // SAFETY: the type of this version's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
+            pub getProperties: Option<unsafe extern "C" fn(c_int, *mut $props) -> NcclResult>,
+            // SAFETY: the type of this version's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
+            pub listen: Option<unsafe extern "C" fn($($listen),*) -> NcclResult>,
+            // SAFETY: the type of this version's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
+            pub connect: Option<unsafe extern "C" fn($($connect),*) -> NcclResult>,
+            pub accept: Accept,
+            pub regMr: RegMr,
+            pub regMrDmaBuf: RegMrDmaBuf,
+            pub deregMr: DeregMr,
+            // SAFETY: the type of this version's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
+            pub isend: Option<unsafe extern "C" fn($($isend),*) -> NcclResult>,
+            // SAFETY: the type of this version's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
+            pub irecv: Option<unsafe extern "C" fn($($irecv),*) -> NcclResult>,
+            pub iflush: Iflush,
+            pub test: Test,
+            pub closeSend: Close,
+            pub closeRecv: Close,
+            pub closeListen: Close,
+            pub getDeviceMr: GetDeviceMr,
+            pub irecvConsumed: IrecvConsumed,
+            $(pub $more: $more_ty,)*
+        }
+
+        // SAFETY: the table holds `name`, a pointer to the 'static C string ffi::NAME, and function
+        // pointers (a type parameter is the properties type, named only in a fn-pointer signature,
+        // never stored); the statics are never written, so threads only share reads.
+        unsafe impl $(<$g>)? Sync for $name $(<$g>)? {}
+    };
 }
 
-/// ncclNet_v9_t.
-#[repr(C)]
-pub struct NetV9 {
-    pub name: *const c_char,
-    // SAFETY: the type of NetV9's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub init: Option<unsafe extern "C" fn(Logger) -> NcclResult>,
-    pub devices: Devices,
-    // SAFETY: the type of NetV9's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
-    // SAFETY: the type of NetV9's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV9's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub connect: Option<unsafe extern "C" fn(c_int, P, PP, PP) -> NcclResult>,
-    pub accept: Accept,
-    pub regMr: RegMr,
-    pub regMrDmaBuf: RegMrDmaBuf,
-    pub deregMr: DeregMr,
-    // SAFETY: the type of NetV9's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV9's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP) -> NcclResult>,
-    pub iflush: Iflush,
-    pub test: Test,
-    pub closeSend: Close,
-    pub closeRecv: Close,
-    pub closeListen: Close,
-    pub getDeviceMr: GetDeviceMr,
-    pub irecvConsumed: IrecvConsumed,
-    pub makeVDevice: MakeVDevice,
+net_table! {
+    /// ncclNet_v8_t.
+    NetV8 {
+        init: fn(Logger),
+        getProperties: PropertiesV8,
+        listen: fn(c_int, P, PP),
+        connect: fn(c_int, P, PP, PP),
+        isend: fn(P, P, c_int, c_int, P, PP),
+        irecv: fn(P, c_int, PP, *mut c_int, *mut c_int, PP, PP),
+    }
 }
 
-/// ncclNet_v10_t.
-#[repr(C)]
-pub struct NetV10 {
-    pub name: *const c_char,
-    // SAFETY: the type of NetV10's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub init: Option<unsafe extern "C" fn(Logger, ProfilerCallback) -> NcclResult>,
-    pub devices: Devices,
-    // SAFETY: the type of NetV10's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut PropertiesV9) -> NcclResult>,
-    // SAFETY: the type of NetV10's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub listen: Option<unsafe extern "C" fn(c_int, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV10's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub connect: Option<unsafe extern "C" fn(c_int, *mut CommConfig, P, PP, PP) -> NcclResult>,
-    pub accept: Accept,
-    pub regMr: RegMr,
-    pub regMrDmaBuf: RegMrDmaBuf,
-    pub deregMr: DeregMr,
-    // SAFETY: the type of NetV10's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV10's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
-    pub iflush: Iflush,
-    pub test: Test,
-    pub closeSend: Close,
-    pub closeRecv: Close,
-    pub closeListen: Close,
-    pub getDeviceMr: GetDeviceMr,
-    pub irecvConsumed: IrecvConsumed,
-    pub makeVDevice: MakeVDevice,
+net_table! {
+    /// ncclNet_v9_t.
+    NetV9 {
+        init: fn(Logger),
+        getProperties: PropertiesV9,
+        listen: fn(c_int, P, PP),
+        connect: fn(c_int, P, PP, PP),
+        isend: fn(P, P, usize, c_int, P, PP),
+        irecv: fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP),
+        makeVDevice: MakeVDevice,
+    }
 }
 
-/// ncclNet_v11_t and (with `Props = PropertiesV12`) ncclNet_v12_t: the same table, per-communicator
-/// contexts.
-#[repr(C)]
-pub struct NetV11<Props> {
-    pub name: *const c_char,
-    // SAFETY: the type of NetV11's `init` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub init: Option<unsafe extern "C" fn(PP, u64, *mut CommConfig, Logger, ProfilerCallback) -> NcclResult>,
-    pub devices: Devices,
-    // SAFETY: the type of NetV11's `getProperties` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut Props) -> NcclResult>,
-    // SAFETY: the type of NetV11's `listen` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub listen: Option<unsafe extern "C" fn(P, c_int, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV11's `connect` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub connect: Option<unsafe extern "C" fn(P, c_int, P, PP, PP) -> NcclResult>,
-    pub accept: Accept,
-    pub regMr: RegMr,
-    pub regMrDmaBuf: RegMrDmaBuf,
-    pub deregMr: DeregMr,
-    // SAFETY: the type of NetV11's `isend` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub isend: Option<unsafe extern "C" fn(P, P, usize, c_int, P, P, PP) -> NcclResult>,
-    // SAFETY: the type of NetV11's `irecv` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub irecv: Option<unsafe extern "C" fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP) -> NcclResult>,
-    pub iflush: Iflush,
-    pub test: Test,
-    pub closeSend: Close,
-    pub closeRecv: Close,
-    pub closeListen: Close,
-    pub getDeviceMr: GetDeviceMr,
-    pub irecvConsumed: IrecvConsumed,
-    pub makeVDevice: MakeVDevice,
-    // SAFETY: the type of NetV11's `finalize` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub finalize: Option<unsafe extern "C" fn(P) -> NcclResult>,
-    // SAFETY: the type of NetV11's `setNetAttr` entry, which NCCL calls with the pointers its net API (this version) defines; ffi.rs's entries take them under the contract written there
-    pub setNetAttr: Option<unsafe extern "C" fn(P, *mut NetAttr) -> NcclResult>,
+net_table! {
+    /// ncclNet_v10_t.
+    NetV10 {
+        init: fn(Logger, ProfilerCallback),
+        getProperties: PropertiesV9,
+        listen: fn(c_int, P, PP),
+        connect: fn(c_int, *mut CommConfig, P, PP, PP),
+        isend: fn(P, P, usize, c_int, P, P, PP),
+        irecv: fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP),
+        makeVDevice: MakeVDevice,
+    }
+}
+
+net_table! {
+    /// ncclNet_v11_t and (with `Props = PropertiesV12`) ncclNet_v12_t: the same table,
+    /// per-communicator contexts.
+    NetV11<Props> {
+        init: fn(PP, u64, *mut CommConfig, Logger, ProfilerCallback),
+        getProperties: Props,
+        listen: fn(P, c_int, P, PP),
+        connect: fn(P, c_int, P, PP, PP),
+        isend: fn(P, P, usize, c_int, P, P, PP),
+        irecv: fn(P, c_int, PP, *mut usize, *mut c_int, PP, PP, PP),
+        makeVDevice: MakeVDevice,
+        finalize: Finalize,
+        setNetAttr: SetNetAttr,
+    }
 }
 
 pub type NetV12 = NetV11<PropertiesV12>;
-
-// The tables are immutable statics that NCCL reads from any thread; the only raw pointer in them
-// is the name, a 'static C string.
-// SAFETY: the table holds `name`, a pointer to the 'static C string ffi::NAME, and function
-// pointers; the statics are never written, so threads only share reads.
-unsafe impl Sync for NetV8 {}
-// SAFETY: as for NetV8.
-unsafe impl Sync for NetV9 {}
-// SAFETY: as for NetV8.
-unsafe impl Sync for NetV10 {}
-// SAFETY: as for NetV8; `T` is the properties type named only in a fn-pointer signature, never
-// stored.
-unsafe impl<T> Sync for NetV11<T> {}
 
 const _: () = {
     use std::mem::size_of;
