@@ -151,123 +151,71 @@ unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     })
 }
 
-/// Write `dev`'s properties, in the version's struct, to `out`. Not marked unsafe, but `out` must
-/// be getProperties' out-parameter (NCCL's contract): its only callers, the getProperties entries,
-/// pass it on unchanged.
-fn fill<T>(dev: c_int, out: *mut T, f: impl FnOnce(Props) -> T) -> Result<(), PluginError> {
-    let p = plugin::properties(dev)?;
-    // SAFETY: `out` is getProperties' `props` out-parameter (see above), as `put` requires.
-    unsafe { put(out, f(p), "getProperties") }
-}
-
-// SAFETY: `get_properties_v8` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
-unsafe extern "C" fn get_properties_v8(dev: c_int, out: *mut PropertiesV8) -> NcclResult {
-    guard("getProperties", || {
-        fill(dev, out, |p| PropertiesV8 {
-            name: p.name,
-            pciPath: p.pci_path,
-            guid: p.guid,
-            ptrSupport: NCCL_PTR_HOST,
-            regIsGlobal: 0,
-            speed: p.speed,
-            port: 0,
-            latency: 0.0,
-            maxComms: plugin::MAX_COMMS,
-            maxRecvs: plugin::MAX_RECVS,
-            netDeviceType: NCCL_NET_DEVICE_HOST,
-            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,
-        })
-    })
-}
-
-fn props_v9(p: &Props) -> PropertiesV9 {
-    let mut devs = [0; MAX_DEVS_PER_NIC_V9];
-    devs[0] = p.dev;
-    PropertiesV9 {
-        name: p.name,
-        pciPath: p.pci_path,
-        guid: p.guid,
-        ptrSupport: NCCL_PTR_HOST,
-        regIsGlobal: 0,
-        forceFlush: 0,
-        speed: p.speed,
-        port: 0,
-        latency: 0.0,
-        maxComms: plugin::MAX_COMMS,
-        maxRecvs: plugin::MAX_RECVS,
-        netDeviceType: NCCL_NET_DEVICE_HOST,
-        netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,
-        vProps: VDeviceProps { ndevs: 1, devs },
-        maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
-        maxCollBytes: NCCL_MAX_NET_SIZE_BYTES,
-    }
-}
-
-// SAFETY: `get_properties_v9` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
-unsafe extern "C" fn get_properties_v9(dev: c_int, out: *mut PropertiesV9) -> NcclResult {
-    guard("getProperties", || fill(dev, out, |p| props_v9(&p)))
-}
-
-// SAFETY: `get_properties_v11` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
-unsafe extern "C" fn get_properties_v11(dev: c_int, out: *mut PropertiesV11) -> NcclResult {
-    guard("getProperties", || {
-        fill(dev, out, |p| {
-            let b = props_v9(&p);
-            PropertiesV11 {
-                name: b.name,
-                pciPath: b.pciPath,
-                guid: b.guid,
-                ptrSupport: b.ptrSupport,
-                regIsGlobal: b.regIsGlobal,
-                forceFlush: b.forceFlush,
-                speed: b.speed,
-                port: b.port,
-                latency: b.latency,
-                maxComms: b.maxComms,
-                maxRecvs: b.maxRecvs,
-                netDeviceType: b.netDeviceType,
-                netDeviceVersion: b.netDeviceVersion,
-                vProps: b.vProps,
-                maxP2pBytes: b.maxP2pBytes,
-                maxCollBytes: b.maxCollBytes,
-                maxMultiRequestSize: 1,
-            }
-        })
-    })
-}
-
 /// NCCL_NET_ID_UNDEF: no rail or plane information.
 const NET_ID_UNDEF: i16 = -1;
 
-// SAFETY: `get_properties_v12` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
-unsafe extern "C" fn get_properties_v12(dev: c_int, out: *mut PropertiesV12) -> NcclResult {
-    guard("getProperties", || {
-        fill(dev, out, |p| {
-            let b = props_v9(&p);
-            let mut devs = [0; MAX_DEVS_PER_NIC_V12];
-            devs[0] = p.dev;
-            PropertiesV12 {
-                name: b.name,
-                pciPath: b.pciPath,
-                guid: b.guid,
-                ptrSupport: b.ptrSupport,
-                regIsGlobal: b.regIsGlobal,
-                forceFlush: b.forceFlush,
-                speed: b.speed,
-                port: b.port,
-                latency: b.latency,
-                maxComms: b.maxComms,
-                maxRecvs: b.maxRecvs,
-                netDeviceType: b.netDeviceType,
-                netDeviceVersion: b.netDeviceVersion,
-                vProps: VDeviceProps { ndevs: 1, devs },
-                maxP2pBytes: b.maxP2pBytes,
-                maxCollBytes: b.maxCollBytes,
-                maxMultiRequestSize: 1,
-                railId: NET_ID_UNDEF,
-                planeId: NET_ID_UNDEF,
+/// A version's properties struct, filled from the plugin's version-free `Props`.
+trait FromProps {
+    fn from_props(p: &Props) -> Self;
+}
+
+/// `FromProps` for `$ty`: the fields every version has, then (after `v9`) those every version
+/// from v9 on has, then the version's own. (`|p|` names the `Props` for the fields that read it.)
+macro_rules! from_props {
+    (v9 $ty:ident { $($field:ident: $val:expr,)* }) => {
+        from_props!(|p| $ty {
+            forceFlush: 0,
+            vProps: one_device(p.dev),
+            maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
+            maxCollBytes: NCCL_MAX_NET_SIZE_BYTES,
+            $($field: $val,)*
+        });
+    };
+    ($ty:ident { $($field:ident: $val:expr,)* }) => {
+        from_props!(|p| $ty { $($field: $val,)* });
+    };
+    (|$p:ident| $ty:ident { $($field:ident: $val:expr,)* }) => {
+        impl FromProps for $ty {
+            fn from_props($p: &Props) -> Self {
+                $ty {
+                    name: $p.name,
+                    pciPath: $p.pci_path,
+                    guid: $p.guid,
+                    ptrSupport: NCCL_PTR_HOST,
+                    regIsGlobal: 0,
+                    speed: $p.speed,
+                    port: 0,
+                    latency: 0.0,
+                    maxComms: plugin::MAX_COMMS,
+                    maxRecvs: plugin::MAX_RECVS,
+                    netDeviceType: NCCL_NET_DEVICE_HOST,
+                    netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,
+                    $($field: $val,)*
+                }
             }
-        })
+        }
+    };
+}
+
+/// The virtual device of one NIC, `dev` (the plugin fuses none).
+fn one_device<const N: usize>(dev: c_int) -> VDeviceProps<N> {
+    let mut devs = [0; N];
+    devs[0] = dev;
+    VDeviceProps { ndevs: 1, devs }
+}
+
+from_props!(PropertiesV8 {});
+from_props!(v9 PropertiesV9 {});
+from_props!(v9 PropertiesV11 { maxMultiRequestSize: 1, });
+from_props!(v9 PropertiesV12 { maxMultiRequestSize: 1, railId: NET_ID_UNDEF, planeId: NET_ID_UNDEF, });
+
+/// getProperties of every version, `T` its properties struct.
+// SAFETY: `get_properties` is called by NCCL (or the test driver) with pointers valid as NCCL's contract says (ffi.rs, `# Safety`)
+unsafe extern "C" fn get_properties<T: FromProps>(dev: c_int, out: *mut T) -> NcclResult {
+    guard("getProperties", || {
+        let p = plugin::properties(dev)?;
+        // SAFETY: NCCL's contract: `out` (getProperties' `props`) is an out-parameter.
+        unsafe { put(out, T::from_props(&p), "getProperties") }
     })
 }
 
@@ -545,7 +493,7 @@ pub static ncclNetPlugin_v8: NetV8 = NetV8 {
     name: NAME_PTR,
     init: Some(init_v8),
     devices: Some(devices),
-    getProperties: Some(get_properties_v8),
+    getProperties: Some(get_properties::<PropertiesV8>),
     listen: Some(listen),
     connect: Some(connect),
     accept: Some(accept),
@@ -568,7 +516,7 @@ pub static ncclNetPlugin_v9: NetV9 = NetV9 {
     name: NAME_PTR,
     init: Some(init_v8),
     devices: Some(devices),
-    getProperties: Some(get_properties_v9),
+    getProperties: Some(get_properties::<PropertiesV9>),
     listen: Some(listen),
     connect: Some(connect),
     accept: Some(accept),
@@ -592,7 +540,7 @@ pub static ncclNetPlugin_v10: NetV10 = NetV10 {
     name: NAME_PTR,
     init: Some(init_v10),
     devices: Some(devices),
-    getProperties: Some(get_properties_v9),
+    getProperties: Some(get_properties::<PropertiesV9>),
     listen: Some(listen),
     connect: Some(connect_v10),
     accept: Some(accept),
@@ -614,12 +562,12 @@ pub static ncclNetPlugin_v10: NetV10 = NetV10 {
 /// The v11 table; v12 has the same layout and entry points and differs only in the properties
 /// struct (`P`), so both are built here.
 // SAFETY: `table_v11` stores the entry, never calls it; NCCL calls it under ffi.rs's pointer contract
-const fn table_v11<P>(get_properties: unsafe extern "C" fn(c_int, *mut P) -> NcclResult) -> NetV11<P> {
+const fn table_v11<P: FromProps>() -> NetV11<P> {
     NetV11 {
         name: NAME_PTR,
         init: Some(init_v11),
         devices: Some(devices),
-        getProperties: Some(get_properties),
+        getProperties: Some(get_properties::<P>),
         listen: Some(listen_v11),
         connect: Some(connect_v11),
         accept: Some(accept),
@@ -642,7 +590,7 @@ const fn table_v11<P>(get_properties: unsafe extern "C" fn(c_int, *mut P) -> Ncc
 }
 
 #[no_mangle]
-pub static ncclNetPlugin_v11: NetV11<PropertiesV11> = table_v11(get_properties_v11);
+pub static ncclNetPlugin_v11: NetV11<PropertiesV11> = table_v11();
 
 #[no_mangle]
-pub static ncclNetPlugin_v12: NetV12 = table_v11(get_properties_v12);
+pub static ncclNetPlugin_v12: NetV12 = table_v11();
