@@ -488,105 +488,74 @@ unsafe extern "C" fn irecv_consumed(_recv_comm: *mut c_void, _n: c_int, _request
 
 const NAME_PTR: *const c_char = NAME.as_ptr();
 
+/// One version's table: the entries every version shares, and the version's own (`$field`s).
+macro_rules! table {
+    ($ty:ident { $($field:ident: $val:expr,)* }) => {
+        $ty {
+            name: NAME_PTR,
+            devices: Some(devices),
+            accept: Some(accept),
+            regMr: Some(reg_mr),
+            regMrDmaBuf: Some(reg_mr_dma_buf),
+            deregMr: Some(dereg_mr),
+            iflush: Some(iflush),
+            test: Some(test),
+            closeSend: Some(close_comm),
+            closeRecv: Some(close_comm),
+            closeListen: Some(close_listen),
+            getDeviceMr: Some(get_device_mr),
+            irecvConsumed: Some(irecv_consumed),
+            $($field: $val,)*
+        }
+    };
+}
+
 #[no_mangle]
-pub static ncclNetPlugin_v8: NetV8 = NetV8 {
-    name: NAME_PTR,
+pub static ncclNetPlugin_v8: NetV8 = table!(NetV8 {
     init: Some(init_v8),
-    devices: Some(devices),
     getProperties: Some(get_properties::<PropertiesV8>),
     listen: Some(listen),
     connect: Some(connect),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: Some(reg_mr_dma_buf),
-    deregMr: Some(dereg_mr),
     isend: Some(isend_v8),
     irecv: Some(irecv_v8),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_comm),
-    closeRecv: Some(close_comm),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-};
+});
 
 #[no_mangle]
-pub static ncclNetPlugin_v9: NetV9 = NetV9 {
-    name: NAME_PTR,
+pub static ncclNetPlugin_v9: NetV9 = table!(NetV9 {
     init: Some(init_v8),
-    devices: Some(devices),
     getProperties: Some(get_properties::<PropertiesV9>),
     listen: Some(listen),
     connect: Some(connect),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: Some(reg_mr_dma_buf),
-    deregMr: Some(dereg_mr),
     isend: Some(isend_v9),
     irecv: Some(irecv_v9),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_comm),
-    closeRecv: Some(close_comm),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
     makeVDevice: None,
-};
+});
 
 #[no_mangle]
-pub static ncclNetPlugin_v10: NetV10 = NetV10 {
-    name: NAME_PTR,
+pub static ncclNetPlugin_v10: NetV10 = table!(NetV10 {
     init: Some(init_v10),
-    devices: Some(devices),
     getProperties: Some(get_properties::<PropertiesV9>),
     listen: Some(listen),
     connect: Some(connect_v10),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: Some(reg_mr_dma_buf),
-    deregMr: Some(dereg_mr),
     isend: Some(isend_v10),
     irecv: Some(irecv_v10),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_comm),
-    closeRecv: Some(close_comm),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
     makeVDevice: None,
-};
+});
 
 /// The v11 table; v12 has the same layout and entry points and differs only in the properties
 /// struct (`P`), so both are built here.
-// SAFETY: `table_v11` stores the entry, never calls it; NCCL calls it under ffi.rs's pointer contract
 const fn table_v11<P: FromProps>() -> NetV11<P> {
-    NetV11 {
-        name: NAME_PTR,
+    table!(NetV11 {
         init: Some(init_v11),
-        devices: Some(devices),
         getProperties: Some(get_properties::<P>),
         listen: Some(listen_v11),
         connect: Some(connect_v11),
-        accept: Some(accept),
-        regMr: Some(reg_mr),
-        regMrDmaBuf: Some(reg_mr_dma_buf),
-        deregMr: Some(dereg_mr),
         isend: Some(isend_v10),
         irecv: Some(irecv_v10),
-        iflush: Some(iflush),
-        test: Some(test),
-        closeSend: Some(close_comm),
-        closeRecv: Some(close_comm),
-        closeListen: Some(close_listen),
-        getDeviceMr: Some(get_device_mr),
-        irecvConsumed: Some(irecv_consumed),
         makeVDevice: None,
         finalize: Some(finalize),
         setNetAttr: Some(set_net_attr),
-    }
+    })
 }
 
 #[no_mangle]
