@@ -78,27 +78,23 @@ pub struct CommConfig {
     pub trafficClass: c_int,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct PropertiesV8 {
-    pub name: *mut c_char,
-    pub pciPath: *mut c_char,
-    pub guid: u64,
-    pub ptrSupport: c_int,
-    pub regIsGlobal: c_int,
-    pub speed: c_int,
-    pub port: c_int,
-    pub latency: f32,
-    pub maxComms: c_int,
-    pub maxRecvs: c_int,
-    pub netDeviceType: c_int,
-    pub netDeviceVersion: c_int,
-}
-
-/// Writes a properties struct of v9 on, `#[repr(C)]`: ncclNetProperties_v9_t's fields, `vProps`
-/// holding up to `$devs` devices, then the fields the version appends.
-macro_rules! properties_v9_on {
-    ($(#[$doc:meta])* $name:ident, $devs:ident { $($more:ident: $more_ty:ty,)* }) => {
+/// Writes a properties struct, `#[repr(C)]`: ncclNetProperties_v8_t's fields with `$mid` after
+/// `regIsGlobal` and `$more` at the end. `v9 Name, DEVS { more }` is one of v9 on: `forceFlush`
+/// after `regIsGlobal`, then v9's `vProps` (up to DEVS devices), `maxP2pBytes` and `maxCollBytes`,
+/// then what the version appends.
+macro_rules! properties {
+    ($(#[$doc:meta])* v9 $name:ident, $devs:ident { $($more:ident: $more_ty:ty,)* }) => {
+        properties! {
+            $(#[$doc])*
+            $name { forceFlush: c_int, } {
+                vProps: VDeviceProps<$devs>,
+                maxP2pBytes: usize,
+                maxCollBytes: usize,
+                $($more: $more_ty,)*
+            }
+        }
+    };
+    ($(#[$doc:meta])* $name:ident { $($mid:ident: $mid_ty:ty,)* } { $($more:ident: $more_ty:ty,)* }) => {
         $(#[$doc])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug)]
@@ -108,7 +104,7 @@ macro_rules! properties_v9_on {
             pub guid: u64,
             pub ptrSupport: c_int,
             pub regIsGlobal: c_int,
-            pub forceFlush: c_int,
+            $(pub $mid: $mid_ty,)*
             pub speed: c_int,
             pub port: c_int,
             pub latency: f32,
@@ -116,27 +112,28 @@ macro_rules! properties_v9_on {
             pub maxRecvs: c_int,
             pub netDeviceType: c_int,
             pub netDeviceVersion: c_int,
-            pub vProps: VDeviceProps<$devs>,
-            pub maxP2pBytes: usize,
-            pub maxCollBytes: usize,
             $(pub $more: $more_ty,)*
         }
     };
 }
 
-properties_v9_on! {
-    /// v9 and v10 share this layout.
-    PropertiesV9, MAX_DEVS_PER_NIC_V9 {}
+properties! {
+    PropertiesV8 {} {}
 }
 
-properties_v9_on! {
-    PropertiesV11, MAX_DEVS_PER_NIC_V9 {
+properties! {
+    /// v9 and v10 share this layout.
+    v9 PropertiesV9, MAX_DEVS_PER_NIC_V9 {}
+}
+
+properties! {
+    v9 PropertiesV11, MAX_DEVS_PER_NIC_V9 {
         maxMultiRequestSize: c_int,
     }
 }
 
-properties_v9_on! {
-    PropertiesV12, MAX_DEVS_PER_NIC_V12 {
+properties! {
+    v9 PropertiesV12, MAX_DEVS_PER_NIC_V12 {
         maxMultiRequestSize: c_int,
         railId: i16,
         planeId: i16,
