@@ -39,12 +39,30 @@ const LOOKAHEAD: usize = 4;
 /// piece (1 MiB) each.
 const RECV_AHEAD: usize = 2 * LOOKAHEAD + 2;
 
+/// This member's place on the ring over `members`: k members, this one m_p, sending to m_{p+1}
+/// (`next`) and receiving from m_{p-1} (`prev`), both ranks.
+#[derive(Clone, Copy)]
+struct Ring {
+    k: usize,
+    p: usize,
+    next: usize,
+    prev: usize,
+}
+
+impl Ring {
+    /// `rank`'s place; an error if it is not among `members`.
+    fn of(members: &[usize], rank: usize) -> Result<Ring> {
+        let k = members.len();
+        let p = position(members, rank)?;
+        Ok(Ring { k, p, next: members[(p + 1) % k], prev: members[(p + k - 1) % k] })
+    }
+}
+
 /// In-place all_reduce of `buf` (elements of `dtype`) among `members`.
 pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, buf: &mut [u8], dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
-    let k = members.len();
+    let Ring { k, p, next, prev } = Ring::of(members, t.rank())?;
     let es = dtype.size();
     let count = buf.len() / es;
-    let p = position(members, t.rank())?;
     let rop = summing(op);
     if k == 1 {
         if op == ReduceOp::Avg {
@@ -71,7 +89,6 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
     }
     let send_piece = |j: usize| if j < k - 1 { (p + k - j) % k } else { (p + 1 + k - (j - (k - 1))) % k };
     let recv_piece = |j: usize| if j < k - 1 { (p + 2 * k - j - 1) % k } else { (p + k - (j - (k - 1))) % k };
-    let (next, prev) = (members[(p + 1) % k], members[(p + k - 1) % k]);
     let slot_bytes = per * es;
     let scratch = scratch(scratch_buf, slot_bytes * RECV_AHEAD).as_mut_ptr();
     let base = buf.as_mut_ptr();
@@ -176,16 +193,15 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
 #[allow(clippy::too_many_arguments)]
 unsafe fn steps<T: Transport + ?Sized>(
     t: &mut T,
-    next: usize,
-    prev: usize,
+    ring: Ring,
     tag: u64,
-    k: usize,
     m: usize,
     src: impl Fn(usize, usize) -> (*const u8, usize),
     dst: impl Fn(usize, usize, usize) -> (*mut u8, usize),
     before: impl Fn(usize, usize) -> Option<usize>,
     mut done: impl FnMut(usize, usize),
 ) -> Result<()> {
+    let Ring { k, next, prev, .. } = ring;
     let n = (k - 1) * m;
     let mut waited = vec![false; n];
     let mut recvs: Vec<Handle> = Vec::with_capacity(n);
@@ -256,8 +272,8 @@ fn piece_of(len: usize, per: usize, i: usize) -> (usize, usize) {
 /// and touched by nobody else), recv regions disjoint from each other and from `send` unless
 /// recv[p] is `send` itself; after an error the caller shuts the transport down.
 pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: super::direct::Region, recv: &[super::direct::Region]) -> Result<()> {
-    let k = members.len();
-    let p = position(members, t.rank())?;
+    let ring = Ring::of(members, t.rank())?;
+    let (k, p) = (ring.k, ring.p);
     if recv.len() != k {
         return Err(crate::error::Error::Mismatch(format!("{} output regions for {k} members", recv.len())));
     }
@@ -276,17 +292,14 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], ta
     let (m, per) = pieces(longest, 1);
     let chunk_sent = |j: usize| (p + k - j) % k;
     let chunk_recv = |j: usize| (p + 2 * k - j - 1) % k;
-    let (next, prev) = (members[(p + 1) % k], members[(p + k - 1) % k]);
     // SAFETY: this fn's contract gives `steps`' own: each item sends a piece of recv[c] (our own
     // copy at step 0, else the chunk received at step j-1, complete and never written again) and
     // receives into a piece of recv[c'] that nobody else touches; pieces stay inside their region.
     unsafe {
         steps(
             t,
-            next,
-            prev,
+            ring,
             tag,
-            k,
             m,
             |j, i| {
                 let r = recv[chunk_sent(j)];
@@ -316,8 +329,8 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], ta
 /// the transport down.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[super::direct::Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
-    let k = members.len();
-    let p = position(members, t.rank())?;
+    let ring = Ring::of(members, t.rank())?;
+    let (k, p) = (ring.k, ring.p);
     let es = dtype.size();
     let bytes = count * es;
     for (q, s) in send.iter().enumerate() {
@@ -346,7 +359,6 @@ pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize]
         let partial = |j: usize| unsafe { base.add((j % 2) * chunk) };
         let chunk_sent = |j: usize| (p + 2 * k - j - 1) % k;
         let chunk_recv = |j: usize| (p + 2 * k - j - 2) % k;
-        let (next, prev) = (members[(p + 1) % k], members[(p + k - 1) % k]);
         // SAFETY: this fn's contract gives `steps`' own. Step 0 sends pieces of our contribution
         // send[q]; step j > 0 the partial sum combined at step j-1, which `done` overwrites (two
         // steps later) only after waiting the send that read it. Receives go to slot r %
@@ -354,10 +366,8 @@ pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize]
         unsafe {
             steps(
                 t,
-                next,
-                prev,
+                ring,
                 tag,
-                k,
                 m,
                 |j, i| {
                     let (off, len) = piece_of(bytes, per, i);
