@@ -1,46 +1,59 @@
 //! Element types and reduction operators, with the numeric codes the bindings pass across.
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DType {
-    F32 = 0,
-    F16 = 1,
-    BF16 = 2,
-    F64 = 3,
-    I8 = 4,
-    U8 = 5,
-    I32 = 6,
-    I64 = 7,
-    I16 = 8,
-    U16 = 9,
-    U32 = 10,
-    U64 = 11,
-    /// torch.bool: one byte holding 0 or 1.
-    Bool = 12,
+/// Writes a C-like enum whose discriminants are the numeric codes the bindings pass across, each
+/// variant's code and name on one line, with `from_code` (a code back to its variant; any other is
+/// Error::Unsupported: "`$what` code c: wirespeed supports `$supported`") and `name`.
+macro_rules! coded_enum {
+    (
+        pub enum $ty:ident ($what:literal, supports $supported:expr) {
+            $($(#[$vdoc:meta])* $v:ident = $code:literal => $name:literal,)*
+        }
+    ) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $ty {
+            $($(#[$vdoc])* $v = $code,)*
+        }
+
+        impl $ty {
+            pub fn from_code(c: u32) -> Result<$ty> {
+                match c {
+                    $($code => Ok($ty::$v),)*
+                    _ => Err(Error::Unsupported(format!(concat!($what, " code {}: wirespeed supports {}"), c, $supported))),
+                }
+            }
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$v => $name,)*
+                }
+            }
+        }
+    };
 }
 
 pub const SUPPORTED_DTYPES: &str =
     "float32, float16, bfloat16, float64, int8, uint8, int16, uint16, int32, uint32, int64, uint64, bool";
 
-impl DType {
-    pub fn from_code(c: u32) -> Result<DType> {
-        Ok(match c {
-            0 => DType::F32,
-            1 => DType::F16,
-            2 => DType::BF16,
-            3 => DType::F64,
-            4 => DType::I8,
-            5 => DType::U8,
-            6 => DType::I32,
-            7 => DType::I64,
-            8 => DType::I16,
-            9 => DType::U16,
-            10 => DType::U32,
-            11 => DType::U64,
-            12 => DType::Bool,
-            _ => return Err(Error::Unsupported(format!("dtype code {c}: wirespeed supports {SUPPORTED_DTYPES}"))),
-        })
+coded_enum! {
+    pub enum DType ("dtype", supports SUPPORTED_DTYPES) {
+        F32 = 0 => "float32",
+        F16 = 1 => "float16",
+        BF16 = 2 => "bfloat16",
+        F64 = 3 => "float64",
+        I8 = 4 => "int8",
+        U8 = 5 => "uint8",
+        I32 = 6 => "int32",
+        I64 = 7 => "int64",
+        I16 = 8 => "int16",
+        U16 = 9 => "uint16",
+        U32 = 10 => "uint32",
+        U64 = 11 => "uint64",
+        /// torch.bool: one byte holding 0 or 1.
+        Bool = 12 => "bool",
     }
+}
+
+impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
@@ -49,70 +62,25 @@ impl DType {
             DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float32",
-            DType::F16 => "float16",
-            DType::BF16 => "bfloat16",
-            DType::F64 => "float64",
-            DType::I8 => "int8",
-            DType::U8 => "uint8",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-            DType::I16 => "int16",
-            DType::U16 => "uint16",
-            DType::U32 => "uint32",
-            DType::U64 => "uint64",
-            DType::Bool => "bool",
-        }
-    }
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReduceOp {
-    Sum = 0,
-    Prod = 1,
-    Min = 2,
-    Max = 3,
-    Avg = 4,
-    BAnd = 5,
-    BOr = 6,
-    BXor = 7,
+coded_enum! {
+    pub enum ReduceOp ("reduce op", supports "sum, prod, min, max, avg, band, bor, bxor") {
+        Sum = 0 => "sum",
+        Prod = 1 => "prod",
+        Min = 2 => "min",
+        Max = 3 => "max",
+        Avg = 4 => "avg",
+        BAnd = 5 => "band",
+        BOr = 6 => "bor",
+        BXor = 7 => "bxor",
+    }
 }
 
 impl ReduceOp {
-    pub fn from_code(c: u32) -> Result<ReduceOp> {
-        Ok(match c {
-            0 => ReduceOp::Sum,
-            1 => ReduceOp::Prod,
-            2 => ReduceOp::Min,
-            3 => ReduceOp::Max,
-            4 => ReduceOp::Avg,
-            5 => ReduceOp::BAnd,
-            6 => ReduceOp::BOr,
-            7 => ReduceOp::BXor,
-            _ => {
-                return Err(Error::Unsupported(format!(
-                    "reduce op code {c}: wirespeed supports sum, prod, min, max, avg, band, bor, bxor"
-                )))
-            }
-        })
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Prod => "prod",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::Avg => "avg",
-            ReduceOp::BAnd => "band",
-            ReduceOp::BOr => "bor",
-            ReduceOp::BXor => "bxor",
-        }
-    }
     pub fn is_bitwise(self) -> bool {
         matches!(self, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor)
     }
