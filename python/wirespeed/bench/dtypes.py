@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..flagvalues import pick
 
 
 @dataclass(frozen=True)
@@ -38,22 +38,8 @@ OPS = ("sum", "prod", "min", "max", "avg")
 
 
 def parse_dtypes(text: str) -> list[DType]:
-    names = list(DTYPES) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
-    out = []
-    for name in names:
-        if name not in DTYPES:
-            raise UsageError(f"unknown dtype {name!r}: choose from {', '.join(DTYPES)} or all")
-        out.append(DTYPES[name])
-    if not out:
-        raise UsageError("no dtype given: use e.g. -d float32 or -d all")
-    return out
+    return pick(text, DTYPES, "dtype", "-d float32 or -d all")
 
 
 def parse_ops(text: str) -> list[str]:
-    names = list(OPS) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
-    for name in names:
-        if name not in OPS:
-            raise UsageError(f"unknown op {name!r}: choose from {', '.join(OPS)} or all")
-    if not names:
-        raise UsageError("no op given: use e.g. -o sum or -o all")
-    return names
+    return pick(text, {op: op for op in OPS}, "op", "-o sum or -o all")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..errors import UsageError
+from ..flagvalues import whole_numbers
 from . import flags
 from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
@@ -37,12 +38,7 @@ def _config(args):
     dts = parse_dtypes(args.dtype)
     if len(dts) != 1:
         raise UsageError("--dtype takes one dtype for batching")
-    try:
-        chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
-    except ValueError:
-        raise UsageError(f"--chunks must be a comma list of whole numbers, got {args.chunks!r}") from None
-    if not chunks or min(chunks) < 1:
-        raise UsageError("--chunks needs call counts of at least 1, e.g. 1,10,100,1000")
+    chunks = whole_numbers(args.chunks, "--chunks", "call counts", "1,10,100,1000")
     iters, timeout = parse_iters_timeout(args)
     backend, device = resolve_backend(args.backend, args.device)
     from ..workloads.config import BatchingConfig

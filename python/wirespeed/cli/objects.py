@@ -12,6 +12,7 @@ import tempfile
 from functools import partial
 
 from ..errors import UsageError
+from ..flagvalues import whole_numbers
 from . import flags
 from .rankjob import (Job, check_local_gpus, parse_iters_timeout, parse_num,
                       resolve_backend, run_job, uses_torch_distributed)
@@ -30,12 +31,7 @@ def register(sub) -> None:
 
 
 def _config(args):
-    try:
-        worlds = [int(n) for n in str(args.nproc).split(",") if n.strip()]
-    except ValueError:
-        raise UsageError(f"-N must be a comma list of world sizes, got {args.nproc!r}") from None
-    if not worlds or min(worlds) < 1:
-        raise UsageError("-N needs world sizes of at least 1, e.g. -N 2,4")
+    worlds = whole_numbers(args.nproc, "-N", "world sizes", "2,4")
     iters, timeout = parse_iters_timeout(args)
     backend, device = resolve_backend(args.backend, args.device)
     from ..workloads.config import ObjectsConfig

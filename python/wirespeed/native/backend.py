@@ -40,6 +40,12 @@ def _blocking(opts) -> bool:
     return opts is not None and not getattr(opts, "asyncOp", True)
 
 
+def _dense(a, b) -> bool:
+    """Both tensors on the CPU, strided and contiguous: what the flat native ops take as they are."""
+    return (a.is_cpu and b.is_cpu and a.layout is torch.strided and b.layout is torch.strided
+            and a.is_contiguous() and b.is_contiguous())
+
+
 class WirespeedBackend(_C10dBackend):
     def __init__(self, native, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
@@ -99,6 +105,25 @@ class WirespeedBackend(_C10dBackend):
 
     def _work(self, op_id: int, result, st: Staging) -> Work:
         return Work(self.native, [op_id], result, st.finish if st.back else None, self._futures)
+
+    def _world_times(self, big, big_name: str, small, small_name: str) -> None:
+        """Refuse a tensor that must hold one `small` per rank and does not."""
+        if big.numel() != small.numel() * self._size:
+            raise UnsupportedError(f"wirespeed: {big_name} holds {big.numel()} elements; it must hold "
+                                   f"world size x {small_name} = {self._size * small.numel()}")
+
+    def _per_rank(self, whole, n: int) -> list:
+        """`whole`, flat, as one run of `n` elements per rank, in rank order."""
+        whole = whole.reshape(-1)
+        return [whole[r * n:(r + 1) * n] for r in range(self._size)]
+
+    def _flat(self, opts, call, args, input, output):
+        """A fast path's native op over two dense CPU tensors (both kept by the engine): inline
+        when torch waits at once (None), else its Work."""
+        if not opts.asyncOp:
+            call(*args, (input, output), True)
+            return None
+        return Work(self.native, [call(*args, (input, output))], [output], None, self._futures)
 
     def _many(self, opts, issue, items, result):
         """Several ops under one Work (coalesced calls); None when they all ran inline."""
@@ -189,24 +214,14 @@ class WirespeedBackend(_C10dBackend):
         # reduce_scatter_tensor of contiguous tensors, summed (FSDP's gradients, the benchmark):
         # the native call lays the pieces out itself; the generic route below costs ~8 us more.
         code = REDUCE_DTYPES.get(output.dtype)
-        if (code is not None and input.dtype == output.dtype and opts.reduceOp == SUM and output.is_cpu
-                and input.is_cpu and output.layout is torch.strided and input.layout is torch.strided
-                and output.is_contiguous() and input.is_contiguous()
+        if (code is not None and input.dtype == output.dtype and opts.reduceOp == SUM and _dense(input, output)
                 and input.numel() == output.numel() * self._size):
-            args = (input.data_ptr(), output.data_ptr(), output.numel(), code, 0)
-            if not opts.asyncOp:
-                self._reduce_scatter_flat(*args, (input, output), True)
-                return None
-            return Work(self.native, [self._reduce_scatter_flat(*args, (input, output))], [output], None,
-                        self._futures)
+            return self._flat(opts, self._reduce_scatter_flat,
+                              (input.data_ptr(), output.data_ptr(), output.numel(), code, 0), input, output)
         check(input, "the reduce_scatter input")
-        if input.numel() != output.numel() * self._size:
-            raise UnsupportedError(f"wirespeed: reduce_scatter input holds {input.numel()} elements; it "
-                                   f"must hold world size x output = {self._size * output.numel()}")
+        self._world_times(input, "reduce_scatter input", output, "output")
         st = Staging()
-        whole = st.read(input).reshape(-1)
-        n = output.numel()
-        pieces = [whole[r * n:(r + 1) * n] for r in range(self._size)]
+        pieces = self._per_rank(st.read(input), output.numel())
         return self._reduce_scatter_pieces(output, pieces, opts, "reduce_scatter", st)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
@@ -256,22 +271,16 @@ class WirespeedBackend(_C10dBackend):
     def all_gather_single(self, output, input, opts):
         # all_gather_into_tensor of contiguous tensors (FSDP's parameters, the benchmark): as
         # reduce_scatter_single's fast path.
-        if (input.dtype == output.dtype and output.is_cpu and input.is_cpu and output.layout is torch.strided
-                and input.layout is torch.strided and output.is_contiguous() and input.is_contiguous()
+        if (input.dtype == output.dtype and _dense(input, output)
                 and output.numel() == input.numel() * self._size):
-            args = (input.data_ptr(), output.data_ptr(), input.numel() * input.element_size())
-            if not opts.asyncOp:
-                self._all_gather_flat(*args, (input, output), True)
-                return None
-            return Work(self.native, [self._all_gather_flat(*args, (input, output))], [output], None,
-                        self._futures)
+            return self._flat(opts, self._all_gather_flat,
+                              (input.data_ptr(), output.data_ptr(), input.numel() * input.element_size()),
+                              input, output)
         check(input, "the all_gather input")
         check(output, "the all_gather output")
         if output.dtype != input.dtype:
             raise UnsupportedError(f"wirespeed: the all_gather output has dtype {output.dtype} but the input is {input.dtype}")
-        if output.numel() != input.numel() * self._size:
-            raise UnsupportedError(f"wirespeed: all_gather output holds {output.numel()} elements; it must "
-                                   f"hold world size x input = {self._size * input.numel()}")
+        self._world_times(output, "all_gather output", input, "input")
         st = Staging()
         i = st.read(input)
         o = st.write(output)
@@ -294,11 +303,16 @@ class WirespeedBackend(_C10dBackend):
         self._same(ts, like, f"a {what} {kind}")
         return ts
 
+    def _rooted(self, mine, roots, opts, what: str, my_kind: str, root_kind: str):
+        """A gather's or a scatter's tensor on every rank, its root, and the root's list of
+        world-size tensors like it (empty elsewhere), checked."""
+        t = _one(mine, what)
+        check(t, f"the {what} {my_kind}")
+        root = self._peer(opts.rootRank, f"the {what} root")
+        return t, root, self._root_list(roots, t, root, what, root_kind)
+
     def gather(self, output_lists, inputs, opts):
-        t = _one(inputs, "gather")
-        check(t, "the gather input")
-        root = self._peer(opts.rootRank, "the gather root")
-        outs = self._root_list(output_lists, t, root, "gather", "output")
+        t, root, outs = self._rooted(inputs, output_lists, opts, "gather", "input", "output")
         st = Staging()
         i = st.read(t)
         os_ = [st.write(o) for o in outs]
@@ -308,13 +322,9 @@ class WirespeedBackend(_C10dBackend):
         """gather_into_tensor: the root's output holds every rank's input, in rank order."""
         check(output, "the gather output")
         if self._rank == self._peer(opts.rootRank, "the gather root"):
-            if output.numel() != input.numel() * self._size:
-                raise UnsupportedError(f"wirespeed: gather output holds {output.numel()} elements; it must "
-                                       f"hold world size x input = {self._size * input.numel()}")
+            self._world_times(output, "gather output", input, "input")
             st = Staging()
-            whole = st.write(output).reshape(-1)
-            n = input.numel()
-            work = self.gather([[whole[r * n:(r + 1) * n].view(input.shape) for r in range(self._size)]],
+            work = self.gather([[p.view(input.shape) for p in self._per_rank(st.write(output), input.numel())]],
                                [input], opts)
             if work is None:
                 st.finish()
@@ -323,10 +333,7 @@ class WirespeedBackend(_C10dBackend):
         return self.gather([], [input], opts)
 
     def scatter(self, outputs, input_lists, opts):
-        t = _one(outputs, "scatter")
-        check(t, "the scatter output")
-        root = self._peer(opts.rootRank, "the scatter root")
-        ins = self._root_list(input_lists, t, root, "scatter", "input")
+        t, root, ins = self._rooted(outputs, input_lists, opts, "scatter", "output", "input")
         st = Staging()
         is_ = [st.read(i) for i in ins]
         o = st.write(t)
@@ -397,12 +404,18 @@ class WirespeedBackend(_C10dBackend):
             raise UnsupportedError(f"wirespeed: message tag {tag} is negative; tags are 0 or more")
         return tag
 
+    def _p2p_tensor(self, tensors, peer, kind: str):
+        """The one tensor of a send or a receive, checked, with its peer (not this rank)."""
+        t = _one(tensors, kind)
+        check(t, f"the {kind} tensor")
+        to = "send to" if kind == "send" else "receive from"
+        self._peer(peer, to)
+        if peer == self._rank:
+            raise UnsupportedError(f"wirespeed: rank {peer} cannot {to} itself")
+        return t
+
     def send(self, tensors, dst, tag):
-        t = _one(tensors, "send")
-        check(t, "the send tensor")
-        self._peer(dst, "send to")
-        if dst == self._rank:
-            raise UnsupportedError(f"wirespeed: rank {dst} cannot send to itself")
+        t = self._p2p_tensor(tensors, dst, "send")
         st = Staging()
         b = st.read(t)
         work = self._work(self.native.send(dst, buf(b), self._tag(tag), keep=st.keep), tensors, st)
@@ -410,11 +423,7 @@ class WirespeedBackend(_C10dBackend):
         return work
 
     def recv(self, tensors, src, tag):
-        t = _one(tensors, "recv")
-        check(t, "the recv tensor")
-        self._peer(src, "receive from")
-        if src == self._rank:
-            raise UnsupportedError(f"wirespeed: rank {src} cannot receive from itself")
+        t = self._p2p_tensor(tensors, src, "recv")
         st = Staging()
         b = st.write(t)
         op_id = self.native.recv(src, buf(b), self._tag(tag), keep=st.keep)

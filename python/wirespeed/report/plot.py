@@ -87,6 +87,16 @@ def _model_panel(ax, recs: list[dict]) -> None:
     ax.legend(fontsize=7)
 
 
+def _finish(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """A log-scaled time panel's labels, grid and legend."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _batching_panel(ax, recs: list[dict]) -> None:
     lines: dict[str, list[dict]] = {}
     for r in recs:
@@ -98,12 +108,7 @@ def _batching_panel(ax, recs: list[dict]) -> None:
         ax.plot([r["chunks"] for r in rs], [r["time_us"] / 1e3 for r in rs], marker="o",
                 markersize=3, label=label)
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("calls (the same total in k chunks)")
-    ax.set_ylabel("total time (ms)")
-    ax.set_title("batching: one buffer in k calls")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _finish(ax, "calls (the same total in k chunks)", "total time (ms)", "batching: one buffer in k calls")
 
 
 def _objects_panel(ax, recs: list[dict]) -> None:
@@ -114,12 +119,7 @@ def _objects_panel(ax, recs: list[dict]) -> None:
         rs = sorted(rs, key=lambda r: r["world_size"])
         ax.plot([r["world_size"] for r in rs], [r["time_us"] for r in rs], marker="o", markersize=3,
                 label=label)
-    ax.set_yscale("log")
-    ax.set_xlabel("ranks")
-    ax.set_ylabel("time per call (us)")
-    ax.set_title("objects: 'is every rank done?'")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _finish(ax, "ranks", "time per call (us)", "objects: 'is every rank done?'")
 
 
 _PANELS = {"model": _model_panel, "batching": _batching_panel, "objects": _objects_panel}
