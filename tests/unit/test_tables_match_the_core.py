@@ -23,8 +23,12 @@ RUST_OPS = {"Sum": _RED.SUM, "Prod": _RED.PRODUCT, "Min": _RED.MIN, "Max": _RED.
 
 def test_dtype_and_op_codes_are_the_cores():
     text = (SRC / "dtype.rs").read_text()
-    dtypes = {RUST_DTYPES[name]: int(code) for code, name in re.findall(r"(\d+) => DType::(\w+),", text)}
-    ops = {RUST_OPS[name]: int(code) for code, name in re.findall(r"(\d+) => ReduceOp::(\w+),", text)}
+
+    def variants(enum):   # coded_enum!'s lines: `Name = code => "name",`
+        block = text.split(f"pub enum {enum} (", 1)[1].split("\n    }\n", 1)[0]
+        return re.findall(r"(\w+) = (\d+) =>", block)
+    dtypes = {RUST_DTYPES[name]: int(code) for name, code in variants("DType")}
+    ops = {RUST_OPS[name]: int(code) for name, code in variants("ReduceOp")}
     assert len(dtypes) == 13 and len(ops) == 8
     assert REDUCE_DTYPES == dtypes
     assert OP_CODES == ops

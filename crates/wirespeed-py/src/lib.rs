@@ -159,6 +159,11 @@ impl Group {
         // The one read of the core's WIRESPEED_* knobs for this group (`knobs`, then the
         // environment); the core reads no variable.
         let cfg = Config::from_knobs(&knobs.unwrap_or_default()).map_err(to_py)?;
+        // The engine's knobs and the connection mode, checked on every host, though only a group
+        // across hosts uses them: a knob set wrong is refused where it is set, not taken silently
+        // on one host and refused the day the job spans two.
+        cfg.net.clone().map_err(to_py)?;
+        cfg.lazy_connect.clone().map_err(to_py)?;
         let rooms = rooms.unwrap_or_default().iter().enumerate().map(|(r, t)| FdRoom::parse(t, r)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
         let comm = Setup::new(rank, world, tok, Duration::from_secs_f64(timeout_s), &hosts, &rooms, &cfg).map_err(to_py)?;
         Ok(Group { pending: Mutex::new(Some(comm)), engine: None, rank, world, spans_hosts, wake_worker: cfg.wake_worker, streams: None })
