@@ -49,8 +49,11 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "-T", "inf"], "--timeout must be a finite number"),
     # sized from the flags before anything is built or trained (482a6d1: minutes building a
     # million layers; a trillion what-if hosts trained, then grew rank 0 to 21 GB)
-    (["--model", "gpt", "--layers", "1000000"], "needs at least"),
-    ([*GPT, "--what-if-hosts", "1000000000000", "--measured-link-rate", "1gbit"], "262144 hosts or fewer"),
+    (["--model", "gpt", "--layers", "1000000"], "at most 2048 blocks"),
+    (["--model", "gpt", "--layers", "2048", "--hidden", "4096"], "needs at least"),   # the floor from the flags
+    ([*GPT, "--what-if-hosts", "1000000000000", "--measured-link-rate", "1gbit"], "262144 ranks or fewer"),
+    ([*GPT, "--what-if-hosts", "131072", "-N", "4", "--measured-link-rate", "1gbit"], "262144 ranks or fewer"),
+    ([*GPT, "--what-if-hosts", "\u00b2", "--measured-link-rate", "1gbit"], "host counts of 2 or more"),
     # vgg16's activations for 1024 images of 224 px are about 60 GiB per rank.
     (["--model", "vgg16", "--image-size", "224", "--batch-size", "1024", "-N", "2"], "needs at least"),
 ])

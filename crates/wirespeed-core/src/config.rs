@@ -49,12 +49,13 @@ const LISTEN_VARS: [&str; 5] = [IFNAME_VARS[0], IFNAME_VARS[1], IFNAME_VARS[2], 
 pub struct Config {
     /// The planner's knobs.
     pub tuning: Tuning,
-    /// The TCP engine's knobs, or why they are invalid: only a group that spans hosts uses them,
-    /// so only such a group fails on them (`hosts::Setup::new`), and a one-host group never does.
+    /// The TCP engine's knobs, or why they are invalid: only a group that spans hosts uses them
+    /// (`hosts::Setup::new` fails on them); the Python binding refuses them for every group, so
+    /// a value set wrong is refused on one host too.
     pub net: Result<NetConfig>,
     /// WIRESPEED_CONNECT: `lazy` (unset: the default) connects a pair of ranks on different hosts
     /// on its first message, `eager` every such pair at setup (so an unreachable peer fails setup
-    /// on every rank, as before). Kept as `net` is: only a group across hosts fails on a bad value.
+    /// on every rank, as before). Kept as `net` is, and refused by the binding as `net` is.
     pub lazy_connect: Result<bool>,
     /// How long a shared-memory wait spins before it sleeps, in us (WIRESPEED_SPIN_US; unset or
     /// not a number: `SpinPolicy`'s default).

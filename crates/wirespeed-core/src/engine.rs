@@ -327,9 +327,9 @@ impl Engine {
     }
 
     /// Break the group from outside its ops (a rank of the job found to be another process):
-    /// the next op, and any op waiting on a peer, fails with `e`, and peers waiting on this
-    /// rank learn it as they do after any failure here. Does not block on an op in progress:
-    /// the drain applies it before its next op.
+    /// the next op fails with `e`, and peers waiting on this rank learn it as they do after any
+    /// failure here. Does not block on an op in progress: the drain applies it before its next
+    /// op, so an op already waiting on a peer ends as that wait does (the peer, or the timeout).
     pub fn abort(&self, e: Error) {
         self.shared.abort(&e, false);
     }

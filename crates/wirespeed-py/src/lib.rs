@@ -288,8 +288,10 @@ impl Group {
 
     /// Break the group with `why` (wirespeed.native.admission: a rank of this job was claimed
     /// again): this rank's next op fails with it, and so do its peers' ops waiting on this rank.
-    fn abort(&self, why: String) -> PyResult<()> {
-        self.engine()?.abort(Error::Stranger(why));
+    fn abort(&self, py: Python<'_>, why: String) -> PyResult<()> {
+        let e = self.engine()?;
+        // Breaking the group shuts its connections: not with the GIL held.
+        py.allow_threads(|| e.abort(Error::Stranger(why)));
         Ok(())
     }
 

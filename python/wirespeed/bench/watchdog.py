@@ -77,10 +77,12 @@ class PeerBeats:
             keys = [f"wirespeed/watchdog/{r}" for r in range(world) if r != self.rank]
             try:
                 store.set(f"wirespeed/watchdog/{self.rank}", str(n))
-                # only the keys that exist: a get waits for a missing one
+                # Read only once every peer has written (a get waits for a missing key): one
+                # request a period, whatever the world, until then.
                 if keys and not store.check(keys):
-                    keys = [k for k in keys if store.check([k])]
-                vals = store.multi_get(keys) if keys else []
+                    continue
+                many = getattr(store, "multi_get", None)
+                vals = many(keys) if many is not None else [store.get(k) for k in keys]
             except Exception:  # noqa: BLE001 (the store is gone: its job is ending)
                 return
             now = time.monotonic()
@@ -88,7 +90,7 @@ class PeerBeats:
                 peer = int(k.rsplit("/", 1)[1])
                 if self._changed.get(peer, (None,))[0] != v:
                     self._changed[peer] = (v, now)
-            self.read_at = now if len(keys) == world - 1 else self.read_at
+            self.read_at = now
 
     def silent(self, for_s: float) -> list[int] | None:
         """The peers with no sign of life for `for_s` seconds; None when this rank cannot tell

@@ -41,9 +41,13 @@ def _int_list(text, flag) -> list[int] | None:
     out = []
     for part in str(text).split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
+        try:
+            n = int(part) if part.isdecimal() else 0
+        except ValueError:   # thousands of digits
+            n = 0
+        if n < 1:
             raise UsageError(f"{flag} takes whole numbers of 1 or more, comma separated; got {text!r}")
-        out.append(int(part))
+        out.append(n)
     return out
 
 
@@ -55,6 +59,8 @@ def main(args, argv) -> int:
     nprocs = _int_list(args.nprocs, "--nprocs")
     hosts = _int_list(args.hosts, "--hosts")
     k = _int_list(args.ranks_per_host, "--ranks-per-host")
+    if k and len(k) > 1:
+        raise UsageError(f"--ranks-per-host takes one number, got {args.ranks_per_host!r}")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else None
     rate = parse_rate(args.link_rate, "--link-rate") if args.link_rate else None
     measured_rate = parse_rate(args.measured_link_rate, "--measured-link-rate") \

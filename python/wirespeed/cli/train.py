@@ -114,9 +114,10 @@ def config_from_args(args) -> tuple[list[str], "object"]:
                          f"({', '.join(sorted(devices))}); give --device or backends of one device")
     iters, timeout = parse_iters_timeout(args)
     backend, device = resolved[0]
+    nproc = default_nproc(args.nproc, device)
     from ..launch.environment import rank_info
-    if "nccl" in backends and not (args.cluster or rank_info(need_master=False)):
-        check_local_gpus(default_nproc(args.nproc, device), "nccl")   # before any run starts
+    if any(b == "nccl" for b, _ in resolved) and not (args.cluster or rank_info(need_master=False)):
+        check_local_gpus(nproc, "nccl")   # before any run starts
     if "mpi" in backends:
         # DDP and FSDP run over a torch.distributed process group; wirespeed's mpi backend is
         # mpi4py's, which they cannot use, and torch's own is only in torch built from source.
@@ -126,28 +127,33 @@ def config_from_args(args) -> tuple[list[str], "object"]:
         raise UsageError(f"--backend mpi: train needs a torch.distributed MPI process group for "
                          f"DDP/FSDP and {why}; wirespeed's mpi backend (mpi4py) serves bench: use "
                          "gloo or wirespeed")
-    whatif = whatif_from_args(args)
+    whatif = whatif_from_args(args, nproc)
     cfg = TrainConfig(spec=spec, parallel=args.parallel, bucket_mb=bucket_mb, optimizer=args.optimizer,
-                      backend=backend, device=device, nproc=default_nproc(args.nproc, device),
+                      backend=backend, device=device, nproc=nproc,
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                       timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0,
                       timeline=bool(args.timeline))
     return [b for b, _ in resolved], cfg
 
 
-def whatif_from_args(args):
+def whatif_from_args(args, ranks_per_host: int = 1):
     from ..explain.predict import MAX_RANKS
     from ..netem.units import parse_rate
     from ..train.whatif import WhatIf
     hosts = []
     for part in str(args.what_if_hosts or "").split(","):
         if part.strip():
-            if not part.strip().isdigit() or int(part) < 2:
+            try:
+                h = int(part) if part.strip().isdecimal() else 0
+            except ValueError:   # thousands of digits
+                h = 0
+            if h < 2:
                 raise UsageError(f"--what-if-hosts takes host counts of 2 or more, comma separated; "
                                  f"got {args.what_if_hosts!r}")
-            if int(part) > MAX_RANKS:   # each predicted record lists every rank's host
-                raise UsageError(f"--what-if-hosts {int(part)}: predict {MAX_RANKS} hosts or fewer")
-            hosts.append(int(part))
+            if h * ranks_per_host > MAX_RANKS:   # each predicted record lists every rank's host
+                raise UsageError(f"--what-if-hosts {h} x {ranks_per_host} rank(s) per host: predict "
+                                 f"{MAX_RANKS} ranks or fewer")
+            hosts.append(h)
     rates = [parse_rate(r.strip(), "--what-if-rate") for r in str(args.what_if_rate or "").split(",")
              if r.strip()]
     measured = parse_rate(args.measured_link_rate, "--measured-link-rate") \
@@ -186,7 +192,7 @@ def _job(args) -> Job:
     outputs = RankOutputs(json_path=args.json, plot_path=args.plot, state_out=args.state_out)
     return Job(cfg.backend, cfg.device, cfg.timeout_s, launch=partial(_launch_local, cfg),
                before_start=partial(before_start, cfg),
-               work=partial(run_as_rank, cfg, whatif_from_args(args), outputs))
+               work=partial(run_as_rank, cfg, whatif_from_args(args, cfg.nproc), outputs))
 
 
 def _launch_local(cfg, start) -> int:

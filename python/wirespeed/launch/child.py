@@ -28,18 +28,20 @@ from .local import die_with_parent
 # is killed.
 STOP_GRACE_S = 5.0
 
-# The janitor: waits for the command to die (its parent-death signal is SIGTERM), then removes
-# the folder. A few lines of Python without torch: ~20 ms to start, nothing while it waits.
+# The janitor: waits for the command to die, then removes the folder. Its parent-death signal is
+# SIGURG, which is ignored until the janitor's handler is set (a SIGTERM would kill it before
+# then); it looks for its parent once the handler is set, so a death in between is not missed.
+# A few lines of Python without torch: ~20 ms to start, nothing while it waits.
 _JANITOR = r"""
 import os, shutil, signal, sys
 folder, parent = sys.argv[1], int(sys.argv[2])
 def bye(*_):
-    shutil.rmtree(folder, ignore_errors=True)
-    os._exit(0)
-signal.signal(signal.SIGTERM, bye)
+    if os.getppid() != parent:   # only once the command is gone (a stray signal deletes nothing)
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(0)
+signal.signal(signal.SIGURG, bye)
 signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the command cleans up
-if os.getppid() != parent:   # the command died before the parent-death signal was armed
-    bye()
+bye()   # the command died before the handler was set (SIGURG is ignored until then)
 sys.stdout.write("ready\n")
 sys.stdout.flush()
 while True:
@@ -56,7 +58,7 @@ def scratch_dir(prefix: str):
     folder = tempfile.mkdtemp(prefix=prefix)
     janitor = subprocess.Popen([sys.executable, "-c", _JANITOR, folder, str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                               preexec_fn=lambda: die_with_parent(signal.SIGURG))
     janitor.stdout.readline()   # armed: from here a SIGKILL of this process removes the folder too
     try:
         yield folder
@@ -69,30 +71,41 @@ def scratch_dir(prefix: str):
 
 @contextlib.contextmanager
 def _passed_on(proc: subprocess.Popen):
-    """While `proc` runs: a SIGTERM or SIGINT sent to this process stops the child first (SIGTERM,
-    then SIGKILL after STOP_GRACE_S), then ends this process as the signal would (SystemExit 143,
-    KeyboardInterrupt), so the scratch folder's context removes it."""
+    """While `proc` runs: a SIGTERM or SIGINT sent to this process stops the child (SIGTERM, then
+    SIGKILL after STOP_GRACE_S) and ends this process as the signal would (SystemExit 143,
+    KeyboardInterrupt), so the scratch folder's context removes it. The handler only sends the
+    signal and raises: the wait happens after the interrupted wait has unwound (a wait inside the
+    handler could deadlock on the one the signal interrupted), with further signals ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    got = []
 
     def stop(signum, frame):
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if got:
+            return            # already stopping
+        got.append(signum)
+        proc.terminate()      # poll() inside does not block: it skips a wait in progress
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    old = {s: signal.signal(s, stop) for s in sigs}
     try:
         yield
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        try:
+            if got:
+                for s in sigs:
+                    signal.signal(s, signal.SIG_IGN)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
 
 
 @dataclass

@@ -14,9 +14,10 @@ token. Two ways a process that is not the job's own could get in, and what stops
 - **A rank number claimed twice within one identity** (a launcher that started a rank twice, two
   jobs that carry no launcher identity): the later claimant fails at once and leaves a note in
   the store. Ranks that already checked their claims before the later claim came learn of it
-  from the watch: a thread that reads the note every few seconds and breaks the group with it,
-  so the next collective fails on every rank with the same line (the core hands the reason to
-  peers waiting in a collective with the rank that broke).
+  from the watch: a thread that reads the note every few seconds, for the group's timeout after
+  setup (two minutes at least), and breaks the group with it, so the next collective fails on
+  every rank with that line (over shared memory the core hands the reason to peers waiting on
+  the rank that broke; over TCP they see the connection close until their own watch reads it).
 
 Nothing here stops a process that can read the store *and* sets itself up as the job's own
 (same identity, no secret): only WIRESPEED_JOB_SECRET, which the store does not hold, does; a
@@ -50,6 +51,11 @@ def read_environment(env) -> None:
 # the store serves about world / period requests a second for it (100 at 1,000 ranks).
 WATCH_PERIOD_S = 2.0
 WATCH_REQUESTS_PER_S = 100.0
+# How long after setup a group is watched, at the least; the group's timeout where longer. A real
+# rank comes late by the time its launcher takes to start it, not by hours, and a watch that ran
+# for the whole job would read the store while its server (rank 0, under env://) leaves at the
+# end of the job, which torch's client reports with a stack trace.
+WATCH_LEAST_S = 120.0
 
 
 def claims_round() -> str:
@@ -62,21 +68,22 @@ def me() -> str:
 
 
 def job_identity(env=None) -> str:
-    """The job as its launcher names it, e.g. "torchrun run 5f2c / slurm job 812 step 0"; "" when
-    no launcher names it. WIRESPEED_JOB_ID, when set, is the whole identity (ranks started by
-    several launches of one job give it the same value)."""
+    """The job as the launcher that started this rank names it, e.g. "torchrun run 5f2c"; "" when
+    none does. Only the innermost launcher counts (torchrun, then MPI, then SLURM): the outer ones'
+    variables reach some ranks of a job and not others (an mpirun inside an sbatch script, a
+    torchrun started over ssh from an salloc shell). WIRESPEED_JOB_ID, when set, is the whole
+    identity (ranks started by several launches of one job give it the same value)."""
     env = _ENV if env is None else env
     if env.get(JOB_ID):
         return f"job {env[JOB_ID]}"
-    parts = []
     if env.get("TORCHELASTIC_RUN_ID"):
-        parts.append(f"torchrun run {env['TORCHELASTIC_RUN_ID']}")
-    if env.get("SLURM_JOB_ID"):
-        parts.append(f"slurm job {env['SLURM_JOB_ID']} step {env.get('SLURM_STEP_ID', '?')}")
+        return f"torchrun run {env['TORCHELASTIC_RUN_ID']}"
     mpi = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
     if mpi:
-        parts.append(f"mpi job {mpi}")
-    return " / ".join(parts)
+        return f"mpi job {mpi}"
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        return f"slurm job {env['SLURM_JOB_ID']} step {env['SLURM_STEP_ID']}"
+    return ""
 
 
 def identity_digest(identity: str) -> str:
@@ -120,7 +127,8 @@ def check_identities(rank: int, digests: list[str], identity: str) -> None:
             raise RankClaimedTwice(
                 f"rank {r} of this rendezvous belongs to another job than rank {rank} ({me()}, "
                 f"{identity or 'no launcher names this job'}): a rank of another job uses this job's "
-                "rendezvous; end it, or give each job its own MASTER_PORT")
+                "rendezvous; end it, or give each job its own MASTER_PORT (ranks of one job that "
+                f"several launches started: give them all one {JOB_ID})")
 
 
 def claim(store, rank: int) -> int:
@@ -165,15 +173,17 @@ class _Watch:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._groups: list[list] = []   # [weakref to the group, store, key, period, due]
+        self._groups: list[list] = []   # [weakref to the group, store, key, period, due, until]
         self._stop = threading.Event()
         self._thread = None
 
-    def add(self, group, store, world: int) -> None:
+    def add(self, group, store, world: int, for_s: float) -> None:
         import time
         period = max(WATCH_PERIOD_S, world / WATCH_REQUESTS_PER_S)
+        now = time.monotonic()
         with self._lock:
-            self._groups.append([weakref.ref(group), store, _note_key(), period, time.monotonic() + period])
+            self._groups.append([weakref.ref(group), store, _note_key(), period, now + period,
+                                 now + max(for_s, WATCH_LEAST_S)])
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="wirespeed-claims-watch", daemon=True)
                 # Stop before the interpreter's shutdown joins threads and finalizes: the thread
@@ -196,11 +206,11 @@ class _Watch:
             for e in due:
                 if self._stop.is_set():
                     return
-                ref, store, key, period, _ = e
+                ref, store, key, period, _, until = e
                 e[4] = now + period
                 group = ref()
                 try:
-                    if group is None or group.closed:
+                    if group is None or group.closed or now > until:
                         raise LookupError
                     if not store.check([key]):
                         continue
@@ -213,9 +223,21 @@ class _Watch:
                         self._groups.remove(e)
 
 
+    def drop(self, group) -> None:
+        """Stop watching `group` now, and let go of its store (on rank 0, the store's server)."""
+        with self._lock:
+            self._groups = [e for e in self._groups if e[0]() not in (group, None)]
+
+
 _WATCH = _Watch()
 
 
-def watch(group, store, world: int) -> None:
-    """Break `group` with the store's note if a rank of its job is claimed again later."""
-    _WATCH.add(group, store, world)
+def watch(group, store, world: int, for_s: float) -> None:
+    """Break `group` with the store's note if a rank of its job is claimed again within `for_s`
+    seconds (the group's timeout, WATCH_LEAST_S at least)."""
+    _WATCH.add(group, store, world, for_s)
+
+
+def unwatch(group) -> None:
+    """The group is shut down: stop reading its job's store at once."""
+    _WATCH.drop(group)

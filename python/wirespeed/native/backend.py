@@ -82,6 +82,8 @@ class WirespeedBackend(_C10dBackend):
     _supports_time_estimate = property(lambda self: False)
 
     def shutdown(self):
+        from .admission import unwatch
+        unwatch(self.native)
         self._announcer.close()
         self.native.close()
 

@@ -207,7 +207,7 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
     admission.check_claims(store, rank, n)
     group.connect(infos)
     admission.check_claims(store, rank, n)
-    admission.watch(group, store._store, size)
+    admission.watch(group, store._store, size, timeout.total_seconds())
     _LAST.clear()
     # Across hosts, the TCP streams per peer the core chose at setup (a probe between the first
     # two hosts, or WIRESPEED_NSTREAMS): (opened, used, forced, seconds, steps), else None.

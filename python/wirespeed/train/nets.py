@@ -54,6 +54,10 @@ def vision_names() -> list[str]:
     return [n for n, (lib, _) in CATALOGUE.items() if lib == "torchvision"]
 
 
+# The deepest gpt `train` builds: ten times the deepest published transformers' block counts.
+MAX_LAYERS = 2048
+
+
 def check_spec(spec: NetSpec) -> None:
     """What cannot train, refused in one line before any rank starts."""
     if spec.model != "gpt" and spec.model not in vision_names():
@@ -66,6 +70,8 @@ def check_spec(spec: NetSpec) -> None:
                         ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--heads", spec.heads)):
             if v < 1:
                 raise UsageError(f"{flag} must be at least 1")
+        if spec.layers > MAX_LAYERS:   # each block is six modules to build, on the meta device too
+            raise UsageError(f"--layers {spec.layers}: wirespeed trains at most {MAX_LAYERS} blocks")
         if spec.hidden % spec.heads:
             raise UsageError(f"--hidden {spec.hidden} must be a multiple of --heads {spec.heads}")
     else:
