@@ -12,14 +12,22 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
+def scaled(text, pattern: re.Pattern, units: dict, fold, error: str) -> float:
+    """`text`'s number times its unit's factor, read with `pattern` (a number, then a unit that
+    `fold` normalises: str.upper, str.lower); a UsageError saying `error` when it does not parse
+    or the unit is not one of `units`. Sizes here, rates and times in plans/topology.py."""
+    m = pattern.match(str(text))
+    unit = fold(m.group(2)) if m else None
+    if not m or unit not in units:
+        raise UsageError(error)
+    return float(m.group(1)) * units[unit]
+
+
 def parse_size(text: str) -> int:
     """'32K' -> 32768. Raises UsageError with the accepted forms on anything else."""
-    m = _SIZE_RE.match(str(text))
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS:
-        raise UsageError(f"size {text!r} does not parse: use a number of bytes with an optional "
-                         "K, M, G or T suffix (binary units), e.g. 8, 32K, 128M, 1G")
-    value = float(m.group(1)) * _UNITS[unit]
+    value = scaled(text, _SIZE_RE, _UNITS, str.upper,
+                   f"size {text!r} does not parse: use a number of bytes with an optional K, M, G or T "
+                   "suffix (binary units), e.g. 8, 32K, 128M, 1G")
     if value != int(value):
         raise UsageError(f"size {text!r} is not a whole number of bytes")
     return int(value)

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..errors import UsageError
+from ..sizes import scaled
 
 GB = 1e9   # rates are decimal (GB/s = 1e9 bytes/s), as nccl-tests and docs/metrics.md write them
 
@@ -142,12 +143,8 @@ _KEYS = ("ranks-per-host", "nics-per-host", "memory", "fabric", "port", "switch"
 
 def parse_rate(text: str, key: str) -> float:
     """'150GB/s' -> 1.5e11 bytes/s; tc's '100gbit' is taken too."""
-    m = _RATE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _RATE_UNITS:
-        raise UsageError(f"--topology {key}={text!r}: a rate is a number with GB/s, MB/s or gbit, mbit "
-                         "(decimal), e.g. 150GB/s or 100gbit")
-    v = float(m.group(1)) * _RATE_UNITS[unit]
+    v = scaled(text, _RATE, _RATE_UNITS, str.lower, f"--topology {key}={text!r}: a rate is a number with GB/s, "
+               "MB/s or gbit, mbit (decimal), e.g. 150GB/s or 100gbit")
     if v <= 0:
         raise UsageError(f"--topology {key}={text!r}: a rate must be above zero")
     return v
@@ -155,11 +152,8 @@ def parse_rate(text: str, key: str) -> float:
 
 def parse_time(text: str, key: str) -> float:
     """'0.8us' -> 8e-7 seconds."""
-    m = _RATE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _TIME_UNITS:
-        raise UsageError(f"--topology {key}={text!r}: a time is a number with ns, us, ms or s, e.g. 0.8us")
-    return float(m.group(1)) * _TIME_UNITS[unit]
+    return scaled(text, _RATE, _TIME_UNITS, str.lower,
+                  f"--topology {key}={text!r}: a time is a number with ns, us, ms or s, e.g. 0.8us")
 
 
 def parse_link(text: str, key: str, base: Link) -> Link:
