@@ -9,14 +9,20 @@ import resource
 from .errors import UsageError
 
 # A command's process, rank or launcher, with torch imported and a job's store, pipes and first
-# sockets open, uses ~25-30 descriptors (measured: a 2-rank bench runs at `ulimit -n 32` and fails
-# at 16); the rest is headroom. The native transport sizes its TCP streams to what is left
-# (crates/wirespeed-core/src/hosts/fds.rs).
-OPEN_FILES_MIN = 64
+# sockets open: a 2-rank bench runs at `ulimit -n 32` and fails at 16 (gloo: "pipe: Too many open
+# files", then torch's stack from the other rank). Above this, what TCP streams a limit holds is
+# the native transport's to say (crates/wirespeed-core/src/hosts/fds.rs), by name and per rank.
+OPEN_FILES_MIN = 32
 
 
 def check_open_files(minimum: int = OPEN_FILES_MIN) -> None:
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < minimum:
-        raise UsageError(f"the open-file limit (ulimit -n) is {soft}; wirespeed needs at least {minimum} "
-                         f"open files in every process: raise it (ulimit -n 1024) and run again")
+    """A soft limit below `minimum` is raised where the hard limit allows (as the transport raises
+    its own); a hard limit below it is refused in one line."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= minimum:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= minimum:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (minimum, hard))
+        return
+    raise UsageError(f"the open-file limit (ulimit -n) is {hard}; wirespeed needs at least {minimum} "
+                     f"open files in every process: raise it (ulimit -n 1024) and run again")

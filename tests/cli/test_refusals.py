@@ -149,3 +149,16 @@ def test_an_open_file_limit_too_low_is_named_before_any_rank_starts(cmd):
                        timeout=60, preexec_fn=low)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert p.stderr.count("\n") == 1 and "the open-file limit (ulimit -n) is 16" in p.stderr, p.stderr
+
+
+def test_a_low_soft_open_file_limit_is_raised_to_what_a_command_needs():
+    import resource
+    import subprocess
+    import sys
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (16, 4096))
+    code = ("import resource; from wirespeed.limits import check_open_files, OPEN_FILES_MIN; "
+            "check_open_files(); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == OPEN_FILES_MIN)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=low)
+    assert p.stdout.strip() == "True", (p.stdout, p.stderr)
