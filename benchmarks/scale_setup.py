@@ -169,7 +169,7 @@ def worker(outdir: str) -> int:
 
 def run_case(cluster, hosts: int, per_host: int, timeout_s: float, connect: str = "lazy") -> list[dict]:
     from wirespeed.launch.cluster import free_port_in, rank_envs
-    from wirespeed.launch.local import _die_with_parent
+    from wirespeed.launch.local import die_with_parent
     from wirespeed.netem import cluster as C
     from wirespeed.scalemodel import blocked
 
@@ -184,7 +184,7 @@ def run_case(cluster, hosts: int, per_host: int, timeout_s: float, connect: str 
     # stderr to files, not pipes: a rank that writes much while nobody reads would block
     errs = [open(os.path.join(outdir, f"err{r}"), "w") for r in range(world)]
     procs = [subprocess.Popen([*C.exec_prefix(cluster.hosts[h].netns), sys.executable, os.path.abspath(__file__),
-                               "--worker", outdir], env=env, preexec_fn=_die_with_parent,
+                               "--worker", outdir], env=env, preexec_fn=die_with_parent,
                               stdout=subprocess.DEVNULL, stderr=err)
              for h, env, err in zip(hosts_of, envs, errs)]
     deadline = time.monotonic() + timeout_s + 120  # imports of 32 torch processes on 2 cores

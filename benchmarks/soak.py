@@ -118,12 +118,12 @@ def rank_main(args) -> int:
 
 def launch(args, world: int, result: str) -> int:
     from wirespeed.launch.environment import free_port
-    from wirespeed.launch.local import _die_with_parent, rank_env, supervise
+    from wirespeed.launch.local import die_with_parent, rank_env, supervise
     port = free_port()
     argv = [sys.executable, os.path.abspath(__file__), "--as-rank", "--ops", str(args.ops),
             "--max-bytes", str(args.max_bytes), "--seed", str(args.seed), "--backend", args.backend,
             "--timeout", str(args.timeout), "--result", result]
-    procs = [subprocess.Popen(argv, env=rank_env(r, world, port), preexec_fn=_die_with_parent)
+    procs = [subprocess.Popen(argv, env=rank_env(r, world, port), preexec_fn=die_with_parent)
              for r in range(world)]
     return supervise(procs)
 
