@@ -26,12 +26,14 @@ impl Transport for Counted<'_> {
     fn world(&self) -> usize {
         self.t.world()
     }
+    // SAFETY: sound on Transport's contract alone, which the wrapped rank asks in turn.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         self.peers.insert(to);
         // SAFETY: our caller keeps `data..data+len` readable until the handle completes, which is
         // what SimRank::post_send asks; nothing here touches the bytes.
         unsafe { self.t.post_send(to, data, len, tag) }
     }
+    // SAFETY: sound on Transport's contract alone, which the wrapped rank asks in turn.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         self.peers.insert(from);
         // SAFETY: our caller keeps `data..data+len` writable and unshared until the handle

@@ -269,12 +269,16 @@ impl Collectives for Group {
     fn rank(&self) -> usize {
         self.rank
     }
+    // SAFETY: sound on Collectives' contract alone: `buf` goes to hier/ring/doubling over the route
+    // within this call, and `guarded` shuts the route on an error.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         // SAFETY: `Collectives`' contract (api.rs): `buf` holds `count` elements of `dtype`,
         // ours until this returns; the slice does not outlive the call.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| c.all_reduce_impl(b, dtype, op))
     }
+    // SAFETY: sound on Collectives' contract alone: the inputs and `out` go to ring or direct over
+    // the route within this call; `guarded` shuts it on an error.
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -300,6 +304,8 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::reduce_scatter(&mut c.route, &members, tag, &regions, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
         })
     }
+    // SAFETY: sound on Collectives' contract alone: `buf` is reduced inside the host and across
+    // leaders within this call, under `guarded`.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
@@ -311,6 +317,8 @@ impl Collectives for Group {
             crate::algo::tree::reduce(&mut c.route, &members, tag, b, dtype, op, root, world, &mut c.scratch)
         })
     }
+    // SAFETY: sound on Collectives' contract alone: `send` and `recv` go to ring or direct over the
+    // route within this call, under `guarded`.
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -332,6 +340,8 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(&vec![send; members.len()]), &Group::regions(recv)) }
         })
     }
+    // SAFETY: sound on Collectives' contract alone: every region goes to one direct exchange over
+    // the route within this call, under `guarded`.
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -342,12 +352,16 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(send), &Group::regions(recv)) }
         })
     }
+    // SAFETY: sound on Collectives' contract alone: `buf` is read or written by broadcast_impl
+    // within this call, under `guarded`.
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         // SAFETY: `Collectives::broadcast`'s contract (api.rs) is broadcast_impl's, which runs
         // inside `guarded` as it asks.
         self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
+    // SAFETY: sound on Collectives' contract alone: `send` and the root's `recv` go to one direct
+    // exchange within this call, under `guarded`.
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -366,6 +380,8 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &sends, &recvs) }
         })
     }
+    // SAFETY: sound on Collectives' contract alone: the root's `send` and `recv` go to one direct
+    // exchange within this call, under `guarded`.
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
@@ -391,6 +407,8 @@ impl Collectives for Group {
             crate::algo::direct::barrier(&mut c.route, &members, tag)
         })
     }
+    // SAFETY: sound on Collectives' contract alone: the bytes stay the caller's until the returned
+    // ticket completes, as the shm send and the TCP send it wraps ask.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         check_rank(self.world, to, "send to")?;
         if to == self.rank {
@@ -418,6 +436,8 @@ impl Collectives for Group {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
+    // SAFETY: sound on Collectives' contract alone: `addr` is posted to the route and waited before
+    // this returns; an error breaks the group, so no late write.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         check_rank(self.world, from, "receive from")?;
         if from == self.rank {

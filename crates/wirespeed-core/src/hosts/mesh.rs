@@ -575,12 +575,16 @@ impl Transport for Mesh {
     fn world(&self) -> usize {
         self.conns.len()
     }
+    // SAFETY: sound on Transport's contract alone, which is `send`'s: the ticket the handle holds
+    // keeps the bytes in use until it is waited or the mesh shut down.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         // SAFETY: `Transport::post_send`'s contract is `send`'s: the bytes stay readable and
         // unwritten until the handle (which holds the ticket) is waited or the mesh shut down.
         let t = unsafe { self.send(to, data, len, tag)? };
         Ok(self.push(Posted::Send(t)))
     }
+    // SAFETY: sound on Transport's contract alone, which is `irecv`'s: the bytes are written only
+    // until the handle is waited or the mesh shut down.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         // SAFETY: `Transport::post_recv`'s contract is `irecv`'s: the bytes stay writable and
         // ours until the handle is waited or the mesh shut down.

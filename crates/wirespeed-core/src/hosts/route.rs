@@ -69,6 +69,8 @@ impl Transport for Route {
     fn world(&self) -> usize {
         self.world
     }
+    // SAFETY: sound on Transport's contract alone: the shm ticket or the mesh handle it keeps
+    // completes before the caller may reuse the bytes.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, to, "send to")?;
         let p = match self.local_index(to) {
@@ -82,6 +84,8 @@ impl Transport for Route {
         self.pend.push(p);
         Ok(Handle(self.pend.len() - 1))
     }
+    // SAFETY: sound on Transport's contract alone: a local receive runs when its handle is waited,
+    // a remote one is the mesh's, shut down when the group breaks.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         check_rank(self.world, from, "receive from")?;
         let p = match self.local_index(from) {

@@ -352,9 +352,13 @@ impl Transport for SimRank {
     fn world(&self) -> usize {
         self.world
     }
+    // SAFETY: sound on Transport's contract alone: the simulated network copies from `data` only
+    // while the send is pending.
     unsafe fn post_send(&mut self, to: usize, data: *const u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(true, to, data as usize, len, tag)
     }
+    // SAFETY: sound on Transport's contract alone: the simulated network writes `data` only while
+    // the receive is pending.
     unsafe fn post_recv(&mut self, from: usize, data: *mut u8, len: usize, tag: u64) -> Result<Handle> {
         self.post(false, from, data as usize, len, tag)
     }

@@ -82,6 +82,9 @@ impl Collectives for Comm {
     }
 
     /// In-place all_reduce of `count` elements at `buf`.
+    // SAFETY: sound on Collectives' contract alone: `buf` is read and written by this rank and,
+    // through the segment and process_vm calls, by peers in this same op only; `guarded` aborts on
+    // an error.
     unsafe fn all_reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         let bytes = count * dtype.size();
         let algo = self.tuning.pick_all_reduce(bytes, self.world, self.cpus);
@@ -153,6 +156,8 @@ impl Collectives for Comm {
     }
 
     /// out = reduction over ranks of chunk `rank` of their inputs; `send[j]` is the chunk for rank j.
+    // SAFETY: sound on Collectives' contract alone: peers read the inputs only during this op's
+    // phases, which end (or abort) before it returns.
     unsafe fn reduce_scatter(&mut self, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
         check_list(self.world, send.len(), "reduce_scatter inputs")?;
         self.guarded(|c| {
@@ -170,6 +175,8 @@ impl Collectives for Comm {
     }
 
     /// In-place reduce of `count` elements at `buf` onto `root`; other ranks' buffers are untouched.
+    // SAFETY: sound on Collectives' contract alone: peers read `buf` only during this op's phases,
+    // which end (or abort) before it returns.
     unsafe fn reduce(&mut self, buf: usize, count: usize, dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         let bytes = count * dtype.size();
@@ -190,6 +197,8 @@ impl Collectives for Comm {
     }
 
     /// recv[j] = rank j's `send` (bytes each, equal on all ranks).
+    // SAFETY: sound on Collectives' contract alone: peers read `send` only during this op, and
+    // `recv` is written by this rank's copies alone.
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
@@ -203,6 +212,8 @@ impl Collectives for Comm {
     }
 
     /// recv[j] = what rank j sends to this rank (its send[rank]); sizes may differ per pair.
+    // SAFETY: sound on Collectives' contract alone: peers read the sends only during this op, and
+    // the receives are written by this rank's copies alone.
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
@@ -216,6 +227,8 @@ impl Collectives for Comm {
     }
 
     /// `buf` on every rank = `buf` on `root`.
+    // SAFETY: sound on Collectives' contract alone: the root's `buf` is read, and the others'
+    // written, only within this op's phases.
     unsafe fn broadcast(&mut self, buf: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -243,6 +256,8 @@ impl Collectives for Comm {
     }
 
     /// On `root`, recv[j] = rank j's `send`.
+    // SAFETY: sound on Collectives' contract alone: `send` is read by the root only during this op;
+    // the root's `recv` is written by its own copies.
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -262,6 +277,8 @@ impl Collectives for Comm {
     }
 
     /// recv = `root`'s send[rank].
+    // SAFETY: sound on Collectives' contract alone: the root's `send` is read only during this op;
+    // `recv` is written by this rank's copies.
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         self.guarded(|c| {
@@ -289,12 +306,16 @@ impl Collectives for Comm {
         })
     }
 
+    // SAFETY: sound on Collectives' contract alone: the bytes stay the caller's until the returned
+    // ticket completes, which is what post_to asks.
     unsafe fn send_post(&mut self, to: usize, addr: usize, len: usize, tag: u64) -> Result<Ticket> {
         // SAFETY: the trait's contract is `post_to`'s: the bytes stay readable and unwritten
         // until the ticket completes, and the boxed ticket is `post_to`'s own.
         unsafe { self.post_to(to, addr, len, tag) }.map(|t| Box::new(t) as Ticket)
     }
 
+    // SAFETY: sound on Collectives' contract alone: `addr` is written by recv_from within this
+    // call.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
         // SAFETY: the trait's contract is `recv_from`'s: the bytes are writable and ours for the call.
         unsafe { self.recv_from(from, addr, len, tag) }
