@@ -30,7 +30,9 @@ import os
 import socket
 import sys
 import threading
+import time
 import weakref
+from dataclasses import dataclass
 
 from ..errors import RankClaimedTwice
 
@@ -155,10 +157,15 @@ def _claimed_twice(store, rank: int, first: str, second: str):
     raise RankClaimedTwice(msg)
 
 
+def _note(store, key: str) -> str | None:
+    """The claim's line a late claimant left in the store, or None."""
+    return store.get(key).decode() if store.check([key]) else None
+
+
 def check_claims(store, rank: int, n: int) -> None:
-    key = _note_key()
-    if store.check([key]):
-        raise RankClaimedTwice(store.get(key).decode())
+    note = _note(store, _note_key())
+    if note is not None:
+        raise RankClaimedTwice(note)
     last = store.add(f"wirespeed/{claims_round()}/claims/{rank}", 0)
     if last > n:  # claimed again after this process did
         other = store.get(f"wirespeed/{claims_round()}/claimant/{rank}/{last}").decode()
@@ -166,24 +173,33 @@ def check_claims(store, rank: int, n: int) -> None:
             _claimed_twice(store, rank, me(), other)
 
 
+@dataclass(eq=False)
+class _Watched:
+    group: weakref.ref   # the native group
+    store: object        # its job's store
+    key: str             # the note's key
+    period: float        # seconds between two reads
+    due: float           # the next read (time.monotonic)
+    until: float         # the last
+
+
 class _Watch:
     """One thread for the process, reading each watched group's note in the store every few
-    seconds and breaking the group with it. A group leaves the watch when it is collected or
-    closed, or when its store cannot be read any more (its job is over)."""
+    seconds and breaking the group with it. A group leaves the watch when it is collected, closed
+    or dropped, when its time is up, or when its store cannot be read any more (its job is over)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._groups: list[list] = []   # [weakref to the group, store, key, period, due, until]
+        self._watched: list[_Watched] = []
         self._stop = threading.Event()
         self._thread = None
 
     def add(self, group, store, world: int, for_s: float) -> None:
-        import time
         period = max(WATCH_PERIOD_S, world / WATCH_REQUESTS_PER_S)
         now = time.monotonic()
         with self._lock:
-            self._groups.append([weakref.ref(group), store, _note_key(), period, now + period,
-                                 now + max(for_s, WATCH_LEAST_S)])
+            self._watched.append(_Watched(weakref.ref(group), store, _note_key(), period, now + period,
+                                          now + max(for_s, WATCH_LEAST_S)))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="wirespeed-claims-watch", daemon=True)
                 # Stop before the interpreter's shutdown joins threads and finalizes: the thread
@@ -197,36 +213,33 @@ class _Watch:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=1.0)
 
-    def _run(self) -> None:
-        import time
-        while not self._stop.wait(0.5):
-            now = time.monotonic()
-            with self._lock:
-                due = [e for e in self._groups if e[4] <= now]
-            for e in due:
-                if self._stop.is_set():
-                    return
-                ref, store, key, period, _, until = e
-                e[4] = now + period
-                group = ref()
-                try:
-                    if group is None or group.closed or now > until:
-                        raise LookupError
-                    if not store.check([key]):
-                        continue
-                    why = store.get(key).decode()
-                    group.abort(why)
-                except Exception:  # noqa: BLE001 (collected, closed, or the store is gone)
-                    pass
-                with self._lock:
-                    if e in self._groups:
-                        self._groups.remove(e)
-
-
     def drop(self, group) -> None:
         """Stop watching `group` now, and let go of its store (on rank 0, the store's server)."""
         with self._lock:
-            self._groups = [e for e in self._groups if e[0]() not in (group, None)]
+            self._watched = [w for w in self._watched if w.group() not in (group, None)]
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            with self._lock:
+                due = [w for w in self._watched if w.due <= now]
+            for w in due:
+                if self._stop.is_set():
+                    return
+                w.due = now + w.period
+                group = w.group()
+                try:
+                    if group is None or group.closed or now > w.until:
+                        raise LookupError
+                    note = _note(w.store, w.key)
+                    if note is None:
+                        continue
+                    group.abort(note)
+                except Exception:  # noqa: BLE001 (collected, closed, over, or the store is gone)
+                    pass
+                with self._lock:
+                    if w in self._watched:
+                        self._watched.remove(w)
 
 
 _WATCH = _Watch()
