@@ -12,6 +12,7 @@ command by the moment it takes to remove it (`scratch_dir`)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -54,7 +55,6 @@ def scratch_dir(prefix: str):
     """A temporary folder for the children's records, removed when the command ends, however it
     ends: by this context on a normal end, an exception or a SIGTERM/SIGINT (which end the
     command through one), and by the janitor when the command is killed outright."""
-    import os
     folder = tempfile.mkdtemp(prefix=prefix)
     janitor = subprocess.Popen([sys.executable, "-c", _JANITOR, folder, str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
