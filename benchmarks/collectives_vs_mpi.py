@@ -19,8 +19,12 @@ the same buffers' sizes:
   least any backend can take through `torch.distributed` (not a collective, so not checked;
   "n/a" where this torch lacks the fake backend).
 
-Timing, the same for every contender (nccl-tests' method): warm-up ops, a barrier, a loop of `iters`
-back-to-back ops, the elapsed time / iters on each rank, the maximum over ranks. `iters` is
+Timing, the same for every contender, two ways from the same processes (--timing, default both).
+Loop (nccl-tests' method): warm-up ops, a barrier, a loop of `iters` back-to-back ops, the elapsed
+time / iters on each rank, the maximum over ranks. Spaced (how users time a call inside their own
+loop, issue 40): each call preceded by a barrier (and with --dirty-mb by writing a buffer, as
+compute between a training step's buckets would), timed alone, the call's time the slowest rank's,
+the median of 20 calls (10 from 64 MiB). `iters` is
 calibrated once per case so a loop lasts ~--loop-ms, and is the same on every rank. The contenders are
 measured in turn (the order rotates each round) for --rounds rounds; a case's time is the median
 over rounds. The machine is shared: the load average is printed before and after each world, and
@@ -199,6 +203,26 @@ def timed_loop(case, iters, comm, warm):
     return comm.allreduce(el, op=max_op())
 
 
+def spaced_times(case, comm, iters, dirty):
+    """The way users time one call inside their own loop: each call preceded by a barrier (and, with
+    `dirty`, by writing that buffer first, as a training step's compute refills the caches between
+    its buckets), timed alone; a call's time is the slowest rank's. Returns the median over `iters`
+    calls (the timing of issue 40's tables: 20 calls, 10 from 64 MiB)."""
+    import numpy as np
+    case.call()                      # one untimed call: the first touch of this case's buffers
+    mine = np.zeros(iters)
+    for i in range(iters):
+        if dirty is not None:
+            dirty.fill(i)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        case.call()
+        mine[i] = time.perf_counter() - t0
+    slowest = np.zeros(iters)
+    comm.Allreduce(mine, slowest, op=max_op())
+    return float(np.median(slowest))
+
+
 def calibrate(case, comm, loop_s):
     """Iterations for a loop of about `loop_s`, the same on every rank: loops of 1, 2, 4... ops
     until one lasts 2 ms on the slowest rank, then the best per-op time of two such loops scales it
@@ -250,6 +274,8 @@ def worker(a):
     sizes = [SIZES[s] for s in a.sizes.split(",")]
     colls = a.colls.split(",")
     results = {}
+    import torch
+    dirty = torch.zeros(int(a.dirty_mb * (1 << 20)) // 4) if a.dirty_mb > 0 else None
     for coll in colls:
         for nbytes in sizes:
             cases = {impl: Case(impl, coll, nbytes, ctx) for impl in impls}
@@ -259,12 +285,21 @@ def worker(a):
                     c.check()
                 iters[impl] = calibrate(c, comm, a.loop_ms * 1e-3)
             times = {impl: [] for impl in impls}
+            spaced = {impl: [] for impl in impls}
+            calls = 20 if nbytes < (64 << 20) else 10
             for rnd in range(a.rounds):
                 order = impls[rnd % len(impls):] + impls[:rnd % len(impls)]
                 for impl in order:
-                    times[impl].append(timed_loop(cases[impl], iters[impl], comm, warm=max(1, iters[impl] // 20)))
-            results[f"{coll}|{nbytes}"] = {impl: {"median": statistics.median(t), "all": t, "iters": iters[impl]}
-                                           for impl, t in times.items()}
+                    if a.timing in ("loop", "both"):
+                        times[impl].append(timed_loop(cases[impl], iters[impl], comm, warm=max(1, iters[impl] // 20)))
+                    if a.timing in ("spaced", "both"):
+                        spaced[impl].append(spaced_times(cases[impl], comm, calls, dirty))
+            results[f"{coll}|{nbytes}"] = {
+                impl: {"median": statistics.median(times[impl]) if times[impl] else None, "all": times[impl],
+                       "iters": iters[impl],
+                       "spaced": statistics.median(spaced[impl]) if spaced[impl] else None,
+                       "spaced_all": spaced[impl]}
+                for impl in impls}
             del cases
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
@@ -292,7 +327,8 @@ def run_world(world, a):
     for v in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"):
         cmd += ["-x", v]
     cmd += [sys.executable, os.path.abspath(__file__), "--worker", "--sizes", a.sizes, "--colls", a.colls,
-            "--rounds", str(a.rounds), "--loop-ms", str(a.loop_ms)]
+            "--rounds", str(a.rounds), "--loop-ms", str(a.loop_ms), "--timing", a.timing,
+            "--dirty-mb", str(a.dirty_mb)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -419,6 +455,13 @@ def main():
     ap.add_argument("--nice", type=int, default=0,
                     help="run the ranks at this niceness (e.g. -10, as root): on a machine shared with other "
                          "jobs, ranks then lose fewer time slices to them, for every contender alike")
+    ap.add_argument("--timing", choices=("loop", "spaced", "both"), default="both",
+                    help="loop: back-to-back calls, nccl-tests' way; spaced: each call after a barrier, timed alone, "
+                         "the slowest rank's time, median of 20 (10 from 64M), as users time a call in their loop; "
+                         "both (default): both tables from the same processes")
+    ap.add_argument("--dirty-mb", type=float, default=0.0,
+                    help="spaced timing: write a buffer of this many MiB before each call (other work between "
+                         "calls, as a training step's compute between its buckets); default 0")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     try:
@@ -461,20 +504,31 @@ def main():
                               f"{bws[n][1] / 1e9:.2f} GB/s ({fmt_bytes(bws[n][2])} pieces{'' if bws[n][3] else ' to scratch'})"
                               for n in copy_sizes), flush=True)
         res = run_world(w, a)
-        print(hdr)
+        for key, title in (("median", "loop: back-to-back calls, time / calls, median of rounds"),
+                           ("spaced", "spaced: each call after a barrier"
+                            + (f" and {a.dirty_mb:g} MiB written" if a.dirty_mb > 0 else "")
+                            + ", the slowest rank's time, median of 20 calls (10 from 64M), median of rounds")):
+            if a.timing not in (key if key == "spaced" else "loop", "both"):
+                continue
+            print(f"# {title}")
+            print(hdr)
+            for coll in a.colls.split(","):
+                for label in a.sizes.split(","):
+                    nbytes = SIZES[label]
+                    r = res[f"{coll}|{nbytes}"]
+                    nat, tor, mpi, glo = (r[i][key] for i in IMPLS)
+                    floor = r[FLOOR][key] if FLOOR in r else None
+                    f = busbw_factor(coll, w)
+                    print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} {fmt(glo):>10} "
+                          f"{fmt(floor) if floor else 'n/a':>11} | "
+                          f"{nbytes / nat * f / 1e9:9.2f} {nbytes / mpi * f / 1e9:7.2f} | {mpi / nat:10.2f} "
+                          f"{mpi / tor:9.2f} {mpi / glo:8.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}",
+                          flush=True)
         for coll in a.colls.split(","):
             for label in a.sizes.split(","):
-                nbytes = SIZES[label]
-                r = res[f"{coll}|{nbytes}"]
-                nat, tor, mpi, glo = (r[i]["median"] for i in IMPLS)
-                floor = r[FLOOR]["median"] if FLOOR in r else None
-                f = busbw_factor(coll, w)
-                print(f"{coll:<14} {w:>5} {label:>5} | {fmt(nat):>10} {fmt(tor):>10} {fmt(mpi):>10} {fmt(glo):>10} "
-                      f"{fmt(floor) if floor else 'n/a':>11} | "
-                      f"{nbytes / nat * f / 1e9:9.2f} {nbytes / mpi * f / 1e9:7.2f} | {mpi / nat:10.2f} "
-                      f"{mpi / tor:9.2f} {mpi / glo:8.2f} {f'{mpi / floor:9.2f}' if floor else 'n/a':>9}", flush=True)
-                rows.append(dict(collective=coll, ranks=w, bytes=nbytes, **{i: r[i] for i in r}))
-        if bws:
+                r = res[f"{coll}|{SIZES[label]}"]
+                rows.append(dict(collective=coll, ranks=w, bytes=SIZES[label], **{i: r[i] for i in r}))
+        if bws and a.timing != "spaced":
             print(f"# all_reduce against the copy bound: busbw <= min(ranks, cores) x C / ranks, C = the faster "
                   f"process_vm_readv GB/s of the size S and of the piece S/ranks ({cores} cores; reduction, latency "
                   f"and copies slowing each other ignored); share = busbw / bound")
