@@ -29,6 +29,7 @@ profiler's `c10d::*` spans and the flight recorder's hook. So:
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 import time
@@ -271,41 +272,51 @@ def _span(backend, name: str, seq: int, args: tuple, ins: int | None, outs: int 
     return span
 
 
-def _observed(f, name: str, p2p: bool, ins: int | None, outs: int | None):
-    label = "wirespeed:" + name
+def _profiled(f, self, name: str, seq: int, args: tuple, ins: int | None, outs: int | None):
+    """The call `f(self, *args)` as a profiler span (see the module doc)."""
+    led = self._ledger
+    span = _span(self, "wirespeed:" + name, seq if seq else led.p2p, args, ins, outs)
+    try:
+        work = f(self, *args)
+    except _native.WirespeedError as e:
+        span.__exit__(None, None, None)
+        raise led.explain(e, name, seq) from None
+    except BaseException:
+        span.__exit__(None, None, None)
+        raise
+    if work is None:
+        span.__exit__(None, None, None)
+    else:
+        work._op = (led, name, seq, span)     # the wait closes it
+    return work
 
-    @functools.wraps(f)
-    def call(self, *args, **kwargs):
-        led = self._ledger
-        if p2p:             # numbered apart, as torch numbers them; a failure reports no number
-            led.p2p += 1
-            seq = 0
-        else:
-            led.seq += 1
-            seq = led.seq
-        if not _ap._is_profiler_enabled:
-            try:
-                work = f(self, *args, **kwargs)
-            except _native.WirespeedError as e:
-                raise led.explain(e, name, seq) from None
-            if work is not None:
-                work._op = (led, name, seq, None)
-            return work
-        span = _span(self, label, led.p2p if p2p else seq, args, ins, outs)
+
+# One wrapper per method, written out with the method's own parameters: forwarding `*args` costs
+# ~0.3 us a call here (a tuple packed, an unspecialized call), fixed parameters ~0.07 us. Point-to-
+# point ops are numbered apart, as torch numbers them, and a failure of one reports no number.
+_WRAPPER = """
+def observed_{method}(self, {params}):
+    led = self._ledger
+    {count}
+    if not _ap._is_profiler_enabled:
         try:
-            work = f(self, *args, **kwargs)
-        except _native.WirespeedError as e:
-            span.__exit__(None, None, None)
+            work = raw(self, {params})
+        except WirespeedError as e:
             raise led.explain(e, name, seq) from None
-        except BaseException:
-            span.__exit__(None, None, None)
-            raise
-        if work is None:
-            span.__exit__(None, None, None)
-        else:
-            work._op = (led, name, seq, span)     # the wait closes it
+        if work is not None:
+            work._op = (led, name, seq, None)
         return work
-    return call
+    return profiled(raw, self, name, seq, ({params},), ins, outs)
+"""
+
+
+def _observed(raw, method: str, name: str, p2p: bool, ins: int | None, outs: int | None):
+    params = list(inspect.signature(raw).parameters)[1:]
+    count = "led.p2p += 1; seq = 0" if p2p else "led.seq = seq = led.seq + 1"
+    scope = {"_ap": _ap, "WirespeedError": _native.WirespeedError, "raw": raw, "name": name,
+             "profiled": _profiled, "ins": ins, "outs": outs}
+    exec(_WRAPPER.format(method=method, params=", ".join(params), count=count), scope)  # noqa: S102
+    return functools.wraps(raw)(scope["observed_" + method])
 
 
 def instrument(cls, table: dict) -> None:
@@ -315,7 +326,7 @@ def instrument(cls, table: dict) -> None:
     for method, (name, p2p, ins, outs) in table.items():
         raw = getattr(cls, method)
         setattr(cls, "_raw_" + method, raw)
-        setattr(cls, method, _observed(raw, name, p2p, ins, outs))
+        setattr(cls, method, _observed(raw, method, name, p2p, ins, outs))
 
 
 def finished(work, err: BaseException | None) -> BaseException | None:
