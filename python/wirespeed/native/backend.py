@@ -86,6 +86,7 @@ class WirespeedBackend(_C10dBackend):
     def shutdown(self):
         from .admission import unwatch
         unwatch(self.native)
+        self._ledger.closed = True
         self._announcer.close()
         self.native.close()
 

@@ -37,13 +37,13 @@ import weakref
 
 import torch
 import torch.autograd.profiler as _ap
+import torch.distributed as dist
 
 from .. import _native
 
 _Span = torch._C._profiler._RecordFunctionFast
 _FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-_DUMP_DEFAULT = "/tmp/nccl_trace_rank_"      # torch's DebugInfoWriter default prefix
 _FR_BACKEND = "wirespeed"                     # the recorder instance torch's hook files our ops under
 _STUCK_KEY = "wirespeed/obs/failed/"          # + rank: "<seq> <collective>" of a failed collective
 _DUMP_KEY = "wirespeed/obs/dump"              # set by the first rank that dumps: every rank dumps
@@ -55,11 +55,6 @@ _GRACE_S = 2.0                                # how long a failing rank waits fo
 # about the collective's progress, and a broken group's error carries the first failure's report).
 _EXPLAINED = (_native.CollectiveTimeout, _native.PeerAbortedError, _native.PeerDiedError, _native.MismatchError)
 _ASK_PEERS = (_native.CollectiveTimeout, _native.PeerAbortedError)
-
-
-def profiling() -> bool:
-    """torch's profiler is recording (its Python classes set this flag; one attribute read)."""
-    return _ap._is_profiler_enabled
 
 
 def fr_requested() -> bool:
@@ -86,7 +81,7 @@ def dump_prefix() -> str | None:
 
 
 def _global_rank(fallback: int) -> int:
-    import torch.distributed as dist
+    """This process's rank in the job (what names torch's dump file), or the group's."""
     try:
         return dist.get_rank() if dist.is_initialized() else fallback
     except RuntimeError:
@@ -96,7 +91,8 @@ def _global_rank(fallback: int) -> int:
 class Ledger:
     """One group's count of collectives and point-to-point ops, and its failure report."""
 
-    __slots__ = ("seq", "p2p", "rank", "size", "store", "group", "recorded", "_reported", "__weakref__")
+    __slots__ = ("seq", "p2p", "rank", "size", "store", "group", "recorded", "closed", "_reported",
+                 "__weakref__")
 
     def __init__(self, store, rank: int, size: int):
         self.seq = 0          # collectives entered in this group (torch's collective_seq_id)
@@ -104,6 +100,7 @@ class Ledger:
         self.rank, self.size, self.store = rank, size, store
         self.group = None     # a weak reference to the ProcessGroup, set by it (process_group.py)
         self.recorded = fr_requested()
+        self.closed = False   # the backend shut down: its store is not read any more
         self._reported: str | None = None
         if self.recorded and dump_prefix() is not None:
             _WATCH.add(self)
@@ -116,6 +113,15 @@ class Ledger:
             return pg.group_name if pg is not None else ""
         except RuntimeError:
             return ""
+
+    def _group_label(self) -> str:
+        """" of group '0' (default_pg)": torch's name and description, as fr_trace prints them."""
+        pg = self.group() if self.group is not None else None
+        try:
+            name, desc = pg.group_name, pg.group_desc
+        except (AttributeError, RuntimeError):
+            return ""
+        return f" of group {name!r}" + (f" ({desc})" if desc else "")
 
     # ---- a failure, explained ----
     def explain(self, err: Exception, name: str, seq: int) -> Exception:
@@ -132,8 +138,7 @@ class Ledger:
         except Exception as e:  # noqa: BLE001 - the store may be gone with the peer that held it
             where = f"; peers' progress unknown ({type(e).__name__}: {e})"
         label = f"{name} #{seq}" if seq > 0 else name
-        group = f" of group {self.group_name!r}" if self.group_name else ""
-        msg = f"{err} [in {label}{group}{where}; {self._dump()}]"
+        msg = f"{err} [in {label}{self._group_label()}{where}; {self._dump()}]"
         new = type(err)(msg)
         new.__cause__ = err
         return new
@@ -231,12 +236,12 @@ class _DumpWatch:
             for ref in ledgers:
                 led = ref()
                 try:
-                    if led is None:
+                    if led is None or led.closed:
                         raise LookupError
                     if not led.store.check([_DUMP_KEY]):
                         continue
                     if led._reported is None:
-                        led._reported = led.dump(_global_rank(led.rank), dump_prefix() or _DUMP_DEFAULT)
+                        led._reported = led.dump(_global_rank(led.rank), dump_prefix() or "")
                 except Exception:  # noqa: BLE001 (collected, or its store is gone: the job is over)
                     pass
                 with self._lock:

@@ -27,7 +27,6 @@ method (a second Python call, a bound-method lookup, the arguments repacked, asy
 from __future__ import annotations
 
 import os
-
 import weakref
 
 import torch
