@@ -54,7 +54,12 @@ _GRACE_S = 2.0                                # how long a failing rank waits fo
 # The failures a report is added to: the group's own (a usage error or a refused stranger is not
 # about the collective's progress, and a broken group's error carries the first failure's report).
 _EXPLAINED = (_native.CollectiveTimeout, _native.PeerAbortedError, _native.PeerDiedError, _native.MismatchError)
-_ASK_PEERS = (_native.CollectiveTimeout, _native.PeerAbortedError)
+
+
+def _waited_in_vain(err: Exception) -> bool:
+    """This rank's own timeout, or a peer's that aborted the group (its reason travels as text)."""
+    return isinstance(err, _native.CollectiveTimeout) or (
+        isinstance(err, _native.PeerAbortedError) and "timed out" in str(err))
 
 
 def fr_requested() -> bool:
@@ -134,7 +139,7 @@ class Ledger:
         try:
             # Who had not reached it: asked of the peers when this rank waited in vain (its own
             # timeout, or a peer's that aborted the group); a dead peer is named by the error itself.
-            where = self._who(name, seq) if seq > 0 and isinstance(err, _ASK_PEERS) else ""
+            where = self._who(name, seq) if seq > 0 and _waited_in_vain(err) else ""
         except Exception as e:  # noqa: BLE001 - the store may be gone with the peer that held it
             where = f"; peers' progress unknown ({type(e).__name__}: {e})"
         label = f"{name} #{seq}" if seq > 0 else name

@@ -1,5 +1,5 @@
-"""Worker (3 ranks on wirespeed, 3 s timeout): rank 1 skips the third all_reduce, as a rank with a
-bug would. Ranks 0 and 2 report the error their third all_reduce ends in; rank 1 waits (alive, not
+"""Worker (3 ranks on wirespeed, 3 s timeout; argv "async": the third all_reduce async, then
+waited on): rank 1 skips the third all_reduce, as a rank with a bug would. Ranks 0 and 2 report the error their third all_reduce ends in; rank 1 waits (alive, not
 in a collective) until they have, and until its flight-recorder dump appears when one is asked
 for (TORCH_FR_DUMP_TEMP_FILE), written by the watch that a peer's failure wakes; rank 0, which
 holds the store, leaves last."""
@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from native.ranks import report  # noqa: E402
 import wirespeed.native  # noqa: E402,F401
 
+ASYNC = sys.argv[1:] == ["async"]     # the third all_reduce issued async and waited on
 dist.init_process_group("wirespeed", timeout=datetime.timedelta(seconds=3))
 rank, world = dist.get_rank(), dist.get_world_size()
 store = dist.distributed_c10d._get_default_store()
@@ -24,7 +25,10 @@ for step in range(3):
     if step == 2 and rank == 1:
         break
     try:
-        dist.all_reduce(t)
+        if step == 2 and ASYNC:
+            dist.all_reduce(t, async_op=True).wait()
+        else:
+            dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001 - what the user sees is the result
         out["error"] = [type(e).__name__, str(e)]
         break
