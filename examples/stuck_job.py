@@ -1,5 +1,5 @@
-"""A deliberately stuck job, for docs/debugging.md: three training-like steps, each one profiled
-all_reduce; rank 1 skips the last one, as a rank with a bug would, and waits. The others time out
+"""A deliberately stuck job, for docs/debugging.md: three all_reduces, the first under
+torch.profiler; rank 1 skips the last one, as a rank with a bug would, and waits. The others time out
 (5 s) and report which collective, its number, and who had not reached it.
 
     TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/tmp/fr/rank_ \\
