@@ -22,6 +22,7 @@ import torch
 from . import monitored
 from .anysource import Announcer, AnySourceWork
 from .errors import UnsupportedError
+from .observe import Ledger, instrument
 from .rendezvous import rendezvous
 from .tensors import REDUCE_DTYPES, SUM, Staging, buf, check, nbytes, reduction
 from .work import FutureCompleter, Work
@@ -63,6 +64,7 @@ class WirespeedBackend(_C10dBackend):
         self.received: dict[int, int] = {}     # messages received per peer (any-source bookkeeping)
         self.anysource_used = False
         self._monitored_seq = 0
+        self._ledger = Ledger(store, rank, size)   # profiler spans, op numbers, failure reports
 
     # ---- identity and capabilities (torch reads these through the C++ Backend) ----
     def getBackendName(self):
@@ -84,6 +86,7 @@ class WirespeedBackend(_C10dBackend):
     def shutdown(self):
         from .admission import unwatch
         unwatch(self.native)
+        self._ledger.closed = True
         self._announcer.close()
         self.native.close()
 
@@ -227,7 +230,7 @@ class WirespeedBackend(_C10dBackend):
         return self._reduce_scatter_pieces(output, pieces, opts, "reduce_scatter", st)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        return self._many(opts, lambda o, i: self.reduce_scatter_single(o, i, opts), list(zip(outputs, inputs)),
+        return self._many(opts, lambda o, i: self._raw_reduce_scatter_single(o, i, opts), list(zip(outputs, inputs)),
                           outputs)
 
     # ---- data movement (any dtype: bytes) ----
@@ -292,7 +295,8 @@ class WirespeedBackend(_C10dBackend):
                          [output], st)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
-        return self._many(opts, lambda o, i: self.all_gather_single(o, i, opts), list(zip(outputs, inputs)), outputs)
+        return self._many(opts, lambda o, i: self._raw_all_gather_single(o, i, opts), list(zip(outputs, inputs)),
+                          outputs)
 
     def _root_list(self, lists, like, root, what: str, kind: str):
         """The root's list of one tensor per rank, each like `like` (gather's outputs, scatter's
@@ -326,13 +330,13 @@ class WirespeedBackend(_C10dBackend):
         if self._rank == self._peer(opts.rootRank, "the gather root"):
             self._world_times(output, "gather output", input, "input")
             st = Staging()
-            work = self.gather([[p.view(input.shape) for p in self._per_rank(st.write(output), input.numel())]],
-                               [input], opts)
+            work = self._raw_gather([[p.view(input.shape) for p in self._per_rank(st.write(output), input.numel())]],
+                                    [input], opts)
             if work is None:
                 st.finish()
                 return None
             return work.then(st.finish)
-        return self.gather([], [input], opts)
+        return self._raw_gather([], [input], opts)
 
     def scatter(self, outputs, input_lists, opts):
         t, root, ins = self._rooted(outputs, input_lists, opts, "scatter", "output", "input")
@@ -452,3 +456,30 @@ class WirespeedBackend(_C10dBackend):
         timeout = timeout or self.timeout
         me = ranks.index(self._rank)
         return WirespeedBackend(rendezvous(store, me, len(ranks), timeout), store, me, len(ranks), timeout)
+
+
+# Each public op as torch's tools see it (observe.py): method -> (the collective's name in spans and
+# reports, point-to-point?, the argument holding its inputs, the one holding its outputs). A
+# coalesced call is one op; its parts call the `_raw_` methods so that they are not counted again.
+instrument(WirespeedBackend, {
+    "allreduce": ("all_reduce", False, 0, None),
+    "allreduce_coalesced": ("all_reduce_coalesced", False, 0, None),
+    "reduce": ("reduce", False, 0, None),
+    "reduce_scatter": ("reduce_scatter", False, 1, 0),
+    "reduce_scatter_single": ("reduce_scatter", False, 1, 0),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_coalesced", False, 1, 0),
+    "broadcast": ("broadcast", False, 0, None),
+    "allgather": ("all_gather", False, 1, 0),
+    "allgather_coalesced": ("all_gather_coalesced", False, 1, 0),
+    "all_gather_single": ("all_gather", False, 1, 0),
+    "all_gather_single_coalesced": ("all_gather_coalesced", False, 1, 0),
+    "gather": ("gather", False, 1, 0),
+    "gather_single": ("gather", False, 1, 0),
+    "scatter": ("scatter", False, 1, 0),
+    "alltoall": ("all_to_all", False, 1, 0),
+    "all_to_all_single": ("all_to_all", False, 1, 0),
+    "barrier": ("barrier", False, None, None),
+    "send": ("send", True, 0, None),
+    "recv": ("recv", True, None, 0),
+    "recv_anysource": ("recv", True, None, 0),
+})

@@ -27,11 +27,15 @@ method (a second Python call, a bound-method lookup, the arguments repacked, asy
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
+import torch.autograd.profiler as _ap
 import torch.distributed as dist
 
+from .. import _native
 from .backend import WirespeedBackend
+from .observe import fr_requested
 from .tensors import REDUCE_DTYPES, SUM
 
 _CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
@@ -71,7 +75,11 @@ class WirespeedProcessGroup(dist.ProcessGroup):
         self._children: list[WirespeedProcessGroup] = []
         self._set_default_backend(_CUSTOM)
         self._register_backend(_CPU, _CUSTOM, backend)
-        self._direct = os.environ.get("TORCH_DIST_NAN_CHECK", "0") != "1"
+        # torch's path also when the user asked for torch's flight recorder (observe.py), so its hook
+        # records every op.
+        self._direct = os.environ.get("TORCH_DIST_NAN_CHECK", "0") != "1" and not fr_requested()
+        self._ledger = backend._ledger
+        self._ledger.group = weakref.ref(self)
         # The native blocking all_reduce, for `allreduce`'s latency case; None: no such case.
         self._sum_now = backend.native.all_reduce if self._direct else None
 
@@ -83,7 +91,8 @@ class WirespeedProcessGroup(dist.ProcessGroup):
         # fast path (WirespeedBackend.allreduce), cheapest first, asyncOp and reduceOp read once
         # (reduceOp, a new pybind object per read, costs ~0.3 us of the path). Anything else takes
         # the generic route, which passes async ops, other ops and layouts to the backend whole.
-        if len(args) == 2 and not kwargs and self._sum_now is not None:
+        # While torch's profiler records, the backend's method runs it, as a span (observe.py).
+        if len(args) == 2 and not kwargs and self._sum_now is not None and not _ap._is_profiler_enabled:
             tensors, opts = args
             if (type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1
                     and not opts.asyncOp):
@@ -91,7 +100,12 @@ class WirespeedProcessGroup(dist.ProcessGroup):
                 code = REDUCE_DTYPES.get(t.dtype)
                 if (code is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
                         and opts.reduceOp == SUM):
-                    self._sum_now(t.data_ptr(), t.numel(), code, 0, t, True)
+                    led = self._ledger
+                    led.seq += 1
+                    try:
+                        self._sum_now(t.data_ptr(), t.numel(), code, 0, t, True)
+                    except _native.WirespeedError as e:
+                        raise led.explain(e, "all_reduce", led.seq) from None
                     return None
         return self._allreduce(*args, **kwargs)
 

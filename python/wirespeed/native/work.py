@@ -20,9 +20,14 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .. import _native
+from .observe import finished
 
 
 class Work(dist._Work):
+    # (ledger, collective, seq, open profiler span) when the backend's instrumented method made
+    # this Work (observe.py): its wait closes the span and explains a failure.
+    _op = None
+
     def __init__(self, group, ids: list[int], result, finish: Callable[[], None] | None = None,
                  futures: "FutureCompleter | None" = None, source: int = -1):
         super().__init__()
@@ -65,13 +70,20 @@ class Work(dist._Work):
     def wait(self, timeout=None):
         if self._done:
             return True
-        self._complete()
+        try:
+            self._complete()
+        except _native.WirespeedError as e:
+            if self._op is None:
+                raise
+            raise finished(self, e) from None
         with self._lock:          # the futures thread and the caller may both wait
             if not self._done:
                 if self._finish is not None:
                     self._finish()
                     self._finish = None
                 self._done = True
+        if self._op is not None:
+            finished(self, None)
         return True
 
     @property
