@@ -4,15 +4,19 @@ One registration, as torch registers its own backends: a named backend for the c
 creator takes torch's extended options (store, rank, size, timeout, group name). The creator
 returns the group's ProcessGroup (process_group.py) with the wirespeed Backend registered in it.
 
-The rendezvous through the store torch hands the creator is rendezvous.py's.
+The rendezvous through the store torch hands the creator is rendezvous.py's. Every method torch
+calls into (group, backend, works) is kept out of torch.compile's frame compiler (dynamo.py).
 """
 from __future__ import annotations
 
 import torch.distributed as dist
 
+from .anysource import AnySourceWork
 from .backend import WirespeedBackend
+from .dynamo import hide_from_dynamo
 from .process_group import WirespeedProcessGroup
 from .rendezvous import rendezvous
+from .work import Work
 
 BACKEND_NAME = "wirespeed"
 
@@ -31,4 +35,5 @@ def register() -> None:
     """Make "wirespeed" a torch.distributed backend for CPU tensors (idempotent)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
+    hide_from_dynamo(WirespeedProcessGroup, WirespeedBackend, Work, AnySourceWork)
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
