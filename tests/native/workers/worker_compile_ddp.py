@@ -1,7 +1,9 @@
 """Worker: torch.compile(DDP(model)) trained on a wirespeed group and on a gloo group of the same
 ranks (same seed, same per-rank data), plain and with no_sync() gradient accumulation; reports
 each run's parameters after training, or the run's traceback. Between runs dynamo is reset, so
-each wirespeed run compiles afresh (and after a reset)."""
+each wirespeed run compiles afresh (and after a reset). Then a compiled function whose
+collectives dynamo does not turn into graph ops (broadcast, barrier, reduce, send/recv: it breaks
+the graph there and torch calls the group from the gap), on each backend."""
 import datetime
 import os
 import sys
@@ -49,7 +51,36 @@ def train(backend: str, no_sync: bool) -> dict:
     return {"params": torch.cat([p.detach().reshape(-1) for p in m.parameters()]).tolist()}
 
 
+def graph_breaks(backend: str) -> dict:
+    torch._dynamo.reset()
+    g = groups[backend]
+
+    def f(x):
+        y = x * 2
+        dist.broadcast(y, 0, group=g)
+        dist.all_reduce(y, group=g)
+        z = torch.empty(world * y.numel())
+        dist.all_gather_into_tensor(z, y, group=g)
+        dist.barrier(group=g)
+        w = y + rank
+        dist.reduce(w, 0, group=g)
+        if rank == 0:
+            dist.send(w, 1, group=g)
+        elif rank == 1:
+            dist.recv(w, 0, group=g)
+        return z, w
+    z, w = torch.compile(f, backend="aot_eager")(torch.arange(4.0) + rank)
+    # w: the reduce's result where it is defined (root, and rank 1 which received it)
+    return {"z": z.tolist(), "w": w.tolist() if rank <= 1 else None}
+
+
 out = {"rank": rank}
+for backend in ("gloo", "wirespeed"):
+    try:
+        out[f"{backend}_graph_breaks"] = graph_breaks(backend)
+    except Exception:  # noqa: BLE001 - the test shows the traceback
+        out[f"{backend}_graph_breaks"] = {"crash": traceback.format_exc()[-3000:]}
+    dist.barrier(group=groups["gloo"])
 for no_sync in (False, True):
     for backend in ("gloo", "wirespeed"):
         name = f"{backend}{'_no_sync' if no_sync else ''}"
