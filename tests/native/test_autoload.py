@@ -33,13 +33,15 @@ def test_installed_metadata_names_the_hook():
 
 @pytest.mark.slow
 def test_import_torch_names_the_backend_and_loads_nothing_else():
-    """The hook runs in every process that imports torch: it registers a name and imports no
-    engine (wirespeed.native, the Rust module); with autoloading off it does not run at all."""
+    """The hook runs in every process that imports torch: it registers a name, imports no engine
+    (wirespeed.native, the Rust module) and leaves gloo the cpu default of a process group
+    created without a backend; with autoloading off it does not run at all."""
     probe = ("import sys, torch, torch.distributed as dist; "
-             "print(sorted(m for m in sys.modules if m.startswith('wirespeed')), 'WIRESPEED' in dist.Backend._plugins)")
+             "print(sorted(m for m in sys.modules if m.startswith('wirespeed')), 'WIRESPEED' in dist.Backend._plugins, "
+             "dist.Backend.default_device_backend_map['cpu'])")
     on = _python(probe, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
     assert on.returncode == 0, on.stderr
-    assert on.stdout.split("\n")[0] == "['wirespeed', 'wirespeed.autoload'] True", on.stdout
+    assert on.stdout.split("\n")[0] == "['wirespeed', 'wirespeed.autoload'] True gloo", on.stdout
     off = _python(probe, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert off.returncode == 0 and off.stdout.startswith("[] False"), (off.stdout, off.stderr)
 
