@@ -27,6 +27,7 @@ BENCH_NOT_FORWARDED = {
     "format", "csv", "plot", "save_dir",   # the parent renders and saves; the child writes --json
     "master_port",     # each child's spawn picks a free port
     "fast_net",        # NCCL's plugin is not something compare or tune switch
+    "trace",           # a trace is one bench run's; compare and tune run many, and trace none
     "no_per_op",       # compare keeps bench's default; tune's BenchRun.extra adds it (TUNE_RUN)
 }
 

@@ -8,10 +8,10 @@ import hashlib
 
 from ..errors import RanksDisagree
 
-# What decides which collectives run, in which order and with which buffers. Outputs, progress
-# and the timeout may differ between ranks without harm.
+# What decides which collectives run, in which order and with which buffers (and, tracing, what
+# each case's gather holds). Outputs, progress and the timeout may differ between ranks without harm.
 AGREED = ("collectives", "dtypes", "ops", "sizes", "warmup_iters", "iters", "backend", "device",
-          "root", "check", "plan")
+          "root", "check", "plan", "tracing")
 
 
 def fingerprint(cfg) -> list[float]:

@@ -29,4 +29,9 @@ class BenchConfig:
     progress: bool = True
     host_per_rank: bool = False   # each rank its own host id (NCCL_HOSTID, WIRESPEED_HOSTID)
     plan: str | None = None       # an MSCCL++ execution plan to time instead of the collectives
+    trace_path: str | None = None  # bench --trace: every timed call as a span (bench/tracing.py)
+
+    @property
+    def tracing(self) -> bool:
+        return self.trace_path is not None
 

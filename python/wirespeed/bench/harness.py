@@ -187,11 +187,14 @@ def _start_timed(backend: Backend, coll: Collective, case: Case, bufs) -> None:
 
 
 def timed_loops(backend: Backend, call: Callable[[], object], iters: int, watchdog: Watchdog,
-                label: str, sent_bytes: Callable[[], int] | None = None) -> tuple[list[float], float]:
+                label: str, sent_bytes: Callable[[], int] | None = None,
+                stamps: list | None = None) -> tuple[list[float], float]:
     """The loops of one case, every rank at the start line already: this rank's elapsed seconds
     per loop, and what its host sent during them (-1 where unknown). The first loop's time sets
     how many follow (loops_for); between two loops the ranks meet at an untimed barrier, so a
-    loop's clock never runs while a peer is still finishing the previous loop."""
+    loop's clock never runs while a peer is still finishing the previous loop. `stamps` (bench
+    --trace): a list that gets, per loop, its start, each call's entry and return and its end
+    (clock readings, s: tracing.py); None: the loop reads no clock around a call."""
     clock = time.perf_counter
     progress = watchdog.progress
     elapsed: list[float] = []
@@ -213,11 +216,21 @@ def timed_loops(backend: Backend, call: Callable[[], object], iters: int, watchd
         s0 = sent_bytes() if sent_bytes else 0
         t0 = clock()
         backend.start_line()
-        for _ in range(iters):
-            call()
-            progress()  # each call must end within the timeout; the loop may take longer
+        if stamps is None:
+            for _ in range(iters):
+                call()
+                progress()  # each call must end within the timeout; the loop may take longer
+        else:
+            stamps.append(t0)
+            for _ in range(iters):
+                stamps.append(clock())
+                call()
+                stamps.append(clock())
+                progress()
         backend.synchronize()
         elapsed.append(clock() - t0)
+        if stamps is not None:
+            stamps.append(t0 + elapsed[-1])
         if sent_bytes:
             sent += sent_bytes() - s0
         if len(elapsed) == 1:
@@ -226,12 +239,14 @@ def timed_loops(backend: Backend, call: Callable[[], object], iters: int, watchd
 
 
 def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
-            watchdog: Watchdog, sent_bytes: Callable[[], int] | None = None, bufs=None) -> dict:
+            watchdog: Watchdog, sent_bytes: Callable[[], int] | None = None, bufs=None,
+            trace=None) -> dict:
     """Time one case on this rank (the loops, then single calls) and check it; returns the
     aggregate over all ranks. `sent_bytes`, where the rank's host link is known (the emulated
     cluster), reads what the host has sent over it: the loops' share of it per second becomes
     `link_sent_gbps`, what really crossed beside what busbw assumes. `bufs`: the case's buffers
-    where the caller has them (alloc's otherwise)."""
+    where the caller has them (alloc's otherwise). `trace` (bench --trace, tracing.Trace): the
+    case's calls become spans, their readings gathered with the results."""
     label = f"{case.collective} {case.nbytes} B {case.dtype.name}{' ' + case.op if case.op else ''}"
     clock = time.perf_counter
     watchdog.step(f"allocating {label}")
@@ -244,7 +259,8 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
         call()
         watchdog.progress()
     _start_timed(backend, coll, case, bufs)
-    elapsed, sent = timed_loops(backend, call, cfg.iters, watchdog, label, sent_bytes)
+    stamps = [] if trace is not None else None
+    elapsed, sent = timed_loops(backend, call, cfg.iters, watchdog, label, sent_bytes, stamps)
     wrong_loop = wrong_ops = 0
     if cfg.check:
         watchdog.step(f"checking {label} (after the loops)")
@@ -258,13 +274,20 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
             call()
             backend.synchronize()
             times.append(clock() - t0)
+            if stamps is not None:
+                stamps += [t0, t0 + times[-1]]
         if cfg.check:
             watchdog.step(f"checking {label} (after the single calls)")
             wrong_ops = check_last(backend, coll, case, bufs, call)
     watchdog.step(f"gathering results of {label}")
     n = len(elapsed)
-    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), sent] + elapsed + times)
+    rows = backend.allgather_floats([float(wrong_loop), float(wrong_ops), sent] + elapsed + times
+                                    + (stamps or []))
     del bufs, call
+    if trace is not None:
+        trace.add_case([r[3 + n + len(times):] for r in rows], n, cfg.iters, len(times),
+                       collective=case.collective, bytes=case.nbytes, dtype=case.dtype.name, op=case.op,
+                       inplace=case.inplace)
     out = summarize_loop([r[3:3 + n] for r in rows], cfg.iters)
     if sent >= 0:
         # The barriers inside the timed regions and the header bytes count too: a figure of what
@@ -272,7 +295,7 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
         loops_s = sum(max(r[3 + k] for r in rows) for k in range(n))
         out["link_sent_gbps"] = max(r[2] for r in rows) / loops_s / 1e9
     if times:
-        out.update(summarize_ops([r[3 + n:] for r in rows]))
+        out.update(summarize_ops([r[3 + n:3 + n + len(times)] for r in rows]))
     # The worse of the two checked results, each summed over ranks (not their sum: one broken
     # element found twice is one wrong element).
     out["wrong"] = int(max(sum(r[0] for r in rows), sum(r[1] for r in rows)))
@@ -282,9 +305,10 @@ def measure(backend: Backend, case: Case, coll: Collective, cfg: BenchConfig,
 
 def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
              on_result: Callable[[dict], None], on_step: Callable[[], None] = lambda: None,
-             sent_bytes: Callable[[], int] | None = None) -> int:
+             sent_bytes: Callable[[], int] | None = None, trace=None) -> int:
     """Run every case on this rank; on_result gets each measurement (same on every rank).
-    Returns the total of wrong elements over all cases and ranks. `sent_bytes`: see measure."""
+    Returns the total of wrong elements over all cases and ranks. `sent_bytes`, `trace`: see
+    measure."""
     check_something_runs(cfg, backend, info.world_size, device)  # under an outer launcher too
     watchdog = Watchdog(cfg.timeout_s, info.rank)
     total_wrong = 0
@@ -300,7 +324,7 @@ def run_rank(cfg: BenchConfig, info: RankInfo, backend: Backend, device: str,
                 if reason:
                     continue
                 case = make_case(s, nbytes, inplace, info, device)
-                m = measure(backend, case, s.collective, cfg, watchdog, sent_bytes)
+                m = measure(backend, case, s.collective, cfg, watchdog, sent_bytes, trace=trace)
                 factor = s.collective.busbw_factor(info.world_size)
                 algbw = case.nbytes / (m["time_us"] * 1e-6) / 1e9 if m["time_us"] > 0 else 0.0
                 m.update(collective=s.collective.name, dtype=s.dtype.name, op=s.op, root=s.root,

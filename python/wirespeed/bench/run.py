@@ -68,13 +68,17 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
         shared = _gpu_sharing(backend, device, cfg) if cfg.device == "cuda" else []
         if lead:
             _print_header(cfg, info, env, shared)
+        trace = None
+        if cfg.tracing:
+            from .tracing import Trace
+            trace = Trace(backend, info.rank, info.world_size, cfg.trace_path)
 
         def keep(m):
             if lead:
                 records.append(record("bench", {"run_id": run_id, "backend": cfg.backend,
                                 "device": cfg.device, "world_size": info.world_size, **m, **link, "env": env}))
         total_wrong = run_rank(cfg, info, backend, device, keep, progress.advance,
-                               host_link_sent_bytes())
+                               host_link_sent_bytes(), trace)
     except Exception as e:   # wirespeed's own errors pass as they are; a library's (the transport's too) names its rank
         progress.close()
         raise rank_error(info.rank, e) from None
@@ -82,6 +86,11 @@ def run_as_rank(cfg: BenchConfig, info, backend, device) -> int:
         progress.close()
     if lead:
         _report(cfg, records, run_id)
+        if trace is not None:
+            spans = trace.finish()
+            print(f"# trace: {spans} spans of {info.world_size} ranks in {cfg.trace_path} "
+                  "(chrome://tracing, ui.perfetto.dev)")
+            sys.stdout.flush()
     if cfg.backend == "nccl" and fast_net_unproven(backend, info):
         return 1
     if total_wrong:
@@ -98,6 +107,8 @@ def _print_header(cfg, info, env, shared=()) -> None:
           f"{info.world_size} ranks, torch {v.get('torch')}")
     print(f"# iters {cfg.iters}, warmup {cfg.warmup_iters}, check {'on' if cfg.check else 'off'}, "
           f"timeout {cfg.timeout_s:g} s; {time_method_text(cfg)}; GB/s = 1e9 B/s")
+    if cfg.tracing:
+        print("# --trace: two clock reads around every timed call, inside the loops' times")
     if cfg.backend == "nccl" and os.environ.get("NCCL_NET") == "wirespeed":
         print(f"# NCCL network: the wirespeed plugin {os.environ.get('NCCL_NET_PLUGIN')} (--fast-net)")
     for r, h in enumerate(env.get("hosts", [])):

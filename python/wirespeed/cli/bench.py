@@ -52,6 +52,8 @@ def register(sub) -> None:
     flags.output(p, "--plot", default=None, help="write a PNG plot of busbw and algbw here")
     flags.output(p, "--save-dir", what="dir", unused_with=("no_save",), default="runs",
                  help="every run also lands in SAVE_DIR/<timestamp>/")
+    flags.output(p, "--trace", default=None, metavar="F.json",
+                 help="write every timed call of every rank as a span here (Chrome/Perfetto JSON)")
     add(p, "--no-save", action="store_true", help="do not save the run under --save-dir")
     add(p, "--no-progress", action="store_true", help="no progress bar even on a terminal")
     flags.placement(p, rph="place ranks in blocks of this many per host (default -N = hosts x this)")
@@ -77,7 +79,8 @@ def config_from_args(args) -> BenchConfig:
                       per_op=not args.no_per_op, per_op_columns=args.per_op_stats and not args.no_per_op,
                       format=args.format, json_path=args.json, csv_path=args.csv,
                       plot_path=args.plot, save_dir=None if args.no_save else args.save_dir,
-                      progress=not args.no_progress, host_per_rank=args.host_per_rank)
+                      progress=not args.no_progress, host_per_rank=args.host_per_rank,
+                      trace_path=args.trace)
     if cfg.plan:
         from ..bench.harness import plan_collective
         coll = plan_collective(cfg)
