@@ -68,6 +68,8 @@ def kind_of(e: BaseException) -> type[WirespeedError]:
             return PeerTimeout
         if "ranks disagree" in text:
             return RanksDisagree
+        if "failed: refused: " in text:   # a stranger refused (StrangerError's text): not a loss
+            return WirespeedError
         return PeerLost
     if isinstance(e, WirespeedError) and not isinstance(e, TransportError):
         return type(e)               # wirespeed's own errors are typed

@@ -48,6 +48,11 @@ def test_wirespeed_transport_errors_keep_the_first_ranks_kind():
     assert kind_of(n.PeerAbortedError("peer rank 0 failed: timed out after 2.0 s waiting for rank 3")) is PeerTimeout
     assert kind_of(n.PeerAbortedError("peer rank 0 failed: ranks disagree: sizes")) is RanksDisagree
     assert kind_of(n.PeerAbortedError("peer rank 0 failed: peer rank 3 (pid 9) died")) is PeerLost
+    # a rank that refused a peer of another job secret (StrangerError, status 1) tells the others
+    assert kind_of(n.PeerAbortedError("peer rank 0 failed: refused: rank 2: its job secret is not this "
+                                      "rank's")) is WirespeedError
+    assert kind_of(n.PeerAbortedError("peer rank 1 failed: rank 0 could not connect to it: Connection "
+                                      "refused (os error 111)")) is PeerLost
     assert kind_of(n.BrokenGroupError("the wirespeed group is broken by an earlier error (timed out after 2 s)")) is PeerTimeout
 
 
