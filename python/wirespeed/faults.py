@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from . import errors
 from .errors import (BrokenGroupError, PeerAbortedError, PeerLost, PeerTimeout, RanksDisagree, TransportError,
                      UsageError, WirespeedError)
 
@@ -26,6 +27,29 @@ _MISMATCH_TEXT = ("ranks disagree", "mismatch", "do not match", "don't match")
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 
+# torch's text for an exception raised in a future's `then` callback (native/work.py hands DDP such
+# futures); a chain of hooks nests it, each level naming the class it wrapped.
+_CALLBACK_PREFIX = "Got the following error when running the callback: "
+_NAMED = re.compile(r"^(\w+): (.*)$", re.S)
+
+
+def unwrapped(e: BaseException) -> BaseException:
+    """A transport error that came back through torch futures as a RuntimeError, as the typed
+    error it was (same class, same text); any other exception as it is."""
+    text = str(e)
+    inner = None
+    while text.startswith(_CALLBACK_PREFIX):
+        m = _NAMED.match(text[len(_CALLBACK_PREFIX):])
+        if m is None:
+            break
+        name, text = m.groups()
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, TransportError):
+            inner = cls(text.splitlines()[0] if text else name)
+            break
+    return inner if inner is not None else e
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return _SOURCE_PREFIX.sub("", text.splitlines()[0])[:300]
@@ -36,6 +60,7 @@ _KINDS = (PeerTimeout, PeerLost, RanksDisagree, UsageError)
 
 def kind_of(e: BaseException) -> type[WirespeedError]:
     """The wirespeed error class a library exception amounts to."""
+    e = unwrapped(e)
     text = str(e).lower()
     if isinstance(e, (PeerAbortedError, BrokenGroupError)):
         # The first rank's reason travels with the abort, as text: report what that rank saw.
@@ -43,6 +68,8 @@ def kind_of(e: BaseException) -> type[WirespeedError]:
             return PeerTimeout
         if "ranks disagree" in text:
             return RanksDisagree
+        if "failed: refused: " in text:   # a stranger refused (StrangerError's text): not a loss
+            return WirespeedError
         return PeerLost
     if isinstance(e, WirespeedError) and not isinstance(e, TransportError):
         return type(e)               # wirespeed's own errors are typed
@@ -65,6 +92,7 @@ def kind_of(e: BaseException) -> type[WirespeedError]:
 def rank_error(rank: int, e: BaseException) -> WirespeedError:
     """A library exception raised on `rank` as the one-line, typed error the CLI prints. wirespeed's
     own errors are reported as they are; the transport's, like any library's, name the rank."""
+    e = unwrapped(e)
     if isinstance(e, WirespeedError) and not isinstance(e, TransportError):
         return e
     return kind_of(e)(f"rank {rank}: {first_line(e)}")

@@ -48,7 +48,26 @@ def test_wirespeed_transport_errors_keep_the_first_ranks_kind():
     assert kind_of(n.PeerAbortedError("peer rank 0 failed: timed out after 2.0 s waiting for rank 3")) is PeerTimeout
     assert kind_of(n.PeerAbortedError("peer rank 0 failed: ranks disagree: sizes")) is RanksDisagree
     assert kind_of(n.PeerAbortedError("peer rank 0 failed: peer rank 3 (pid 9) died")) is PeerLost
+    # a rank that refused a peer of another job secret (StrangerError, status 1) tells the others
+    assert kind_of(n.PeerAbortedError("peer rank 0 failed: refused: rank 2: its job secret is not this "
+                                      "rank's")) is WirespeedError
+    assert kind_of(n.PeerAbortedError("peer rank 1 failed: rank 0 could not connect to it: Connection "
+                                      "refused (os error 111)")) is PeerLost
     assert kind_of(n.BrokenGroupError("the wirespeed group is broken by an earlier error (timed out after 2 s)")) is PeerTimeout
+
+
+def test_a_transport_error_through_torch_futures_is_read_back_as_itself():
+    # A failed Work's future fails in C++ through a raising `then` (native/work.py); torch wraps
+    # the error once per callback level, hooks nesting it.
+    wrap = "Got the following error when running the callback: "
+    e = RuntimeError(wrap + "RuntimeError: " + wrap + "PeerAbortedError: peer rank 0 failed: timed out after 2 s"
+                     "\n\nAt:\n  work.py(120): _reraise")
+    assert str(rank_error(1, e)) == "rank 1: peer rank 0 failed: timed out after 2 s"
+    assert type(rank_error(1, e)) is PeerTimeout
+    assert str(rank_error(0, RuntimeError(wrap + "PeerDiedError: peer rank 1 (pid 7) died"))) == \
+        "rank 0: peer rank 1 (pid 7) died"
+    # any other callback's error stays the library error it was
+    assert type(rank_error(0, RuntimeError(wrap + "ValueError: bad"))) is WirespeedError
 
 
 def test_the_job_takes_the_first_faults_kind():

@@ -61,7 +61,7 @@ pub mod net {
     pub use crate::config::{env, net as config, NetConfig};
     pub use crate::sys::random_bytes;
     pub use crate::transport::iface;
-    pub use crate::transport::tcp::{Conn, Dialer, Listener, Reactor, Report, Request, Vet};
+    pub use crate::transport::tcp::{Conn, Dialer, Listener, Reactor, Refusal, Report, Request, Told, Vet};
 }
 
 /// The core's insides that its integration tests, examples and benchmarks reach (feature

@@ -128,7 +128,7 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Bo
         IpAddr::V6(a) => SocketAddr::V6(SocketAddrV6::new(a, 0, 0, d.scope_id)),
     };
     let expected = key;
-    let vet = Box::new(move |k: &[u8; 32]| if *k == expected { Ok(()) } else { Err("its key is not this listener's (a stray or late connection)".to_string()) });
+    let vet = Box::new(move |k: &[u8; 32]| if *k == expected { Ok(()) } else { Err("its key is not this listener's (a stray or late connection)".into()) });
     let label = format!("listener on {}", d.name.to_string_lossy());
     // Refusals go through NCCL's logger as WARN, where NCCL users look (NCCL_DEBUG=WARN).
     let report: Report = Box::new(|line: &str| log::warn(line));

@@ -96,12 +96,18 @@ def identity_digest(identity: str) -> str:
 def job_token(store_token: bytes, identity: str, env=None) -> bytes:
     """The 16-byte token this rank proves: the store's random token with the job's identity and
     secret folded in, so a process that read the store but belongs to another job (or lacks the
-    secret) holds another token."""
+    secret) holds another token. Two halves: the first of the store's token and the identity
+    alone, the second with the secret too, so a listener refusing a dial can tell a rank of this
+    very job whose secret differs (first half equal: it fails its wait on that rank, with that
+    line, hosts/mesh.rs) from a process of another job (a stale address: refused, the job goes on).
+    The first half is no secret: a process that reads the store can compute the whole token
+    anyway where there is no secret, and where there is one the handshake's proof admits."""
     env = _ENV if env is None else env
-    h = hashlib.sha256(b"wirespeed job token\0" + store_token)
+    job = hashlib.sha256(b"wirespeed job token\0" + store_token + b"\0" + identity.encode()).digest()
+    h = hashlib.sha256(b"wirespeed job secret\0" + store_token)
     h.update(b"\0" + identity.encode())
     h.update(b"\0" + env.get(SECRET, "").encode())
-    return h.digest()[:16]
+    return job[:8] + h.digest()[:8]
 
 
 _SAID = []

@@ -5,6 +5,15 @@ ops in order, but each one's error is still raised. When the ops are done, `wait
 Work's finisher once (copying staged results back into the caller's tensors) before anyone can
 see the result. `get_future()` futures are completed by one helper thread per backend.
 
+A failed Work's future must fail in C++, not only in Python. torch's `Future.set_exception` does
+not mark the C++ future as failed: it stores the exception as the future's *value* and has Python's
+`wait()` raise it. C++ readers of the value see a completed future holding an exception object;
+DDP's reducer (no comm hook) reads that value as its bucket's tensors, finds none and indexes the
+first: a SIGSEGV in `parseCppCommHookResult` on every survivor of a dead peer. So the future handed
+out is the child of a `then` that re-raises: torch sets a raising callback's error on the child's
+C++ future, which every reader, C++ or Python, then raises. Its text is torch's "Got the following
+error when running the callback: PeerDiedError: ..."; faults.py reads the wirespeed error back.
+
 A Work owns no buffer: the memory an op reads or writes was handed to the engine with the op
 (`keep=` on every native call) and is held there until nobody can touch it (the engine's
 "Ownership" note), so dropping, joining or wrapping Works can never free memory in use. What a
@@ -111,9 +120,15 @@ class Work(dist._Work):
 
     def get_future(self):
         if self._future is None:
-            self._future = Future()
-            self._futures.complete_later(self, self._future)
+            source = Future()
+            self._future = source.then(_reraise)    # failed in C++ when the Work failed (see above)
+            self._futures.complete_later(self, source)
         return self._future
+
+
+def _reraise(source: Future):
+    """The source future's result, or its exception raised (set_exception's unwrap raises it)."""
+    return source.value()
 
 
 class FutureCompleter:

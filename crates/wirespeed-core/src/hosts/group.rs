@@ -176,7 +176,7 @@ impl Group {
             self.broken = Some(e.clone());
         }
         self.route.local.fail(e);
-        self.route.mesh.shutdown();
+        self.route.mesh.shutdown_telling(Some(&e.to_string()));
     }
 
     /// Every rank: the probe where it is rank 0 or its partner (probe.rs), then rank 0's choice

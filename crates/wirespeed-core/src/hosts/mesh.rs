@@ -30,7 +30,7 @@
 //! a peer on another host straight to it; `send` also gives a send its own ticket, for a
 //! `Collectives::send_post` that outlives the op that posted it.
 use crate::error::{Error, Result};
-use crate::transport::tcp::{dial, Attacher, Conn, Dialer, NetConfig, Reactor, Request};
+use crate::transport::tcp::{dial, Attacher, Conn, Dialer, NetConfig, Reactor, Refusal, Request, Told};
 use crate::transport::{Handle, Transport};
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -64,6 +64,8 @@ fn parse_key(k: &[u8; 32]) -> Option<([u8; 16], usize, usize, usize, usize)> {
 struct Expect {
     waiting: Mutex<HashSet<usize>>,
     sealed: AtomicBool,
+    /// A rank of this group whose dial proved another job token (`other_token`): setup fails.
+    stranger: Mutex<Option<Error>>,
 }
 
 /// When the connections are made (WIRESPEED_CONNECT).
@@ -97,6 +99,8 @@ struct Link {
     early: Option<Vec<TcpStream>>,
     /// Why this rank's last try to dial the peer failed, for a wait that times out meanwhile.
     last_try: Option<String>,
+    /// The peer dialled with another job token before its `Conn` was made: made failed.
+    refused: Option<Error>,
 }
 
 /// Every remote rank's `Link`, shared by the rank's thread (first posts), its listener's vetting
@@ -129,6 +133,18 @@ impl Links {
                 Ok(())
             }
             (State::Up { .. }, _) => Err(format!("rank {from} is connected already (a duplicate)")),
+        }
+    }
+
+    /// Rank `from` of this group dialled with another job token: its `Conn` fails with `e`, so
+    /// this rank's waits on it end now rather than at the timeout (the dialer, told so by the
+    /// refusal, fails at once too). A stranger that read the store could do this; it could as
+    /// well write the store's note that breaks every group (admission.py): no new power.
+    fn refuse_peer(&self, from: usize, e: Error) {
+        let mut l = self.links[from].lock().unwrap();
+        match &l.attacher {
+            Some(a) => a.fail(e),
+            None => l.refused = Some(e),
         }
     }
 
@@ -168,28 +184,41 @@ impl MeshListener {
     #[allow(clippy::too_many_arguments)]
     pub fn bind(ip: IpAddr, rank: usize, world: usize, token: [u8; 16], cfg: NetConfig, dialers: &[usize], streams: &[usize], mode: Connect) -> Result<MeshListener> {
         let reactor = Reactor::global(&cfg)?;
-        let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false) });
+        let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false), stranger: Mutex::new(None) });
         let e = expect.clone();
         let links = (mode == Connect::Lazy).then(|| {
-            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, attacher: None, early: None, last_try: None })).collect();
+            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, attacher: None, early: None, last_try: None, refused: None })).collect();
             Arc::new(Links { links, closed: AtomicBool::new(false) })
         });
         let lv = links.clone();
         let streams = streams.to_vec();
-        let vet = Box::new(move |k: &[u8; 32]| -> std::result::Result<(), String> {
+        let vet = Box::new(move |k: &[u8; 32]| -> std::result::Result<(), Refusal> {
             let (t, from, to, w, n) = parse_key(k).ok_or("not a wirespeed group's hello")?;
             if t != token {
-                return Err(format!("rank {from} of another job (job token differs: another job, or another or no WIRESPEED_JOB_SECRET)"));
+                // The token's first half is the job's round alone, its second folds in the secret
+                // (admission.job_token): a rank of this very group whose secret differs is told,
+                // and fails this rank's wait on it; another job's process (a stale address) is
+                // only refused, and the job goes on.
+                let this_job = t[..8] == token[..8] && to == rank && w == world && from < world && from != rank;
+                if !this_job {
+                    return Err(format!("rank {from} of another job (job token differs: another job, or another or no WIRESPEED_JOB_SECRET)").into());
+                }
+                let why = format!("rank {from}: its job secret is not this rank's (it dialled with another job token): give every rank the same WIRESPEED_JOB_SECRET (or none)");
+                match &lv {
+                    Some(links) => links.refuse_peer(from, Error::Stranger(why)),
+                    None => *e.stranger.lock().unwrap() = Some(Error::Stranger(why)),
+                }
+                return Err(Refusal { why: format!("rank {from} of this job with another job token: another or no WIRESPEED_JOB_SECRET"), told: Told::OtherToken });
             }
             let want = streams.get(from).copied().unwrap_or(0);
             if to != rank || w != world || n != want {
-                return Err(format!("hello from rank {from} for rank {to} of {w} with {n} streams; this is rank {rank} of {world}, expecting {want} streams from it"));
+                return Err(format!("hello from rank {from} for rank {to} of {w} with {n} streams; this is rank {rank} of {world}, expecting {want} streams from it").into());
             }
             if let Some(links) = &lv {
-                return links.vet(rank, from);
+                return links.vet(rank, from).map_err(Refusal::from);
             }
             if e.sealed.load(Acquire) || !e.waiting.lock().unwrap().contains(&from) {
-                return Err(format!("rank {from} is not expected here (a duplicate, or after setup)"));
+                return Err(format!("rank {from} is not expected here (a duplicate, or after setup)").into());
             }
             Ok(())
         });
@@ -362,6 +391,9 @@ impl Mesh {
                 }
                 i += 1;
             }
+            if let Some(e) = listener.expect.stranger.lock().unwrap().take() {
+                return Err(e);
+            }
             while let Some((k, c)) = listener.inner.poll_accept()? {
                 let (_, from, ..) = parse_key(&k).expect("vetted");
                 listener.expect.waiting.lock().unwrap().remove(&from);
@@ -412,6 +444,9 @@ impl Mesh {
             l.attacher = Some(c.attacher());
             if let Some(socks) = l.early.take() {
                 let _ = c.attacher().attach(socks);
+            }
+            if let Some(e) = l.refused.take() {
+                c.attacher().fail(e);
             }
             drop(l);
             conns[r] = Some(c);
@@ -557,11 +592,17 @@ impl Mesh {
     /// Shut every connection, so peers blocked on this rank fail at once. Afterwards no engine
     /// thread touches any caller buffer, so what was posted may be forgotten.
     pub fn shutdown(&mut self) {
+        self.shutdown_telling(None);
+    }
+
+    /// `shutdown`, telling every peer connected `why` (the error that broke this rank's group), so
+    /// theirs names it, as over shared memory, rather than a closed connection.
+    pub fn shutdown_telling(&mut self, why: Option<&str>) {
         if let Some(lz) = &self.lazy {
             lz.links.closed.store(true, Release);
         }
         for c in self.conns.iter().flatten() {
-            c.close();
+            c.close_telling(why);
         }
         self.posted.clear();
     }

@@ -153,8 +153,17 @@ impl Conn {
     /// Shut every stream; pending requests fail. When this returns, no engine thread reads or
     /// writes a caller's buffer for this connection any more.
     pub fn close(&self) {
+        self.close_telling(None);
+    }
+
+    /// `close`, first telling the peer `why` this rank broke its group (an abort frame), where
+    /// given: the peer's error then names the cause.
+    pub fn close_telling(&self, why: Option<&str>) {
         let c = &*self.inner;
         *c.closing.lock().unwrap() = true;
+        if let Some(why) = why {
+            c.tell_abort(why);
+        }
         c.fail(Error::Broken("the connection was closed".into()));
         for s in c.streams() {
             // Taking each lock once waits out any I/O in progress; `failed` stops later ones.

@@ -2,10 +2,10 @@
 //! listener's answers), polled by its owner (`Dialer`) or driven by the reactor (dial.rs).
 use super::auth::{self, MAC_LEN, NONCE_LEN};
 use super::conn::{make_conn, Conn};
-use super::handshake::hello_bytes;
+use super::handshake::{hello_bytes, Told};
 use super::reactor::Reactor;
 use super::stream::{send_vectored, would_block};
-use super::{NetConfig, AUTH_ACK};
+use super::{NetConfig, AUTH_ACK, REFUSED_PREFIX};
 use crate::error::{Error, Result};
 use std::io::{IoSlice, Read};
 use std::net::{SocketAddr, TcpStream};
@@ -147,10 +147,42 @@ impl Attempt {
     }
 
     /// Advance every stream as far as it goes without blocking; the streams once all are greeted.
+    /// A loss on one stream (refused, reset: the listener's process may have left at once after
+    /// refusing) gives way to a final refusal another stream of the try was told before it
+    /// (the listener wrote it before it closed, so it is already here): that is the cause.
     pub(super) fn poll(&mut self) -> Result<Option<Vec<TcpStream>>> {
+        let r = self.poll_streams();
+        if let Err(Error::PeerLost(_)) = &r {
+            if let Some(t) = self.told_on_any() {
+                self.refused = false;
+                return Err(Error::Stranger(format!("the listener at {} refused this rank: {}", self.addr, t.text())));
+            }
+        }
+        r
+    }
+
+    /// A final refusal waiting on a stream still greeting, read without taking it.
+    fn told_on_any(&self) -> Option<Told> {
+        self.streams.iter().flatten().find_map(|s| match s {
+            DialStream::Greeting { sock, buf, got, .. } => {
+                let mut answer = buf[..*got].to_vec();
+                let mut more = [0u8; REFUSED_PREFIX.len() + 1];
+                let want = more.len().saturating_sub(*got);
+                if let Ok(n) = sock.peek(&mut more[..want]) {
+                    answer.extend_from_slice(&more[..n]);
+                }
+                told(&answer)
+            }
+            _ => None,
+        })
+    }
+
+    fn poll_streams(&mut self) -> Result<Option<Vec<TcpStream>>> {
         let n = self.streams.len() as u32;
         let addr = self.addr;
         let lost = |why: String| Error::PeerLost(format!("connecting to {addr}: {why}"));
+        // What the listener said before it closed (handshake.rs `Told`): final, so a Stranger.
+        let refused = |t: Told| Error::Stranger(format!("the listener at {addr} refused this rank: {}", t.text()));
         for (i, slot) in self.streams.iter_mut().enumerate() {
             let st = slot.take().unwrap();
             *slot = Some(match st {
@@ -184,6 +216,7 @@ impl Attempt {
                         }
                         while sent == out.len() && got < buf.len() {
                             match (&sock).read(&mut buf[got..]) {
+                                Ok(0) if told(&buf[..got]).is_some() => return Err(refused(told(&buf[..got]).unwrap())),
                                 Ok(0) => return Err(lost(if step == Greet::Echo {
                                     "the listener refused this connection (wrong job, rank or key)".into()
                                 } else {
@@ -197,6 +230,10 @@ impl Attempt {
                         }
                         if got < buf.len() {
                             break DialStream::Greeting { sock, out, sent, buf, got, step };
+                        }
+                        // A final refusal fills an 8-byte answer (the proof's ack) exactly.
+                        if let Some(t) = told(&buf) {
+                            return Err(refused(t));
                         }
                         let hello = hello_bytes(&self.key, i as u32, n, self.nonces.get(i));
                         match step {
@@ -230,4 +267,9 @@ impl Attempt {
             _ => unreachable!("checked above"),
         }).collect()))
     }
+}
+
+/// The listener's final refusal, when `answer` (what it sent before closing) is one.
+fn told(answer: &[u8]) -> Option<Told> {
+    (answer.len() == REFUSED_PREFIX.len() + 1 && answer[..REFUSED_PREFIX.len()] == REFUSED_PREFIX).then(|| Told::from_code(answer[REFUSED_PREFIX.len()])).flatten()
 }

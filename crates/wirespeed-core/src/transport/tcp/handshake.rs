@@ -3,7 +3,7 @@ use super::conn::{make_conn, Conn};
 use super::stream::would_block;
 use super::reactor::{Entry, Reactor, Ready};
 use super::auth::{self, Secret, MAC_LEN, NONCE_LEN};
-use super::{NetConfig, AUTH_ACK, HELLO_AUTH_LEN, HELLO_LEN, HELLO_MAGIC, HELLO_MAGIC_AUTH, HELLO_TIMEOUT, MAX_PENDING};
+use super::{NetConfig, AUTH_ACK, HELLO_AUTH_LEN, HELLO_LEN, HELLO_MAGIC, HELLO_MAGIC_AUTH, HELLO_TIMEOUT, MAX_PENDING, REFUSED_PREFIX};
 use crate::error::{Error, Result};
 use mio::Interest;
 use std::collections::{HashMap, VecDeque};
@@ -80,7 +80,60 @@ fn write_small(sock: &TcpStream, bytes: &[u8]) -> bool {
 /// Decides whether a dialer's key belongs here; the reason is logged when it does not, except
 /// an empty reason: a refusal that is part of the protocol (a group's crossing dials, where the
 /// lower rank's dial wins), dropped quietly and not counted.
-pub type Vet = Box<dyn Fn(&[u8; 32]) -> std::result::Result<(), String> + Send + Sync>;
+pub type Vet = Box<dyn Fn(&[u8; 32]) -> std::result::Result<(), Refusal> + Send + Sync>;
+
+/// What a refused dialer is told before the listener closes: nothing (it may try again, as for a
+/// listener not ready for it yet), or that its job's token or secret is not this rank's, which
+/// no retry can change. Only those few words: the dialer is not authenticated, and a stranger
+/// learns nothing from them it did not send (its own key, its own secret or lack of one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Told {
+    Nothing = 0,
+    /// The key's job token differs (with the job identities compared at rendezvous: the secret).
+    OtherToken = 1,
+    /// The dialer proves a secret, this rank has none.
+    NoSecretHere = 2,
+    /// This rank requires a secret, the dialer has none.
+    SecretRequired = 3,
+    /// The dialer's proof of the secret is wrong.
+    WrongSecret = 4,
+}
+
+impl Told {
+    /// The refusal frame's text at the dialer (dialer.rs); None for an unknown code.
+    pub(super) fn from_code(c: u8) -> Option<Told> {
+        [Told::OtherToken, Told::NoSecretHere, Told::SecretRequired, Told::WrongSecret].into_iter().find(|t| *t as u8 == c)
+    }
+    pub(super) fn text(self) -> &'static str {
+        match self {
+            Told::Nothing => "refused",
+            Told::OtherToken => "its job secret is not this rank's (the job tokens they prove differ)",
+            Told::NoSecretHere => "it has no job secret and this rank has one",
+            Told::SecretRequired => "it requires a job secret and this rank has none",
+            Told::WrongSecret => "its job secret is not this rank's (it refused this rank's proof)",
+        }
+    }
+}
+
+/// A `Vet`'s no: the line the listener logs, and what the dialer is told.
+#[derive(Debug)]
+pub struct Refusal {
+    pub why: String,
+    pub told: Told,
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal { why, told: Told::Nothing }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(why: &str) -> Refusal {
+        why.to_string().into()
+    }
+}
 /// Where a listener says it refused a connection (the NCCL plugin passes NCCL's logger); without
 /// one, the line goes to stderr.
 pub type Report = Box<dyn Fn(&str) + Send + Sync>;
@@ -268,12 +321,23 @@ impl ListenerInner {
 
     /// Give up on a pending stream: forget it, shut it, log why.
     fn give_up(&self, reactor: &Reactor, st: std::sync::MutexGuard<'_, ListenerState>, id: usize, why: &str) {
+        self.give_up_telling(reactor, st, id, &Refusal { why: why.to_string(), told: Told::Nothing });
+    }
+
+    /// `give_up`, first telling the dialer why when the refusal is final (`Told`): 8 bytes, fewer
+    /// than any answer the dialer reads, so they are read whole before the close.
+    fn give_up_telling(&self, reactor: &Reactor, st: std::sync::MutexGuard<'_, ListenerState>, id: usize, r: &Refusal) {
         let mut st = st;
         let Some(h) = st.hellos.remove(&id) else { return };
         drop(st);
         self.drop_hello(reactor, &h);
+        if r.told != Told::Nothing {
+            let mut frame = REFUSED_PREFIX.to_vec();
+            frame.push(r.told as u8);
+            let _ = write_small(&h.sock, &frame);
+        }
         let _ = h.sock.shutdown(Shutdown::Both);
-        self.refuse(h.from, why);
+        self.refuse(h.from, &r.why);
     }
 
     /// Read what a pending stream has sent, and move its handshake on: a whole hello is vetted
@@ -308,20 +372,20 @@ impl ListenerInner {
                 Phase::Hello => {
                     let hello = h.buf[..h.want].to_vec();
                     let verdict = match parse_hello(&hello) {
-                        None => Err("not a wirespeed hello (bad magic)".to_string()),
-                        Some((_, stream, n)) if n == 0 || n > 64 || stream >= n => Err(format!("stream {stream} of {n} makes no sense")),
+                        None => Err(Refusal::from("not a wirespeed hello (bad magic)")),
+                        Some((_, stream, n)) if n == 0 || n > 64 || stream >= n => Err(format!("stream {stream} of {n} makes no sense").into()),
                         Some((key, stream, n)) => (self.vet)(&key).map(|_| (key, stream, n)),
                     };
                     let (key, stream, n) = match verdict {
                         Ok(v) => v,
-                        Err(why) => return self.give_up(&reactor, st, id, &why),
+                        Err(r) => return self.give_up_telling(&reactor, st, id, &r),
                     };
                     let proves = magic_of(&hello) == HELLO_MAGIC_AUTH;
                     let secret = match (self.secret, proves) {
                         (None, false) => None,
                         (Some(s), true) => Some(s),
-                        (Some(_), false) => return self.give_up(&reactor, st, id, "it has no job secret, and this job requires one: give every rank the same WIRESPEED_JOB_SECRET"),
-                        (None, true) => return self.give_up(&reactor, st, id, "it proves a job secret and this rank has none: give every rank the same WIRESPEED_JOB_SECRET"),
+                        (Some(_), false) => return self.give_up_telling(&reactor, st, id, &Refusal { why: "it has no job secret, and this job requires one: give every rank the same WIRESPEED_JOB_SECRET".into(), told: Told::SecretRequired }),
+                        (None, true) => return self.give_up_telling(&reactor, st, id, &Refusal { why: "it proves a job secret and this rank has none: give every rank the same WIRESPEED_JOB_SECRET".into(), told: Told::NoSecretHere }),
                     };
                     forget_abandoned(&mut state.bundles, &key);
                     if let Some(b) = state.bundles.get(&key) {
@@ -350,12 +414,12 @@ impl ListenerInner {
                     let hello = h.buf[..h.want].to_vec();
                     let ok = self.secret.is_some_and(|s| s.check_dialer(&hello, &nonce, &proof));
                     if !ok {
-                        return self.give_up(&reactor, st, id, "it does not know this job's secret (a rank of another job, or not a rank at all)");
+                        return self.give_up_telling(&reactor, st, id, &Refusal { why: "it does not know this job's secret (a rank of another job, or not a rank at all)".into(), told: Told::WrongSecret });
                     }
                     // Vetted again: the listener may have stopped expecting this key (setup
                     // sealed) while the proof was on its way.
-                    if let Err(why) = (self.vet)(&key) {
-                        return self.give_up(&reactor, st, id, &why);
+                    if let Err(r) = (self.vet)(&key) {
+                        return self.give_up_telling(&reactor, st, id, &r);
                     }
                     let h = st.hellos.remove(&id).unwrap();
                     self.drop_hello(&reactor, &h);

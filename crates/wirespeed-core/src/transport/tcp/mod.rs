@@ -68,7 +68,7 @@ mod tests;
 pub use auth::Secret;
 pub use conn::{Attacher, Conn};
 pub use dialer::Dialer;
-pub use handshake::{Listener, Report, Handoff, Vet};
+pub use handshake::{Listener, Refusal, Report, Handoff, Told, Vet};
 pub use reactor::Reactor;
 pub use request::Request;
 
@@ -79,7 +79,14 @@ const HELLO_LEN: usize = 48;
 const HELLO_AUTH_LEN: usize = HELLO_LEN + auth::NONCE_LEN;
 /// What a listener sends once a dialer's proof holds: the stream is accepted.
 const AUTH_ACK: [u8; 8] = *b"WSAUTHOK";
+/// A listener's final refusal (handshake.rs `Told`): these 7 bytes, then the reason's code.
+const REFUSED_PREFIX: [u8; 7] = *b"WSREFUS";
 const FRAME_MAGIC: u32 = 0x5753_4652; // "WSFR"
+/// A frame header that says why its sender broke its group (stream.rs `tell_abort`): the reason's
+/// length where a data frame has its own, then the reason; the last frame on its stream.
+const ABORT_MAGIC: u32 = 0x5753_4142; // "WSAB"
+/// The longest reason an abort frame carries (a longer one is cut).
+const ABORT_MAX: usize = 1024;
 const FRAME_LEN: usize = 40;
 /// Smallest chunk a message is split into: below this, a header and a system call per chunk cost
 /// more than a second stream gains.

@@ -3,7 +3,7 @@
 //! `accept_frame`), and completing or failing requests. conn.rs makes connections of them and
 //! posts into them.
 use super::reactor::{Reactor, Ready};
-use super::{NetConfig, FRAME_LEN, FRAME_MAGIC};
+use super::{NetConfig, ABORT_MAGIC, ABORT_MAX, FRAME_LEN, FRAME_MAGIC};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read};
@@ -85,6 +85,8 @@ pub(super) enum RxState {
     Parked(Frame),
     /// The peer closed this stream between frames.
     Closed,
+    /// An abort frame's reason, `want` bytes, arriving.
+    Reason { buf: Vec<u8>, want: usize },
 }
 
 // SAFETY: `dst` points into a posted receive buffer that `irecv`'s contract keeps alive until the
@@ -267,6 +269,39 @@ impl ConnInner {
         self.notify();
     }
 
+    /// Before a close that breaks this rank's group: why, as an abort frame on every stream that
+    /// is between frames, so the peer's error names the cause rather than a closed connection.
+    /// Best effort: written without waiting (a few bytes into a send buffer that a live peer
+    /// drains), skipped on a stream mid-frame or mid-I/O; the peer that misses it sees the close.
+    pub(super) fn tell_abort(&self, why: &str) {
+        if self.failed.load(Acquire) {
+            return;
+        }
+        let mut why = why.as_bytes();
+        if why.len() > ABORT_MAX {
+            why = &why[..ABORT_MAX];
+        }
+        let mut head = [0u8; FRAME_LEN];
+        head[0..4].copy_from_slice(&ABORT_MAGIC.to_le_bytes());
+        head[4..8].copy_from_slice(&(why.len() as u32).to_le_bytes());
+        for s in self.streams() {
+            let Ok(tx) = s.tx.try_lock() else { continue };
+            if tx.cur.as_ref().is_some_and(|c| c.sent > 0) {
+                continue; // mid-frame: the reason's bytes would read as the frame's
+            }
+            let _ = send_vectored(s.sock.as_raw_fd(), &[IoSlice::new(&head), IoSlice::new(why)]);
+        }
+    }
+
+    /// The error of a peer's abort frame.
+    fn aborted(&self, why: &[u8]) -> Error {
+        let why = String::from_utf8_lossy(why).into_owned();
+        match self.peer_rank.load(Relaxed) {
+            NO_RANK => Error::PeerLost(format!("the connection to {} was closed by its peer: {why}", self.peer_addr)),
+            r => Error::PeerAborted { rank: r, reason: why },
+        }
+    }
+
     pub(super) fn error(&self) -> Option<Error> {
         self.error.lock().unwrap().clone()
     }
@@ -371,6 +406,31 @@ impl ConnInner {
             }
             match rx {
                 RxState::Closed => return,
+                RxState::Reason { buf, want } => {
+                    let have = buf.len();
+                    buf.resize(*want, 0);
+                    match (&s.sock).read(&mut buf[have..]) {
+                        Ok(0) => {
+                            buf.truncate(have);
+                            return self.fail(self.aborted(buf)); // cut short: what came
+                        }
+                        Ok(n) => {
+                            buf.truncate(have + n);
+                            if buf.len() == *want {
+                                return self.fail(self.aborted(buf));
+                            }
+                        }
+                        Err(e) => {
+                            buf.truncate(have);
+                            if would_block(&e) {
+                                return;
+                            }
+                            if e.kind() != std::io::ErrorKind::Interrupted {
+                                return self.fail(self.aborted(buf));
+                            }
+                        }
+                    }
+                }
                 RxState::Parked(f) => {
                     let f = *f;
                     match self.accept_frame(s, f) {
@@ -391,6 +451,11 @@ impl ConnInner {
                     Ok(n) => {
                         *have += n;
                         if *have == FRAME_LEN {
+                            if u32::from_le_bytes(buf[0..4].try_into().unwrap()) == ABORT_MAGIC {
+                                let want = (u32::from_le_bytes(buf[4..8].try_into().unwrap()) as usize).min(ABORT_MAX);
+                                *rx = RxState::Reason { buf: Vec::with_capacity(want), want };
+                                continue;
+                            }
                             let Some(f) = Frame::decode(buf) else {
                                 return self.fail(Error::Stranger(format!("{} sent a malformed frame", self.peer_name())));
                             };

@@ -508,3 +508,63 @@ fn the_global_reactor_refuses_another_io_thread_count() {
     let e = Reactor::global(&NetConfig { io_threads: n + 1, ..NetConfig::default() }).err().expect("another count is refused");
     assert!(matches!(e, Error::Unsupported(ref m) if m.contains(&format!("already run on {n}"))), "{e}");
 }
+
+#[test]
+fn a_final_refusal_tells_the_dialer_why_and_another_does_not() {
+    // The listener's job has a secret, and its vet says a key of another job token is final
+    // (`Told`): the dialer fails at once with a Stranger saying why, instead of a closed
+    // connection it would try again until its timeout. A refusal told nothing stays a loss.
+    let job = with_secret(Some("job-42"));
+    let r = Reactor::new(&job).unwrap();
+    let key = [9u8; 32];
+    let vet: Vet = Box::new(move |k| match k[0] {
+        9 => Ok(()),
+        8 => Err(Refusal { why: "another token".into(), told: Told::OtherToken }),
+        _ => Err("not expected yet".into()),
+    });
+    let l = Listener::bind_vetted(&r, &job, "127.0.0.1:0".parse().unwrap(), vet, "test".into(), None).unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    let dial = |cfg: &NetConfig, key: [u8; 32]| Dialer::start(&r, cfg, l.local_addr(), key, 2).unwrap().finish(deadline()).err().unwrap();
+    let cases: [(NetConfig, [u8; 32], &str); 3] = [
+        (job, [8u8; 32], "its job secret is not this rank's (the job tokens they prove differ)"),
+        (with_secret(None), key, "it requires a job secret and this rank has none"),
+        // The listener proves first, so a dialer with another secret is the one that finds out.
+        (with_secret(Some("job-41")), key, "does not know this job's secret"),
+    ];
+    for (cfg, k, says) in cases {
+        let e = dial(&cfg, k);
+        assert!(matches!(e, Error::Stranger(_)), "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let e = dial(&job, [7u8; 32]);
+    assert!(matches!(e, Error::PeerLost(_)), "{e}");
+    // A listener without a secret tells a dialer proving one.
+    let plain = NetConfig::default();
+    let l2 = Listener::bind(&r, &plain, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let e = Dialer::start(&r, &job, l2.local_addr(), key, 1).unwrap().finish(deadline()).err().unwrap();
+    assert!(e.to_string().contains("it has no job secret and this rank has one"), "{e}");
+}
+
+#[test]
+fn a_close_that_breaks_a_group_tells_the_peer_why() {
+    // `close_telling`: the peer's posted receive fails naming the reason (an abort frame), not
+    // with "the connection was closed"; a plain `close` still says only that.
+    for telling in [true, false] {
+        let (a, b, _l) = pair(3);
+        b.set_peer_rank(4);
+        let mut out = vec![0u8; 64];
+        // SAFETY: `out` outlives the receive, which is waited below before `out` drops.
+        let r = unsafe { b.irecv(out.as_mut_ptr(), out.len(), 1) }.unwrap();
+        if telling {
+            a.close_telling(Some("rank 1 was claimed twice, by host-a pid 7 and by host-b pid 9"));
+        } else {
+            a.close();
+        }
+        let e = r.wait(Duration::from_secs(5)).err().unwrap();
+        match (telling, &e) {
+            (true, Error::PeerAborted { rank: 4, reason }) => assert_eq!(reason, "rank 1 was claimed twice, by host-a pid 7 and by host-b pid 9"),
+            (false, Error::PeerAborted { rank: 4, reason }) => assert!(reason.contains("was closed"), "{e}"),
+            _ => panic!("{e}"),
+        }
+    }
+}
