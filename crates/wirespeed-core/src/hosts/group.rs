@@ -436,6 +436,9 @@ impl Collectives for Group {
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
     }
+    fn tcp_streams(&self) -> usize {
+        (0..self.world).map(|r| self.streams_to(r)).sum()
+    }
     // SAFETY: sound on Collectives' contract alone: `addr` is posted to the route and waited before
     // this returns; an error breaks the group, so no late write.
     unsafe fn recv(&mut self, from: usize, addr: usize, len: usize, tag: u64) -> Result<()> {
