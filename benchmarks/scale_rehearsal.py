@@ -84,8 +84,8 @@ def fd_need(ranks: int, hosts: int, nstreams: int, all_to_all: bool, barrier: bo
     """Open files the rehearsal needs at most: per rank the store's two ends, its listener, memfd,
     pidfds of its host mates, the reactor's (3 per I/O thread, 2 threads at most) and its TCP
     streams (both ends are in this process: each rank counts its own end); with the all_to_all
-    every remote pair, else a small all_reduce's doubling partners and about 2 log2 N barrier
-    partners a rank (a stream each, at both ends): an estimate, not a bound."""
+    every remote pair, else a small all_reduce's doubling partners and at most 2 log2 N barrier
+    partners a rank (a stream each at this rank's end): an estimate, not a bound."""
     from wirespeed.scalemodel import blocked, tcp_sockets, small_all_reduce_peers, tcp_sockets_to
     k = ranks // hosts
     lay = blocked(hosts, k)
@@ -95,7 +95,7 @@ def fd_need(ranks: int, hosts: int, nstreams: int, all_to_all: bool, barrier: bo
     else:
         streams = sum(tcp_sockets_to(lay, r, small_all_reduce_peers(lay, r), nstreams) for r in range(ranks))
         if barrier:
-            streams += ranks * 4 * max(ranks - 1, 1).bit_length()
+            streams += ranks * 2 * max(ranks - 1, 1).bit_length()
     return fixed + streams + 256
 
 
@@ -112,6 +112,7 @@ class Rank(threading.Thread):
         self.group = None
         self.step = self.meet = threading.Barrier(1)  # replaced by the launcher's shared ones
         self.leave = threading.Event()
+        self.set_up = lambda: None  # the launcher's count of ranks set up
 
     def run(self):
         try:
@@ -140,6 +141,7 @@ class Rank(threading.Thread):
         self.group = g
         self.rec.update(setup_s=time.monotonic() - t0, store=rendezvous.last_setup_here(),
                         streams_setup=g.tcp_streams())
+        self.set_up()
         self.step.wait()
         for nbytes in (SMALL, self.mid) if "all_reduce" in self.ops else ():
             cnt = nbytes // 4
@@ -213,12 +215,25 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
     step = threading.Barrier(ranks, timeout=timeout * 2)
     meet = threading.Barrier(ranks + 1, timeout=timeout * 4)
     leave = threading.Event()
+    # The process's CPU time from the go to the last rank set up: all ranks' setup and the
+    # store's serving of them, the part that a real job spreads over its hosts (per rank below).
+    done, lock, all_set = [0], threading.Lock(), threading.Event()
+
+    def set_up():
+        with lock:
+            done[0] += 1
+            if done[0] == ranks:
+                all_set.set()
     for r in rs:
-        r.step, r.meet, r.leave = step, meet, leave
+        r.step, r.meet, r.leave, r.set_up = step, meet, leave, set_up
         r.start()
     time.sleep(0.2)  # every rank thread waits for the go
     t0 = time.monotonic()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     go.set()
+    all_set.wait(timeout * 2)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    setup_cpu_s = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     try:
         meet.wait()
     except threading.BrokenBarrierError:
@@ -238,7 +253,8 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
     out: dict = {"ranks": ranks, "hosts": hosts, "per_host": k, "nstreams": nstreams, "mid_bytes": mid_kib * 1024,
                  "ops": list(ops), "errors": errors[:10], "failed_ranks": len(errors), "wrong": len(wrong),
                  "wrong_lines": wrong[:10], "job_s": job_s, "open_files_limit": soft, "open_files_need": need,
-                 "load_avg": os.getloadavg()[0], "cpus": os.cpu_count()}
+                 "load_avg": os.getloadavg()[0], "cpus": os.cpu_count(),
+                 "setup_cpu_s": setup_cpu_s, "setup_cpu_ms_per_rank": setup_cpu_s / ranks * 1e3}
     if len(recs) == ranks:
         st = [r["store"] for r in recs]
         model = [sm.store_load(lay, r["rank"]) for r in recs]
@@ -286,7 +302,8 @@ def report(o: dict) -> str:
     if "setup_s" in o:
         s = o["setup_s_ranks"]
         lines += [
-            f"  setup s per rank: min {s['min']:.2f} median {s['median']:.2f} max {s['max']:.2f}",
+            f"  setup s per rank: min {s['min']:.2f} median {s['median']:.2f} max {s['max']:.2f}; the process's CPU "
+            f"time until all were set up {o['setup_cpu_s']:.2f} s, {o['setup_cpu_ms_per_rank']:.1f} ms per rank",
             f"  store per job: keys read {o['store_keys_read_job']:,} (model {o['store_keys_read_job_model']:,}), "
             f"written {o['store_keys_written_job']:,}, requests {o['store_requests_job']:,}, "
             f"bytes read {o['store_bytes_read_job']:,}; ranks whose counts differ from the model: "
