@@ -43,6 +43,7 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -104,7 +105,8 @@ class Rank(threading.Thread):
         super().__init__(name=f"rank{rank}", daemon=True)
         self.rank, self.world, self.store, self.timeout = rank, world, store, timeout
         self.k = world // hosts
-        self.knobs = dict(knobs, WIRESPEED_HOSTID=f"rehearsal-h{rank // self.k}")
+        # As long as a real one (hostname/boot id), so the store's bytes are a real job's.
+        self.knobs = dict(knobs, WIRESPEED_HOSTID=f"node{rank // self.k:05d}.rehearsal/{uuid.UUID(int=rank // self.k)}")
         self.room, self.mid, self.go, self.ops = room, mid, go, ops
         self.rec: dict = {"rank": rank}
         self.wrong: list[str] = []

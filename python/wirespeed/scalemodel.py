@@ -123,14 +123,15 @@ def store_load(host_of: list[int], rank: int) -> StoreLoad:
     """wirespeed's own store traffic for `rank` at setup (torch's init adds its own; not here),
     following rendezvous.py request by request:
     writes: claim counter, claimant, host record, rooms-read counter, record; + token and layout
-    on rank 0; + the host's gathered records on a host leader;
+    on rank 0; + on a host leader, its host's (pid, memfd) pairs where it has mates, and its
+    host's addresses where the job spans hosts;
     reads: token; every host record (rank 0, one multi_get) or the layout (the others); a
     leader its host mates' records (one multi_get); the host keys it needs (one multi_get); two
     claim checks of two keys each."""
     members = _members(host_of)
     here = members[host_of[rank]]
     leader = here[0] == rank
-    w = 5 + 2 * (rank == 0) + leader
+    w = 5 + 2 * (rank == 0) + leader * ((len(here) > 1) + (len(members) > 1))
     hk = hosts_read(host_of, rank)
     mates = len(here) - 1 if leader else 0
     read = 1 + (len(host_of) if rank == 0 else 1) + mates + hk + 4

@@ -27,14 +27,16 @@ expands into the lists the core takes, and every rank checks every digest agains
 The host ids become labels: the core only compares them (hosts/layout.rs); a rank's own record,
 and its host mates', still carry the real id, which the shared-memory side checks.
 Then the (pid, memfd, address) records go through the host leaders (a host's lowest rank): each
-rank publishes its own, each leader reads its host's and publishes them as one key per host
-(`host_records`: the host id and listening IP once), and a rank reads its own host's key (to map
-its segments) and the keys of the hosts that hold a higher rank than it (it may dial those: a
-lower rank dials a higher one, hosts/mesh.rs; a rank that dials it needs no look-up, its listener
-knows it by the key in its hello). So a rank reads about (hosts - its host's index) keys of
-~(60 + 15 x ranks per host) bytes; a job of H hosts x K ranks about N x H / 2 keys, not
-1.5 x N^2 (`scalemodel.store_load` counts them exactly). Reading only the partners a job's
-collectives use would need the core to ask for an address on a first dial; not done.
+rank publishes its own, each leader reads its host's and publishes them as two keys, the (pid,
+memfd) pairs with the host id once for its host mates (`host_records`) and the listening
+addresses with the IP once for the other hosts (`host_addresses`, ~12 + 7 x ranks per host
+bytes); a rank reads its host's first key (to map its segments) and the second key of every host
+that holds a higher rank than it (it may dial those: a lower rank dials a higher one,
+hosts/mesh.rs; a rank that dials it needs no look-up, its listener knows it by the key in its
+hello). So a job of H hosts x K ranks reads about N x H / 2 keys, not 1.5 x N^2
+(`scalemodel.store_load` counts them exactly), and about 4 N^2 bytes of addresses, not ~90 N^2
+bytes of host ids and records: still N^2. Reading only the partners a job's collectives use
+would need the core to ask for an address on its first dial to a rank; not done.
 
 The store's load is counted (`StoreCounter`): the keys this rank wrote and read and its requests,
 for the last setup in this process in `last_setup()`, and on stderr with WIRESPEED_SETUP_STATS=1.
@@ -170,19 +172,28 @@ def rank_host_id(knobs: dict[str, str]) -> str:
 
 
 def host_records(infos: list[tuple[int, int, str, str]]) -> str:
-    """A host's (pid, memfd, host id, address) records as one short text: the host id once, and
-    the addresses' common part (the host's listening IP) once."""
-    host = infos[0][2]
-    parts = [a.rpartition(":") for a in (i[3] for i in infos)]
-    ip = parts[0][0] + parts[0][1]
-    same = all(p[0] + p[1] == ip for p in parts)
-    return json.dumps([host, ip if same else "", [[p, f, (a[len(ip):] if same else a)]
-                                                  for p, f, _, a in infos]], separators=(",", ":"))
+    """What a host's other ranks need of its ranks' records, as one short text: the host id once
+    (the shared-memory side checks it) and each rank's (pid, memfd)."""
+    return json.dumps([infos[0][2], [[p, f] for p, f, _, _ in infos]], separators=(",", ":"))
 
 
 def read_host_records(text: str) -> list[tuple[int, int, str, str]]:
-    host, ip, recs = json.loads(text)
-    return [(int(p), int(f), host, ip + a if a else "") for p, f, a in recs]
+    host, recs = json.loads(text)
+    return [(int(p), int(f), host, "") for p, f in recs]
+
+
+def host_addresses(addrs: list[str]) -> str:
+    """What ranks on other hosts need of a host's ranks' records: their listening addresses, the
+    common part (the host's IP) once."""
+    parts = [a.rpartition(":") for a in addrs]
+    ip = parts[0][0] + parts[0][1]
+    same = all(p[0] + p[1] == ip for p in parts)
+    return json.dumps([ip if same else "", [a[len(ip):] if same else a for a in addrs]], separators=(",", ":"))
+
+
+def read_host_addresses(text: str) -> list[str]:
+    ip, rest = json.loads(text)
+    return [ip + a for a in rest]
 
 
 def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
@@ -270,25 +281,34 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
         admission.say_what_the_store_admits()
     pid, fd, host, addr = group.info()
     store.set(f"{at}/rank/{rank}", f"{pid},{fd},{addr},{host}")
-    # The records through the host leaders (host_records): each leader gathers its host's and
-    # publishes them as one key; a rank reads its own host's (segments to map) and those of the
-    # hosts that hold a higher rank than it (it may dial those; lower ones dial it, mesh.rs).
+    # The records through the host leaders: each gathers its host's and publishes them as two
+    # keys, its ranks' (pid, memfd) for each other (host_records) and their addresses for the
+    # other hosts (host_addresses). A rank reads its own host's first key (segments to map) and
+    # the second of every host holding a rank above it (it may dial those; lower ones dial it,
+    # mesh.rs).
     members = _members(hosts)
     mine = hosts[rank]
-    leader = members[mine][0]
+    here = members[mine]
     infos = [(0, -1, hosts[r], "") for r in range(size)]
     infos[rank] = (pid, fd, host, addr)
-    if rank == leader:
-        others = members[mine][1:]
-        for r, v in zip(others, store.get_many([f"{at}/rank/{r}" for r in others])):
+    if rank == here[0]:
+        for r, v in zip(here[1:], store.get_many([f"{at}/rank/{r}" for r in here[1:]])):
             p, f, a, h = v.decode().split(",", 3)
             infos[r] = (int(p), int(f), h, a)
-        store.set(f"{at}/hostrecs/{leader}", host_records([infos[r] for r in members[mine]]))
+        if len(here) > 1:
+            store.set(f"{at}/hostrecs/{rank}", host_records([infos[r] for r in here]))
+        if len(members) > 1:
+            store.set(f"{at}/hostaddrs/{rank}", host_addresses([infos[r][3] for r in here]))
     want = needed_hosts(rank, hosts)
-    for h, v in zip(want, store.get_many([f"{at}/hostrecs/{members[h][0]}" for h in want])):
-        for r, info in zip(members[h], read_host_records(v.decode())):
-            if r != rank:
-                infos[r] = info
+    keys = [f"{at}/hostrecs/{here[0]}" if h == mine else f"{at}/hostaddrs/{members[h][0]}" for h in want]
+    for h, v in zip(want, store.get_many(keys)):
+        if h == mine:
+            for r, info in zip(here, read_host_records(v.decode())):
+                if r != rank:
+                    infos[r] = info
+        else:
+            for r, a in zip(members[h], read_host_addresses(v.decode())):
+                infos[r] = (0, -1, h, a)
     admission.check_claims(store, rank, n)
     group.connect(infos)
     admission.check_claims(store, rank, n)
