@@ -34,7 +34,7 @@ bytes); a rank reads its host's first key (to map its segments) and the second k
 that holds a higher rank than it (it may dial those: a lower rank dials a higher one,
 hosts/mesh.rs; a rank that dials it needs no look-up, its listener knows it by the key in its
 hello). So a job of H hosts x K ranks reads about N x H / 2 keys, not 1.5 x N^2
-(`scalemodel.store_load` counts them exactly), and about 4 N^2 bytes of addresses, not ~90 N^2
+(`scalemodel.store_load` counts them exactly), and about 5 N^2 bytes of addresses, not ~130 N^2
 bytes of host ids and records: still N^2. Reading only the partners a job's collectives use
 would need the core to ask for an address on its first dial to a rank; not done.
 
