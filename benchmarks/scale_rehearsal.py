@@ -7,7 +7,8 @@ Each rank is a thread (torch is imported once) that makes a real native group th
 store rendezvous (wirespeed.native.rendezvous, on a real torch TCPStore that this process serves
 over loopback, a client connection per rank), with its own host id given to its group as data
 (WIRESPEED_HOSTID): ranks of one host id share memory as on a real host, ranks of different ids
-talk TCP over loopback. Ranks fill hosts in blocks (0..K-1 on host 0, ...). Then every rank runs,
+talk TCP over loopback. Ranks fill hosts in blocks (0..K-1 on host 0, ...), or with `--cyclic`
+are dealt to them round-robin. Then every rank runs,
 each result checked element by element: all_reduce, all_gather, reduce_scatter and all_to_all
 of a small (4 KiB) and a mid (`--mid-kib`, 64 KiB) buffer, and a barrier (`--ops` chooses).
 
@@ -81,6 +82,11 @@ def raise_open_files(need: int) -> tuple[int, int]:
     return hard, hard
 
 
+def host_of(ranks: int, hosts: int, cyclic: bool) -> list[int]:
+    """Each rank's host: in blocks of ranks / hosts (launchers' default), or dealt round-robin."""
+    return [r % hosts for r in range(ranks)] if cyclic else [r // (ranks // hosts) for r in range(ranks)]
+
+
 def fd_need(ranks: int, hosts: int, nstreams: int, all_to_all: bool, barrier: bool) -> int:
     """Open files the rehearsal needs at most: per rank the store's two ends, its listener, memfd,
     pidfds of its host mates, the reactor's (3 per I/O thread, 2 threads at most) and its TCP
@@ -101,12 +107,11 @@ def fd_need(ranks: int, hosts: int, nstreams: int, all_to_all: bool, barrier: bo
 
 
 class Rank(threading.Thread):
-    def __init__(self, rank, world, hosts, store, timeout, knobs, room, mid, go, ops):
+    def __init__(self, rank, world, host, store, timeout, knobs, room, mid, go, ops):
         super().__init__(name=f"rank{rank}", daemon=True)
         self.rank, self.world, self.store, self.timeout = rank, world, store, timeout
-        self.k = world // hosts
         # As long as a real one (hostname/boot id), so the store's bytes are a real job's.
-        self.knobs = dict(knobs, WIRESPEED_HOSTID=f"node{rank // self.k:05d}.rehearsal/{uuid.UUID(int=rank // self.k)}")
+        self.knobs = dict(knobs, WIRESPEED_HOSTID=f"node{host:05d}.rehearsal/{uuid.UUID(int=host)}")
         self.room, self.mid, self.go, self.ops = room, mid, go, ops
         self.rec: dict = {"rank": rank}
         self.wrong: list[str] = []
@@ -186,7 +191,7 @@ def _spread(xs: list[float]) -> dict:
 
 
 def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, nstreams: int = 12,
-             ops: tuple[str, ...] = OPS) -> dict:
+             ops: tuple[str, ...] = OPS, cyclic: bool = False) -> dict:
     """Run the rehearsal; its record (see the module's opening). Raises SystemExit with one line
     on a layout it cannot run."""
     if hosts < 1 or ranks % hosts:
@@ -213,7 +218,8 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
     # the other: made at once by many threads of one process, torch's clients stalled ~5 s.
     clients = [TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=timeout),
                         wait_for_workers=False) for _ in range(ranks)]
-    rs = [Rank(r, ranks, hosts, clients[r], timeout, knobs, room, mid_kib * 1024, go, ops) for r in range(ranks)]
+    lay = host_of(ranks, hosts, cyclic)
+    rs = [Rank(r, ranks, lay[r], clients[r], timeout, knobs, room, mid_kib * 1024, go, ops) for r in range(ranks)]
     step = threading.Barrier(ranks, timeout=timeout * 2)
     meet = threading.Barrier(ranks + 1, timeout=timeout * 4)
     leave = threading.Event()
@@ -251,8 +257,7 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
     wrong = [w for r in rs for w in r.wrong]
     recs = [r.rec for r in rs if "streams_all" in r.rec]
     k = ranks // hosts
-    lay = sm.blocked(hosts, k)
-    out: dict = {"ranks": ranks, "hosts": hosts, "per_host": k, "nstreams": nstreams, "mid_bytes": mid_kib * 1024,
+    out: dict = {"ranks": ranks, "hosts": hosts, "per_host": k, "layout": "cyclic" if cyclic else "blocked", "nstreams": nstreams, "mid_bytes": mid_kib * 1024,
                  "ops": list(ops), "errors": errors[:10], "failed_ranks": len(errors), "wrong": len(wrong),
                  "wrong_lines": wrong[:10], "job_s": job_s, "open_files_limit": soft, "open_files_need": need,
                  "load_avg": os.getloadavg()[0], "cpus": os.cpu_count(),
@@ -264,7 +269,7 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
             setup_s=_spread([r["setup_s"] for r in recs])["max"],
             setup_s_ranks=_spread([r["setup_s"] for r in recs]),
             store_keys_read_job=sum(s["keys_read"] for s in st),
-            store_keys_read_job_model=sm.job_store_reads(hosts, k),
+            store_keys_read_job_model=sum(sm.store_load(lay, r).read for r in range(ranks)),
             store_keys_written_job=sum(s["keys_written"] for s in st),
             store_requests_job=sum(s["requests"] for s in st),
             store_bytes_read_job=sum(s["bytes_read"] for s in st),
@@ -276,7 +281,7 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
             streams_setup_rank=_spread([r["streams_setup"] for r in recs]),
             streams_all_reduce_rank=_spread([r["streams_all_reduce"] for r in recs]),
             max_streams_per_rank=max(r["streams_all"] for r in recs),
-            max_streams_model=max(sm.tcp_sockets(lay, r, nstreams) for r in range(0, ranks, k)),
+            max_streams_model=max(sm.tcp_sockets(lay, r, nstreams) for r in range(ranks)),
             streams_all_reduce_model=max(sm.tcp_sockets_to(lay, r, sm.small_all_reduce_peers(lay, r), nstreams)
                                          for r in range(ranks)),
             threads_per_rank=(after["Threads"] - before["Threads"] - ranks) / ranks,  # the rank threads aside
@@ -297,7 +302,7 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
 
 
 def report(o: dict) -> str:
-    lines = [f"{o['ranks']} ranks on {o['hosts']} hosts x {o['per_host']} (threads of one process, "
+    lines = [f"{o['ranks']} ranks on {o['hosts']} hosts x {o['per_host']}, {o['layout']} (threads of one process, "
              f"load {o['load_avg']:.1f} on {o['cpus']} CPUs), {o['nstreams']} streams, ops {', '.join(o['ops'])}: "
              f"{o['wrong']} wrong, {o['failed_ranks']} failed, {o['job_s']:.1f} s in all"]
     lines += [f"  error: {e}" for e in o["errors"]] + [f"  wrong: {w}" for w in o["wrong_lines"]]
@@ -331,12 +336,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="the groups' timeout, s")
     ap.add_argument("--mid-kib", type=int, default=64)
     ap.add_argument("--nstreams", type=int, default=12)
+    ap.add_argument("--cyclic", action="store_true", help="deal ranks to hosts round-robin, not in blocks")
     ap.add_argument("--ops", default=",".join(OPS),
                     help="comma-separated, in this order whatever the order given (default: all)")
     a = ap.parse_args(argv)
     ops = tuple(o for o in a.ops.split(",") if o)
     try:
-        o = rehearse(a.ranks, a.hosts, a.timeout, a.mid_kib, a.nstreams, ops)
+        o = rehearse(a.ranks, a.hosts, a.timeout, a.mid_kib, a.nstreams, ops, a.cyclic)
     except OSError as e:  # EMFILE, where the estimate fell short: the ranks' threads still hold it
         print(f"scale_rehearsal: {e}; run fewer ranks or ops, or fewer streams (--nstreams)", flush=True)
         os._exit(1)

@@ -45,6 +45,15 @@ def test_16_ranks_on_4_hosts_run_every_collective_right_with_the_modelled_store_
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_ranks_dealt_round_robin_over_hosts_meet_through_the_leaders_records_too(tmp_path):
+    # every host holds ranks above and below every other rank: each rank reads the addresses of
+    # hosts whose leader is below it, and a non-leader its host's records from a leader far away
+    rec = _rehearse(tmp_path, "--ranks", "12", "--hosts", "3", "--cyclic")
+    assert rec["layout"] == "cyclic" and rec["max_streams_per_rank"] == rec["max_streams_model"], rec
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_64_ranks_on_16_hosts_set_up_with_the_store_load_the_model_gives(tmp_path):
     rec = _rehearse(tmp_path, "--ranks", "64", "--hosts", "16", "--nstreams", "1", "--ops", "all_reduce,barrier")
     # a small all_reduce across hosts: only the host leaders' doubling partners
