@@ -332,7 +332,7 @@ def summarize(cases: dict) -> None:
         s1 = tcp_sockets_to(lay, 0, small_all_reduce_peers(lay, 0), NSTREAMS)
         fds = s_ + 1 + 7 + 2 + 64  # listener, pidfds, setup's own, margin (hosts/fds.rs)
         jr = job_store_reads(h, 8)
-        r0 = store_load([0] * 8 + [1] * (n - 8), 0).read  # rank 0 reads every record above it
+        r0 = store_load(lay, 0).read  # rank 0 reads every host record and the addresses of every host
         print(f"{h:>6} {n:>6} | {s1:>7} {s_:>12} {fds:>8} | {t_const:>8.0f} {m_const:>7.1f}"
               f" | {sa + sb * n:>8.1f} {ca + cb * cores_here * s_:>8.1f} | {r0:>10} {jr:>12} {jr * per_key / 1e6:>11.0f}")
 

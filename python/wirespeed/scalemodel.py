@@ -98,30 +98,54 @@ class StoreLoad:
     requests: int
 
 
+def _members(host_of: list[int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for r, h in enumerate(host_of):
+        out.setdefault(h, []).append(r)
+    return out
+
+
+def hosts_read(host_of: list[int], rank: int) -> int:
+    """Host keys of gathered records `rank` reads (rendezvous.needed_hosts): its own host's unless
+    it leads it, and every other host's that holds a higher rank."""
+    mine = host_of[rank]
+    return sum(1 for h, rs in _members(host_of).items()
+               if (h == mine and rs[0] != rank) or (h != mine and rs[-1] > rank))
+
+
 def records_read(host_of: list[int], rank: int) -> int:
-    """Peers' (pid, memfd, address) records `rank` reads (rendezvous.needed_records)."""
-    return sum(1 for r in range(len(host_of))
-               if r != rank and (host_of[r] == host_of[rank] or r > rank))
+    """Peers' (pid, memfd, address) records that reach `rank` (rendezvous.needed_records)."""
+    mine = host_of[rank]
+    return sum(len(rs) - (h == mine) for h, rs in _members(host_of).items() if h == mine or rs[-1] > rank)
 
 
 def store_load(host_of: list[int], rank: int) -> StoreLoad:
-    """wirespeed's own store traffic for `rank` at setup (torch's init adds its own; not here):
-    writes: claim counter, claimant, host+room, rooms-read counter, record (+ the token on rank 0);
-    reads: token, every host id (one multi_get), the records it needs (one multi_get), and two
+    """wirespeed's own store traffic for `rank` at setup (torch's init adds its own; not here),
+    following rendezvous.py request by request:
+    writes: claim counter, claimant, host record, rooms-read counter, record; + token and layout
+    on rank 0; + on a host leader, its host's (pid, memfd) pairs where it has mates, and its
+    host's addresses where the job spans hosts;
+    reads: token; every host record (rank 0, one multi_get) or the layout (the others); a
+    leader its host mates' records (one multi_get); the host keys it needs (one multi_get); two
     claim checks of two keys each."""
-    w = 5 + (rank == 0)
-    rec = records_read(host_of, rank)
-    read = 1 + len(host_of) + rec + 4
-    requests = w + 1 + 1 + (1 if rec else 0) + 4
+    members = _members(host_of)
+    here = members[host_of[rank]]
+    leader = here[0] == rank
+    w = 5 + 2 * (rank == 0) + leader * ((len(here) > 1) + (len(members) > 1))
+    hk = hosts_read(host_of, rank)
+    mates = len(here) - 1 if leader else 0
+    read = 1 + (len(host_of) if rank == 0 else 1) + mates + hk + 4
+    requests = w + 1 + 1 + (1 if mates else 0) + (1 if hk else 0) + 4
     return StoreLoad(w, read, requests)
 
 
 def job_store_reads(hosts: int, per_host: int) -> int:
-    """Keys read from the store by all ranks of a blocked job, in closed form: N(N+5) for tokens,
-    host ids and claim checks, N(K-1) for records on one's host, and one record per pair of ranks
-    on different hosts (the lower one reads the higher one's)."""
+    """Keys read from the store by all ranks of a blocked job, in closed form: 5N for tokens and
+    claim checks, 2N - 1 for the host records (rank 0) and the layout (the others), H(K - 1) by
+    the leaders and H(K - 1) by the others for their host's records, and K(H - 1 - h) host keys
+    by each rank of host h: N x H / 2 in all, the part that grows."""
     n = hosts * per_host
-    return n * (n + 5) + n * (per_host - 1) + (n * n - hosts * per_host * per_host) // 2
+    return 7 * n - 1 + 2 * hosts * (per_host - 1) + per_host * hosts * (hosts - 1) // 2
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:

@@ -167,6 +167,11 @@ pub trait Collectives: Send {
     /// Break the group for `e`, found outside its ops (a send's wait failed, or an op panicked):
     /// later ops fail, peers are told, and nothing in flight keeps using a caller's buffer.
     fn abort(&mut self, e: &Error);
+    /// TCP streams this rank holds to ranks on other hosts now (connections are made on first
+    /// use, so this grows with the peers the collectives used); 0 on one host.
+    fn tcp_streams(&self) -> usize {
+        0
+    }
 }
 
 /// What one rank publishes for its peers to connect (its setup's `info`): every group's.

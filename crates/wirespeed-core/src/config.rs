@@ -129,6 +129,14 @@ pub fn host_id_from_env() -> String {
     crate::sys::host_id(hostid(&env).as_deref())
 }
 
+/// The host id a group given `knobs` takes (`Config::host_id`): WIRESPEED_HOSTID from `knobs`,
+/// else from the environment, else the machine's; nothing else read. For a caller that publishes
+/// it before making the group, where several groups of one process stand for several hosts
+/// (benchmarks/scale_rehearsal.py).
+pub fn host_id_from_knobs(knobs: &HashMap<String, String>) -> String {
+    crate::sys::host_id(hostid(&knobs_over_env(knobs)).as_deref())
+}
+
 fn hostid(var: Vars) -> Option<String> {
     var("WIRESPEED_HOSTID")
 }

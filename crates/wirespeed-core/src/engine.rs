@@ -258,6 +258,12 @@ impl Engine {
         self.shared.comm.lock().unwrap().rank()
     }
 
+    /// The group's TCP streams to other hosts now (`Collectives::tcp_streams`); waits for an op
+    /// in progress, so ask between ops.
+    pub fn tcp_streams(&self) -> usize {
+        self.shared.comm.lock().unwrap().tcp_streams()
+    }
+
     /// Queue an op to progress in the background; returns its id for `wait`/`is_done`.
     ///
     /// # Safety

@@ -46,7 +46,7 @@ mod transport;
 
 // The front door: what the Python bindings use. Everything else is private to the core.
 pub use api::{Buf, Collectives, RankInfo, Ticket};
-pub use config::{host_id_from_env, knobs_over_env, Config};
+pub use config::{host_id_from_env, host_id_from_knobs, knobs_over_env, Config};
 pub use dtype::{check as check_reduction, DType, ReduceOp};
 pub use engine::{Engine, Op, Owner};
 pub use error::{Error, Result};

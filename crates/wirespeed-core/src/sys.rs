@@ -362,6 +362,12 @@ pub fn set_nofile_soft(soft: u64) -> Result<()> {
 
 /// The most files any process may have open (fs.nr_open): a hard limit above it (RLIM_INFINITY)
 /// cannot be reached, since the kernel refuses a soft limit beyond it. None where unreadable.
+pub fn somaxconn() -> Option<u64> {
+    // (per network namespace: the value that caps this rank's listener)
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok()?.trim().parse().ok()
+}
+
+/// fs.nr_open: the most any process's open-file limit can be.
 pub fn nr_open() -> Option<u64> {
     std::fs::read_to_string("/proc/sys/fs/nr_open").ok()?.trim().parse().ok()
 }

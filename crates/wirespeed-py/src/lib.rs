@@ -295,6 +295,13 @@ impl Group {
         Ok(())
     }
 
+    /// TCP streams this rank holds to other hosts now (0 on one host; before `connect`, none):
+    /// with connections made on first use, what its collectives so far have opened.
+    fn tcp_streams(&self, py: Python<'_>) -> usize {
+        // (waits for an op in progress: not with the GIL held)
+        self.engine.as_ref().map_or(0, |e| py.allow_threads(|| e.tcp_streams()))
+    }
+
     /// Whether `close` ran (the claims watch stops watching a closed group).
     #[getter]
     fn closed(&self) -> bool {
@@ -316,9 +323,14 @@ fn core_version() -> &'static str {
 }
 
 /// This machine's id (hostname + boot id, or WIRESPEED_HOSTID): ranks with equal ids share memory.
+/// With `knobs`, the id a group given those knobs takes (their WIRESPEED_HOSTID first).
 #[pyfunction]
-fn host_id() -> String {
-    wirespeed_core::host_id_from_env()
+#[pyo3(signature = (knobs=None))]
+fn host_id(knobs: Option<HashMap<String, String>>) -> String {
+    match knobs {
+        Some(k) => wirespeed_core::host_id_from_knobs(&k),
+        None => wirespeed_core::host_id_from_env(),
+    }
 }
 
 /// This process's open-file room as text (`FdRoom`: WIRESPEED_NSTREAMS, the hard open-file

@@ -3,9 +3,10 @@
 Through whatever store torch hands the backend (TCPStore, FileStore, already prefixed per group),
 so torchrun, SLURM and `wirespeed bench -N` launches work unchanged: rank 0 publishes a random job
 token; every rank publishes its host id (hostname + boot id) with its open-file room (the core's
-hosts/fds.rs) and reads everyone's, so all agree on which ranks share a host and on the TCP
-streams per peer that every rank's open-file limit holds; then every rank publishes (pid, memfd,
-TCP listening address when the group spans hosts, host) and reads everyone's.
+hosts/fds.rs), and rank 0 publishes them all as one compact layout, so all agree on which ranks
+share a host and on the TCP streams per peer that every rank's open-file limit holds; then every
+rank publishes (pid, memfd, TCP listening address when the group spans hosts, host) and reads
+those it needs through its host leaders (below).
 
 Every rank first claims its number (a counter in the store). A number claimed by two processes (a
 stale rank of another job on the same port, a launcher that started a rank twice) is an error on
@@ -18,14 +19,24 @@ round, not a duplicate, and torchrun's restarts count as rounds of their own
 (TORCHELASTIC_RESTART_COUNT), since its store outlives the workers. The checks cost each rank O(1)
 store requests, whatever the world size.
 
-What each rank reads. Every rank needs every rank's host id and room (the layout and the stream
-count are computed alike everywhere from all of them), fetched in one request (`multi_get`, where
-the store has it). Of the (pid, memfd, address) records it needs only its own host's (to map their
-segments) and those of the ranks on other hosts that it dials, the higher-numbered ones (a lower
-rank dials a higher one, hosts/mesh.rs); a rank that dials it needs no look-up, its listener
-knows it by the key in its hello. So a rank reads world + (its host's ranks) + (higher remote
-ranks) keys in a handful of requests, and a job about 1.5 x world^2 keys instead of 2 x world^2.
-The host ids stay O(world) per rank: the layout needs them all.
+What each rank reads: O(world) bytes per job for the layout, not O(world^2). Every rank publishes
+its host record (room, job digest, host id); rank 0 alone reads them all (one `multi_get`) and
+publishes the layout as one short key (layout.py: host labels, rooms and digests run-length
+encoded, ~100 bytes for ranks in blocks per host at any size), which every other rank reads and
+expands into the lists the core takes, and every rank checks every digest against its own job.
+The host ids become labels: the core only compares them (hosts/layout.rs); a rank's own record,
+and its host mates', still carry the real id, which the shared-memory side checks.
+Then the (pid, memfd, address) records go through the host leaders (a host's lowest rank): each
+rank publishes its own, each leader reads its host's and publishes them as two keys, the (pid,
+memfd) pairs with the host id once for its host mates (`host_records`) and the listening
+addresses with the IP once for the other hosts (`host_addresses`, ~12 + 7 x ranks per host
+bytes); a rank reads its host's first key (to map its segments) and the second key of every host
+that holds a higher rank than it (it may dial those: a lower rank dials a higher one,
+hosts/mesh.rs; a rank that dials it needs no look-up, its listener knows it by the key in its
+hello). So a job of H hosts x K ranks reads about N x H / 2 keys, not 1.5 x N^2
+(`scalemodel.store_load` counts them exactly), and about 5 N^2 bytes of addresses, not ~130 N^2
+bytes of host ids and records: still N^2. Reading only the partners a job's collectives use
+would need the core to ask for an address on its first dial to a rank; not done.
 
 The store's load is counted (`StoreCounter`): the keys this rank wrote and read and its requests,
 for the last setup in this process in `last_setup()`, and on stderr with WIRESPEED_SETUP_STATS=1.
@@ -33,12 +44,14 @@ for the last setup in this process in `last_setup()`, and on stderr with WIRESPE
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
+import threading
 import time
 
 from .. import _native
-from . import admission
+from . import admission, layout
 
 admission.read_environment(os.environ)
 
@@ -109,6 +122,8 @@ class StoreCounter:
 
 
 _LAST: dict = {}
+# The same, per thread: benchmarks/scale_rehearsal.py runs many ranks as threads of one process.
+_LAST_HERE = threading.local()
 
 
 def last_setup() -> dict:
@@ -117,11 +132,68 @@ def last_setup() -> dict:
     return dict(_LAST)
 
 
-def needed_records(rank: int, hosts: list[str]) -> list[int]:
-    """The ranks whose (pid, memfd, address) record `rank` reads: its host's (segments to map)
-    and the higher-numbered ranks of other hosts (it dials them; lower ones dial it)."""
+def last_setup_here() -> dict:
+    """`last_setup` for the last rendezvous made by the calling thread."""
+    return dict(getattr(_LAST_HERE, "counts", {}))
+
+
+def _members(hosts: list[str]) -> dict[str, list[int]]:
+    """Each host's ranks, in rank order (the first is its leader)."""
+    out: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        out.setdefault(h, []).append(r)
+    return out
+
+
+def needed_hosts(rank: int, hosts: list[str]) -> list[str]:
+    """The hosts whose gathered records `rank` reads: its own where it is not the leader (its
+    host mates' segments to map; the leader gathered them itself) and every other host holding a
+    rank above it (it dials those; lower ones dial it, and its listener knows them by their
+    hello). In host order."""
+    members = _members(hosts)
     mine = hosts[rank]
-    return [r for r in range(len(hosts)) if r != rank and (hosts[r] == mine or r > rank)]
+    return [h for h, rs in members.items()
+            if (h == mine and rs[0] != rank) or (h != mine and rs[-1] > rank)]
+
+
+def needed_records(rank: int, hosts: list[str]) -> list[int]:
+    """The ranks whose (pid, memfd, address) record reaches `rank` (through `needed_hosts`' keys,
+    or read by itself as a leader): its host's and every rank of the other hosts it reads."""
+    members = _members(hosts)
+    mine = hosts[rank]
+    return sorted(r for h, rs in members.items() for r in rs
+                  if r != rank and (h == mine or rs[-1] > rank))
+
+
+def rank_host_id(knobs: dict[str, str]) -> str:
+    """This rank's host id as its group will take it: WIRESPEED_HOSTID given as data where not
+    empty (the core reads knobs before the environment), else the environment's or the machine's."""
+    return _native.host_id(knobs)
+
+
+def host_records(infos: list[tuple[int, int, str, str]]) -> str:
+    """What a host's other ranks need of its ranks' records, as one short text: the host id once
+    (the shared-memory side checks it) and each rank's (pid, memfd)."""
+    return json.dumps([infos[0][2], [[p, f] for p, f, _, _ in infos]], separators=(",", ":"))
+
+
+def read_host_records(text: str) -> list[tuple[int, int, str, str]]:
+    host, recs = json.loads(text)
+    return [(int(p), int(f), host, "") for p, f in recs]
+
+
+def host_addresses(addrs: list[str]) -> str:
+    """What ranks on other hosts need of a host's ranks' records: their listening addresses, the
+    common part (the host's IP) once."""
+    parts = [a.rpartition(":") for a in addrs]
+    ip = parts[0][0] + parts[0][1]
+    same = all(p[0] + p[1] == ip for p in parts)
+    return json.dumps([ip if same else "", [a[len(ip):] if same else a for a in addrs]], separators=(",", ":"))
+
+
+def read_host_addresses(text: str) -> list[str]:
+    ip, rest = json.loads(text)
+    return [ip + a for a in rest]
 
 
 def _wait_count(store, key: str, seen: int, want: int, most_s: float) -> None:
@@ -156,10 +228,13 @@ def knobs_under_environment(defaults: dict[str, str] | None) -> dict[str, str]:
 
 
 def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
-               knob_defaults: dict[str, str] | None = None):
+               knob_defaults: dict[str, str] | None = None, fd_room: str | None = None):
     """A connected native group for `rank` of `size`, met through `store`. `knob_defaults`: core
-    knobs (WIRESPEED_NSTREAMS, ...) for this group where the environment does not set them,
-    handed to the core as data (its fd room and its group read them alike on every rank)."""
+    knobs (WIRESPEED_NSTREAMS, WIRESPEED_HOSTID, ...) for this group where the environment does
+    not set them, handed to the core as data (its fd room and its group read them alike on every
+    rank). `fd_room`: the open-file room this rank publishes (`_native.fd_room`'s text), measured
+    here when None; benchmarks/scale_rehearsal.py, which runs many ranks in one process, passes
+    what one rank's own process would hold."""
     t0 = time.monotonic()
     knobs = knobs_under_environment(knob_defaults)
     store = StoreCounter(store)
@@ -175,13 +250,24 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
     # comma): every rank hands all of them to the core, which picks the same TCP stream count on
     # every rank from them, or fails every rank alike when some rank's limit is too low. And the
     # digest of its job's identity, which every rank compares.
-    store.set(f"{at}/host/{rank}", f"{_native.fd_room(knobs)},{admission.identity_digest(identity)},{_native.host_id()}")
-    got = store.get_many([f"{at}/host/{r}" for r in range(size)])
-    rooms, jobs, hosts = zip(*(v.decode().split(",", 2) for v in got))
+    room = _native.fd_room(knobs) if fd_room is None else fd_room
+    store.set(f"{at}/host/{rank}", f"{room},{admission.identity_digest(identity)},{rank_host_id(knobs)}")
+    # Rank 0 alone reads every host record and publishes the layout compactly (layout.py); the
+    # others read that one key: O(world) bytes through the store per job, not O(world^2).
+    if rank == 0:
+        got = store.get_many([f"{at}/host/{r}" for r in range(size)])
+        rooms, jobs, ids = zip(*(v.decode().split(",", 2) for v in got))
+        text = layout.encode(list(ids), list(rooms), list(jobs))
+        store.set(f"{at}/layout", text)
+    else:
+        text = store.get(f"{at}/layout").decode()
+    hosts, rooms, jobs = layout.decode(text, size)
     read = store.add(f"{at}/rooms-read", 1)
     try:
-        admission.check_identities(rank, list(jobs), identity)
-        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), list(hosts), list(rooms), knobs)
+        # Every rank compares every digest with its own identity, so each names its own job in
+        # its error (a rank of another job refuses this one's alike).
+        admission.check_identities(rank, jobs, identity)
+        group = _native.Group(rank, size, token, max(timeout.total_seconds(), 0.001), hosts, rooms, knobs)
     except Exception:
         # Every rank fails alike here (a limit too low, ranks that disagree, a rank of another
         # job), but rank 0, which serves the store under wirespeed's launchers and torch's
@@ -195,28 +281,49 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
         admission.say_what_the_store_admits()
     pid, fd, host, addr = group.info()
     store.set(f"{at}/rank/{rank}", f"{pid},{fd},{addr},{host}")
-    # Only the records this rank connects with (needed_records); the core reads no other entry
-    # (a host's own ranks' segments, the addresses of the ranks it dials), so the rest stand in
-    # as empty records of their host.
-    want = needed_records(rank, list(hosts))
+    # The records through the host leaders: each gathers its host's and publishes them as two
+    # keys, its ranks' (pid, memfd) for each other (host_records) and their addresses for the
+    # other hosts (host_addresses). A rank reads its own host's first key (segments to map) and
+    # the second of every host holding a rank above it (it may dial those; lower ones dial it,
+    # mesh.rs).
+    members = _members(hosts)
+    mine = hosts[rank]
+    here = members[mine]
     infos = [(0, -1, hosts[r], "") for r in range(size)]
     infos[rank] = (pid, fd, host, addr)
-    for r, v in zip(want, store.get_many([f"{at}/rank/{r}" for r in want])):
-        p, f, a, h = v.decode().split(",", 3)
-        infos[r] = (int(p), int(f), h, a)
+    if rank == here[0]:
+        for r, v in zip(here[1:], store.get_many([f"{at}/rank/{r}" for r in here[1:]])):
+            p, f, a, h = v.decode().split(",", 3)
+            infos[r] = (int(p), int(f), h, a)
+        if len(here) > 1:
+            store.set(f"{at}/hostrecs/{rank}", host_records([infos[r] for r in here]))
+        if len(members) > 1:
+            store.set(f"{at}/hostaddrs/{rank}", host_addresses([infos[r][3] for r in here]))
+    want = needed_hosts(rank, hosts)
+    keys = [f"{at}/hostrecs/{here[0]}" if h == mine else f"{at}/hostaddrs/{members[h][0]}" for h in want]
+    for h, v in zip(want, store.get_many(keys)):
+        if h == mine:
+            for r, info in zip(here, read_host_records(v.decode())):
+                if r != rank:
+                    infos[r] = info
+        else:
+            for r, a in zip(members[h], read_host_addresses(v.decode())):
+                infos[r] = (0, -1, h, a)
     admission.check_claims(store, rank, n)
     group.connect(infos)
     admission.check_claims(store, rank, n)
     admission.watch(group, store._store, size, timeout.total_seconds())
-    _LAST.clear()
     # Across hosts, the TCP streams per peer the core chose at setup (a probe between the first
     # two hosts, or WIRESPEED_NSTREAMS): (opened, used, forced, seconds, steps), else None.
     streams = group.streams
-    _LAST.update(rank=rank, world=size, records_read=len(want), seconds=time.monotonic() - t0,
-                 streams_used=streams[1] if streams else None,
-                 streams_opened=streams[0] if streams else None, **store.counts())
+    c = dict(rank=rank, world=size, records_read=len(needed_records(rank, hosts)),
+             hosts_read=len(want), seconds=time.monotonic() - t0,
+             streams_used=streams[1] if streams else None,
+             streams_opened=streams[0] if streams else None, **store.counts())
+    _LAST_HERE.counts = c
+    _LAST.clear()
+    _LAST.update(c)
     if os.environ.get("WIRESPEED_SETUP_STATS") == "1":
-        c = _LAST
         # One write with its newline: ranks sharing a pipe otherwise run their lines together.
         sys.stderr.write(f"wirespeed: rank {rank} of {size} set up in {c['seconds']:.3f} s: store keys "
                          f"written {c['keys_written']}, read {c['keys_read']} ({c['records_read']} peers' "

@@ -231,9 +231,33 @@ pub fn apply(plan: &Plan, rank: usize, rooms: &[FdRoom]) -> Result<()> {
     Ok(())
 }
 
+/// The line rank 0 says when `somaxconn` (net.core.somaxconn, which caps every listener's
+/// backlog, transport/tcp/handshake.rs) is below the most TCP streams that may dial one rank of
+/// this layout at once: every stream from the ranks below it on other hosts, at the first
+/// collective that uses every pair (an all_to_all; at setup with WIRESPEED_CONNECT=eager). Dials
+/// beyond the backlog are dropped and retried by the kernel after 1, 2, 4 s, so setup or that
+/// first collective stalls in steps. None when the backlog holds them.
+pub fn backlog_line(lay: &HostLayout, nstreams: usize, somaxconn: u64) -> Option<String> {
+    let most = needs(lay).iter().map(|n| n.sockets(nstreams)).max().unwrap_or(0);
+    (most > somaxconn).then(|| format!(
+        "wirespeed: net.core.somaxconn is {somaxconn} on rank 0's host, and up to {most} TCP streams may dial one rank of \
+         this group at once (a collective that uses every pair): dials beyond it wait 1-7 s; raise it on every host \
+         (`sysctl -w net.core.somaxconn={}`)", most.next_power_of_two().min(65_535)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backlog_below_what_the_layout_may_dial_is_named_once_with_its_sysctl() {
+        let big = HostLayout::new(&(0..8192).map(|r| format!("h{}", r / 8)).collect::<Vec<_>>());
+        let line = backlog_line(&big, 12, 4096).expect("1,024 x 8 at 12 streams exceeds 4,096");
+        assert!(line.contains("net.core.somaxconn is 4096") && line.contains("19448"), "{line}");
+        assert!(line.contains("sysctl -w net.core.somaxconn=32768"), "{line}");
+        assert_eq!(backlog_line(&big, 12, 65_535), None);
+        assert_eq!(backlog_line(&layout(&[0, 0, 1, 1]), 12, 128), None); // 24 + 1 streams
+    }
 
     fn layout(hosts_of: &[usize]) -> HostLayout {
         HostLayout::new(&hosts_of.iter().map(|h| format!("h{h}")).collect::<Vec<_>>())

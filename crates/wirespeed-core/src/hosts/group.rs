@@ -55,6 +55,11 @@ impl Setup {
             fds::apply(p, rank, rooms)?;
             net.nstreams = p.nstreams;
         }
+        if rank == 0 {
+            if let Some(line) = crate::sys::somaxconn().and_then(|cap| fds::backlog_line(&lay, net.nstreams, cap)) {
+                eprintln!("{line}");
+            }
+        }
         let h = lay.host_of[rank];
         let mut local = Comm::new(lay.local_of[rank], lay.hosts[h].len(), token, timeout, cfg)?;
         local.name_members(lay.hosts[h].clone())?;
@@ -435,6 +440,9 @@ impl Collectives for Group {
     }
     fn abort(&mut self, e: &Error) {
         self.break_group(e);
+    }
+    fn tcp_streams(&self) -> usize {
+        (0..self.world).map(|r| self.streams_to(r)).sum()
     }
     // SAFETY: sound on Collectives' contract alone: `addr` is posted to the route and waited before
     // this returns; an error breaks the group, so no late write.

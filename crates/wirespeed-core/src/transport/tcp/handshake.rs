@@ -485,7 +485,8 @@ impl ListenerInner {
 /// Connections the kernel may hold for this listener before `accept`: std's `bind` listens with
 /// 128, and at setup every stream of every rank on other hosts dials at once (docs/scale.md:
 /// ~19,000 at 1,024 hosts x 8 ranks), so SYNs past 128 would be dropped and retried after 1, 2, 4 s,
-/// and setup would stall in steps. The kernel caps this at `net.core.somaxconn`.
+/// and setup would stall in steps. The kernel caps this at `net.core.somaxconn`; rank 0 says so
+/// when that is below what its group's layout may dial at one rank (hosts/fds.rs, `backlog_line`).
 const LISTEN_BACKLOG: libc::c_int = 65_535;
 
 fn deepen_backlog(sock: &TcpListener) {
