@@ -251,8 +251,9 @@ def judge(args, run: dict, outcome, kill, folder: str) -> dict:
             rec["wrong"] = max(rec["wrong"], 1)
         if rec["wrong"]:
             res["problems"].append(f"rank {r}: {rec['wrong']} wrong elements: {rec.get('wrong_ops')}")
-        if "Traceback" in err:
-            res["problems"].append(f"rank {r}: a traceback: {lines[-1] if lines else ''}")
+        if "Traceback" in err or "Exception raised from" in err:   # Python's, or a C++ stack
+            res["problems"].append(f"rank {r}: a traceback or stack on stderr: "
+                                   f"{next(ln for ln in lines if 'Traceback' in ln or 'Exception raised' in ln)}")
         if r == victim:
             if code != -9:
                 res["problems"].append(f"rank {r} (the victim) ended with {code}, not its own SIGKILL")
@@ -363,6 +364,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=10.0, help="the ranks' --timeout, seconds")
     p.add_argument("--json", default=None, help="write the plan, each run and the summary here")
     p.add_argument("--keep", action="store_true", help="keep the folders of failed runs")
+    p.add_argument("--only", default="", help="run only these runs of the plan (comma list)")
     p.add_argument("-v", "--verbose", action="store_true", help="a line for every run")
     # a rank's own flags (the driver passes them)
     for flag in ("--folder", "--kill-phase"):
@@ -384,21 +386,27 @@ def main() -> int:
     name = cluster = None
     results: list[dict] = []
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="wirespeed-soak-") as soak_dir:
-        os.chmod(soak_dir, 0o755)
-        try:
-            if any(r["place"] == "hosts" for r in plan):
-                name = "soak" + uuid.uuid4().hex[:8]
-                cluster = cluster_up(name)
-            for run in plan:
-                res = one_run(args, run, soak_dir, cluster)
-                results.append(res)
-                if args.verbose or res["problems"]:
-                    print_run(res)
-        finally:
-            if name:
-                from wirespeed.netem import cluster as C
-                C.down(name)
+    if args.only:
+        plan = [plan[int(i)] for i in args.only.split(",")]
+    soak_dir = tempfile.mkdtemp(prefix="wirespeed-soak-")
+    os.chmod(soak_dir, 0o755)
+    try:
+        if any(r["place"] == "hosts" for r in plan):
+            name = "soak" + uuid.uuid4().hex[:8]
+            cluster = cluster_up(name)
+        for run in plan:
+            res = one_run(args, run, soak_dir, cluster)
+            results.append(res)
+            if args.verbose or res["problems"]:
+                print_run(res)
+    finally:
+        if name:
+            from wirespeed.netem import cluster as C
+            C.down(name)
+        if any("folder" in r for r in results):
+            print(f"# the failed runs' folders are kept in {soak_dir}")
+        else:
+            shutil.rmtree(soak_dir, ignore_errors=True)
     ns_left = namespaces_left(name) if name else []
     s = summary(results, args, ns_left)
     s["seconds"] = time.monotonic() - t0

@@ -99,8 +99,6 @@ def rank_main(args) -> int:
               "status": 0}
     if victim and args.kill_phase == "before-init":
         die(folder, rank, args.kill_phase, "before init")
-    if victim and args.kill_phase == "setup":
-        kill_later(folder, rank, args.kill_phase, where, args.kill_delay)
     # What start_backend imports, imported first: the mark below is when the rank begins to meet
     # its peers, which a rank's own deadline counts from, not when it begins to load torch.
     import torch.distributed  # noqa: F401
@@ -108,6 +106,8 @@ def rank_main(args) -> int:
     import wirespeed.native  # noqa: F401
     with open(os.path.join(folder, f"start-{rank}"), "w") as f:
         f.write(repr(time.monotonic()))
+    if victim and args.kill_phase == "setup":
+        kill_later(folder, rank, args.kill_phase, where, args.kill_delay)
     where.text = "in setup"
     backend = start_backend("wirespeed", "cpu", info, args.timeout)
     where.text = "set up, before op #0"
