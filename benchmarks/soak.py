@@ -364,6 +364,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=10.0, help="the ranks' --timeout, seconds")
     p.add_argument("--json", default=None, help="write the plan, each run and the summary here")
     p.add_argument("--keep", action="store_true", help="keep the folders of failed runs")
+    p.add_argument("--cluster-name", default="", help="name of the 2-host cluster it builds and "
+                   "removes (default: a fresh one)")
     p.add_argument("--only", default="", help="run only these runs of the plan (comma list)")
     p.add_argument("-v", "--verbose", action="store_true", help="a line for every run")
     # a rank's own flags (the driver passes them)
@@ -392,7 +394,7 @@ def main() -> int:
     os.chmod(soak_dir, 0o755)
     try:
         if any(r["place"] == "hosts" for r in plan):
-            name = "soak" + uuid.uuid4().hex[:8]
+            name = args.cluster_name or "soak" + uuid.uuid4().hex[:8]
             cluster = cluster_up(name)
         for run in plan:
             res = one_run(args, run, soak_dir, cluster)
