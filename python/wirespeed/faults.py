@@ -20,7 +20,10 @@ _TIMEOUT_TEXT = ("timed out", "timeout", "deadline exceeded")
 _LOST_TEXT = ("connection closed", "connection reset", "broken pipe", "connection refused",
               "econnreset", "epipe", "socket closed", "end of file", "peer closed", "no route to host",
               "network is unreachable", "connection aborted", "ecconnaborted", "read error",
-              "write error", "remote process exited", "died")
+              "write error", "remote process exited", "died",
+              # torch's TCPStore client when the rank serving the store has gone (the soak: rank
+              # 0 killed in setup ended its peers with status 1)
+              "connection was likely closed", "failed to recv")
 _MISMATCH_TEXT = ("ranks disagree", "mismatch", "do not match", "don't match")
 
 # gloo prefixes its messages with its source position: "[/path/to/unbound_buffer.cc:78] Timed out".

@@ -30,6 +30,8 @@ def test_codes_are_distinct_and_documented():
     ("Read error [127.0.0.1]:7560: Connection reset by peer. This is typically caused by ...", PeerLost),
     ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1", PeerLost),
     ("The client socket has timed out after 3000ms while trying to connect to (h, 1).", PeerTimeout),
+    ("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?",
+     PeerLost),
     ("result type Float can't be cast to the desired output type Char", WirespeedError),
 ])
 def test_library_messages_become_their_kind(message, kind):

@@ -149,3 +149,25 @@ def test_rank_killed_mid_all_reduce_every_survivor_raises_within_the_timeout(clu
     assert len(raised) >= 2, err[-3000:]
     assert "killing it" not in err, err[-3000:]
     assert netns_processes(cluster_name) == {}
+
+
+@pytest.mark.timeout(STARTUP + 60)
+def test_an_8_bit_avg_across_hosts_is_a_case_that_cannot_run_not_the_end_of_the_sweep(cluster_name, tmp_path):
+    """The transport refuses an int8/uint8 avg across hosts (docs/failures.md): bench shows it as a
+    case that cannot run and measures the rest, where it ended the sweep with a usage error (the
+    soak, benchmarks/soak.py, met it)."""
+    from wirespeed.netem import cluster as C
+    C.up(2, 400 * 10**6, name=cluster_name, measure=False)
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run(cli("bench", "--cluster", cluster_name, "-N", 2, "--backend", "wirespeed",
+                           "-c", "all_reduce,reduce", "--sizes", "8,4100", "-d", "int8,uint8,float32",
+                           "-o", "avg,sum", "-n", 2, "-w", 1, "--no-save", "--no-progress",
+                           "--timeout", 30, "--json", out),
+                       capture_output=True, text=True, timeout=STARTUP + 30)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    ran = {(r["collective"], r["dtype"], r["op"]) for r in recs}
+    assert ran == {(c, d, o) for c in ("all_reduce", "reduce") for d in ("int8", "uint8", "float32")
+                   for o in ("avg", "sum") if not (o == "avg" and d != "float32")}, ran
+    assert all(r["checked"] and r["wrong"] == 0 for r in recs)
+    assert netns_processes(cluster_name) == {}

@@ -113,3 +113,13 @@ def test_asking_mpi_without_mpi4py_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(mpirun, "_MASTER_FROM_MPI", None)
     with pytest.raises(UsageError, match="mpi4py is not installed.*MASTER_ADDR"):
         mpirun.master_from_mpi(1, 4)
+
+
+def test_ranks_a_launcher_starts_log_torchs_cpp_errors_only_unless_the_user_says():
+    """When a peer dies, torch's store client logs a warning with a C++ stack from each thread
+    that touches the store, ahead of wirespeed's one-line error (the soak found them on
+    survivors' stderr): wirespeed's launchers give their ranks TORCH_CPP_LOG_LEVEL=ERROR, and
+    keep a level the user set."""
+    from wirespeed.launch.local import rank_env
+    assert rank_env(0, 2, 29500, {})["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+    assert rank_env(0, 2, 29500, {"TORCH_CPP_LOG_LEVEL": "INFO"})["TORCH_CPP_LOG_LEVEL"] == "INFO"

@@ -25,6 +25,20 @@ class NativeBackend(TorchDistBackend):
         from .. import native  # noqa: F401  (registers "wirespeed" with torch.distributed)
         super().init(info, device, timeout_s)
 
+    def unsupported(self, collective, dtype, op, inplace, device, world=None):
+        why = super().unsupported(collective, dtype, op, inplace, device, world)
+        if why is None and op == "avg" and dtype in ("int8", "uint8") and self._spans_hosts():
+            # The transport refuses it (its partial sums would wrap between hosts): a case that
+            # cannot run, shown as such, not an error that ends a sweep (the soak met it).
+            return "wirespeed: no 8-bit avg across hosts"
+        return why
+
+    @staticmethod
+    def _spans_hosts() -> bool:
+        """True once the job's group is set up across hosts (it chose TCP streams), False before."""
+        import torch.distributed as dist
+        return dist.is_initialized() and dist.group.WORLD.native.streams is not None
+
     def start_line(self) -> None:
         # The engine's barrier itself (0.6 us on two ranks here), not through torch.distributed's
         # barrier, whose Python wrapper adds ~2.8 us: a timed loop of 20 small calls counted it as

@@ -12,7 +12,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import time
+from contextlib import contextmanager
 
 from ..errors import PeerLost, PeerTimeout
 from ..faults import first_line
@@ -37,6 +39,87 @@ def _wait_listening(addr: str, port: int, deadline: float) -> bool:
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
 
 
+# torch's TCPStore client does not keep to its timeout: it retries a refused connect with a
+# backoff it does not clip (given 10 s it gave up after 17 s, given 5 s after 8 s), and against a
+# server that accepts but never answers (its rank stopped, or another program on the port) it
+# waits forever. So it runs in a thread of its own, and the rank waits for it only until the
+# roll call's deadline, looking meanwhile whether the server is still there.
+CHECK_S = 0.25
+
+
+def _connect(info: RankInfo, deadline: float, timeout_s: float, serving: str):
+    """A client of the store that answered at the rendezvous, within the roll call's deadline.
+    The store accepted a connection a moment ago, so a refused one now means the process serving
+    it has gone (killed, or failed in its own setup): a lost peer, said at once rather than after
+    the timeout (the soak: rank 0 killed in setup, its peers ended 13-20 s later with torch's
+    text). A store that accepts but does not answer is a timeout, at the deadline."""
+    import threading
+
+    import torch.distributed as dist
+
+    where = f"{info.master_addr}:{info.master_port}"
+    box: dict = {}
+
+    def attempt():
+        try:
+            box["store"] = dist.TCPStore(
+                info.master_addr, info.master_port, info.world_size, is_master=False,
+                timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)),
+                wait_for_workers=False)
+        except Exception as e:  # noqa: BLE001 (torch's DistNetworkError, or its RuntimeError)
+            box["error"] = e
+
+    gone = False
+    with _quiet_stderr():
+        t = threading.Thread(target=attempt, name="wirespeed-store-connect", daemon=True)
+        t.start()
+        while t.is_alive() and time.monotonic() < deadline:
+            t.join(min(CHECK_S, max(deadline - time.monotonic(), 0)))
+            if t.is_alive() and _refused(info.master_addr, info.master_port):
+                gone = True
+                break
+    if "store" in box:
+        # Its calls in the roll call get what remains of the deadline, as the master's do.
+        box["store"].set_timeout(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        return box["store"]
+    if gone or ("error" in box and _refused(info.master_addr, info.master_port)):
+        raise PeerLost(f"rank {info.rank}: {serving}, which served the rendezvous at {where}, "
+                       "stopped answering before every rank had checked in (it died or failed; "
+                       "its own output says which)")
+    why = first_line(box["error"]) if "error" in box else "it accepted the connection but never answered"
+    raise PeerTimeout(f"rank {info.rank}: {serving} at the rendezvous {where} did not take this rank "
+                      f"within {timeout_s:g} s: {why}")
+
+
+def _refused(addr: str, port: int) -> bool:
+    """True when nothing listens at addr:port any more (the connection is refused). Silence is
+    not a refusal: a busy server's full backlog, or a link that is down."""
+    try:
+        with socket.create_connection((addr, port), timeout=1.0):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def _quiet_stderr():
+    """fd 2 to /dev/null while a rank connects to the store: torch's client logs every failed
+    try with a C++ stack there, and the failure is reported in one line of ours. No other thread
+    of the rank writes yet (the rendezvous precedes the watchdog)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def roll_call_store(info: RankInfo, timeout_s: float):
     """A TCPStore every rank of the job has checked in to, or PeerTimeout naming who is missing."""
     import torch.distributed as dist
@@ -51,9 +134,12 @@ def roll_call_store(info: RankInfo, timeout_s: float):
         raise PeerTimeout(f"rank {info.rank}: nothing answered at the rendezvous {where} within "
                           f"{timeout_s:g} s: {serving} never started there (start it, or point "
                           "MASTER_ADDR/MASTER_PORT at it)")
-    left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-    store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=master,
-                          timeout=left, wait_for_workers=False)
+    if master:
+        left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+        store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=True,
+                              timeout=left, wait_for_workers=False)
+    else:
+        store = _connect(info, deadline, timeout_s, "torchrun's agent" if agent else "rank 0")
     # A restarted torchrun job reuses its agent's store: keys of an earlier attempt must not count.
     prefix = f"wirespeed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     keys = [f"{prefix}arrived/{r}" for r in range(info.world_size)]

@@ -70,7 +70,7 @@ def cluster_env(cluster: C.Cluster, base=None) -> dict:
     library, and the link rates for the records."""
     env = dict(os.environ if base is None else base)
     env.update(E.local_spawn_env(), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-               **link_env(cluster))
+               **E.torch_log_env(env), **link_env(cluster))
     for var in IFNAME_VARS:
         env[var] = cluster.hosts[0].ifname  # every host's interface has this one name
     return env

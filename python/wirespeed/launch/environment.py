@@ -242,6 +242,15 @@ def spawned_here(environ=None) -> bool:
     return (os.environ if environ is None else environ).get(LOCAL_SPAWN) == "1"
 
 
+def torch_log_env(env) -> dict:
+    """torch's C++ log level for a rank a wirespeed launcher starts: errors only, unless the user
+    set TORCH_CPP_LOG_LEVEL. When a peer dies, torch's store client logs a warning with a C++
+    stack from every thread that touches the job's store (the watchdog's signs of life, the
+    admission watch), ahead of the one line wirespeed reports for it; the soak found them on the
+    survivors' stderr."""
+    return {"TORCH_CPP_LOG_LEVEL": env.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+
+
 def local_spawn_env() -> dict:
     """What a wirespeed launcher adds to its ranks' environment so that they know (spawned_here)."""
     return {LOCAL_SPAWN: "1"}

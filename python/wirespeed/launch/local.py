@@ -16,7 +16,7 @@ import time
 
 from ..errors import (EXIT_FAILED, EXIT_MEANING, EXIT_MISMATCH, EXIT_PEER_LOST, EXIT_TIMEOUT,
                       EXIT_USAGE)
-from .environment import check_port_free, free_port, local_spawn_env, with_job_secret
+from .environment import check_port_free, free_port, local_spawn_env, torch_log_env, with_job_secret
 
 # After the first rank fails, how long the others get to report their own error before being
 # killed. Ranks share one --timeout, so a fault that stalls the job makes them all time out within
@@ -39,7 +39,8 @@ def rank_env(rank: int, nproc: int, port: int, base=None) -> dict:
     env = dict(os.environ if base is None else base)
     env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               **local_spawn_env(), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+               **local_spawn_env(), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+               **torch_log_env(env))
     return env
 
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .environment import DEFAULT_PORT, IFNAME_VARS, JOB_SECRET, LINK_VARS, link_env
+from .environment import DEFAULT_PORT, IFNAME_VARS, JOB_SECRET, LINK_VARS, link_env, torch_log_env
 
 
 
@@ -80,7 +80,7 @@ def plan(hosts, counts, cmd, *, master_addr=None, master_port=None, ifname=None,
             # otherwise each start a thread per core and fight (20x slower small all_reduces).
             env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": n,
                    "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
-                   "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", "1")}
+                   "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", "1"), **torch_log_env(environ)}
             if environ.get(JOB_SECRET):  # main() makes one per job unless the user gave one
                 env[JOB_SECRET] = environ[JOB_SECRET]
             dev = ns_info[h.name][1] if h.netns else ifname
