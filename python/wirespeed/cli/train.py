@@ -11,7 +11,7 @@ import argparse
 from functools import partial
 
 from ..errors import UsageError
-from . import flags
+from . import flags, trainopts
 from .common import add
 from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
@@ -38,6 +38,7 @@ def register(sub) -> None:
     add(p, "--timeline", action="store_true", help="ddp: also time when each step's buckets go out "
         "and come back (through a comm hook doing what DDP's own all_reduce does, on every backend "
         "alike) and print where in the step the communication ran and at what rate")
+    trainopts.register(p)
     flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, nccl",
                 default_backend="nccl with GPUs, else gloo")
     flags.iterations(p, warmup="2", iters="10", unit="training steps")
@@ -106,6 +107,7 @@ def config_from_args(args) -> tuple[list[str], "object"]:
     if args.timeline and args.parallel != "ddp":
         raise UsageError("--timeline times DDP's buckets; FSDP2 has none: drop --timeline or use "
                          "--parallel ddp")
+    options = trainopts.options_from_args(args, args.parallel)
     backends = split_backends(args.backend) if args.backend is not None else [None]
     resolved = [resolve_backend(b, args.device) for b in backends]
     devices = {d for _, d in resolved}
@@ -132,7 +134,7 @@ def config_from_args(args) -> tuple[list[str], "object"]:
                       backend=backend, device=device, nproc=nproc,
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                       timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0,
-                      timeline=bool(args.timeline))
+                      timeline=bool(args.timeline), trace=args.trace, **options)
     return [b for b, _ in resolved], cfg
 
 

@@ -15,6 +15,7 @@ from ..knobs import for_children
 from ..launch.child import failure_line, run_child, scratch_dir
 from ..report.outputs import run_dir
 from ..report.records import write_jsonl
+from .hooks import option_argv
 
 # Backends may add a reduction's terms in different orders (float reassociation: ~1e-7 of a
 # gradient, none with 2 ranks), and a network can amplify that over steps: BatchNorm over a few
@@ -83,6 +84,9 @@ class TrainRun:
                 "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
                 "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", self.json_path,
                 "--state-out", self.state_path, "--no-save"] + (["--timeline"] if cfg.timeline else [])
+        argv += option_argv(cfg)
+        if cfg.trace:
+            argv += ["--trace", cfg.trace]
         for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
             if getattr(self, flag):
                 argv += ["--" + flag.replace("_", "-"), str(getattr(self, flag))]

@@ -1,0 +1,74 @@
+"""`wirespeed train`'s wrapper options, --trace and --tune's flags (cli/train.py has the rest)."""
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+from . import flags
+from .common import add
+from .rankjob import parse_num
+
+
+def register(p) -> None:
+    add(p, "--comm-hook", default="none", help="ddp: none, fp16, bf16 (gradient compression: torch's "
+        "fp16/bf16_compress_hook) or powersgd:RANK (torch's powerSGD_hook, low-rank compression)")
+    add(p, "--threads", default="0", help="torch.set_num_threads in each rank (0: as started; "
+        "launchers start ranks with OMP_NUM_THREADS=1 unless it is set)")
+    add(p, "--grad-as-bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
+    add(p, "--static-graph", action="store_true", help="ddp: static_graph=True")
+    add(p, "--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+        help="fsdp: free each block's gathered parameters after its forward (FSDP2's default)")
+    add(p, "--prefetch", default="0", help="fsdp: blocks each block gathers ahead explicitly in "
+        "forward and backward (0: FSDP2's own prefetching)")
+    add(p, "--reduce-dtype", default="fp32", help="fsdp: fp32, or bf16 (MixedPrecisionPolicy("
+        "reduce_dtype=bf16): gradients reduced in bf16, compression)")
+    flags.output(p, "--trace", default=None, help="write each rank's forward, backward, optimizer and every "
+        "bucket's communication as a Chrome/Perfetto trace (JSON) here")
+    add(p, "--tune", action="store_true", help="search the wrapper options, comm hooks, threads and "
+        "the backend's knobs for a faster configuration that keeps the training (docs/train.md)")
+    add(p, "--budget", default="1800", help="--tune: seconds the search may take; what does not fit "
+        "is skipped and named")
+    add(p, "--loss-tolerance", default="2%", help="--tune: the largest change of the loss and of the "
+        "parameters (over the distance training moved them) a recommendation may make")
+    add(p, "--candidates", default=None, help="--tune: the candidates to try instead of the built-in "
+        "list, ';' between candidates, '+' inside one: 'comm-hook=fp16; bucket-mb=5+threads=2; "
+        "WIRESPEED_NSTREAMS=4'")
+
+
+def options_from_args(args, parallel: str) -> dict:
+    """The TrainConfig fields of the options, checked: one line, exit 2, on a bad one."""
+    from ..train.hooks import REDUCE_DTYPES, parse_comm_hook
+    hook = parse_comm_hook(args.comm_hook)
+    threads = parse_num(args.threads, "--threads")
+    prefetch = parse_num(args.prefetch, "--prefetch")
+    if threads > 4096:
+        raise UsageError(f"--threads {args.threads}: at most 4096")
+    if prefetch > 64:
+        raise UsageError(f"--prefetch {args.prefetch}: at most 64 blocks")
+    if args.reduce_dtype not in REDUCE_DTYPES:
+        raise UsageError(f"--reduce-dtype {args.reduce_dtype}: choose fp32 or bf16")
+    ddp_only = [f for f, on in (("--comm-hook", hook != "none"), ("--grad-as-bucket-view", args.grad_as_bucket_view),
+                                ("--static-graph", args.static_graph)) if on]
+    fsdp_only = [f for f, on in (("--no-reshard-after-forward", not args.reshard_after_forward),
+                                 ("--prefetch", prefetch > 0), ("--reduce-dtype", args.reduce_dtype != "fp32")) if on]
+    if parallel == "fsdp" and ddp_only:
+        raise UsageError(f"{ddp_only[0]} is a DDP option; --parallel fsdp has no buckets to hook")
+    if parallel == "ddp" and fsdp_only:
+        raise UsageError(f"{fsdp_only[0]} is an FSDP2 option: add --parallel fsdp")
+    return {"comm_hook": hook, "threads": threads, "grad_as_bucket_view": bool(args.grad_as_bucket_view),
+            "static_graph": bool(args.static_graph), "reshard_after_forward": bool(args.reshard_after_forward),
+            "prefetch": prefetch, "reduce_dtype": args.reduce_dtype}
+
+
+def tune_from_args(args) -> tuple[float, float, str | None]:
+    """(--budget seconds, --loss-tolerance as a fraction, --candidates), checked."""
+    budget = parse_num(args.budget, "--budget", float)
+    if budget <= 0:
+        raise UsageError("--budget must be positive (seconds)")
+    text = str(args.loss_tolerance).strip()
+    tol = parse_num(text[:-1] if text.endswith("%") else text, "--loss-tolerance", float)
+    tol = tol / 100 if text.endswith("%") else tol
+    if not 0 < tol < 1:
+        raise UsageError(f"--loss-tolerance {args.loss_tolerance}: give a share between 0 and 1, or "
+                         "a percentage such as 2%")
+    return budget, tol, args.candidates
