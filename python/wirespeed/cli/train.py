@@ -135,6 +135,8 @@ def config_from_args(args) -> tuple[list[str], "object"]:
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                       timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0,
                       timeline=bool(args.timeline), trace=args.trace, **options)
+    from ..train.hooks import check_options
+    check_options(cfg)
     return [b for b, _ in resolved], cfg
 
 
@@ -180,9 +182,13 @@ def main(args, argv) -> int:
         from .rankjob import check_rank_flags
         from ..train.shell import run_backends
         check_rank_flags(args)
+        if args.tune:
+            return trainopts.run_tune(args, argv, backends, cfg, shell_settings(args))
         from ..train.rank import check_memory
         check_memory(cfg, cfg.nproc)
         return run_backends(backends, cfg, shell_settings(args), repeat=_int(args, "--repeat"))
+    if args.tune:
+        raise UsageError("--tune starts runs of its own: run it from a shell, not under a launcher")
     if len(backends) > 1:
         raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
     return run_job(_job, args, argv)

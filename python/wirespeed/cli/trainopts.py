@@ -36,8 +36,9 @@ def register(p) -> None:
 
 
 def options_from_args(args, parallel: str) -> dict:
-    """The TrainConfig fields of the options, checked: one line, exit 2, on a bad one."""
-    from ..train.hooks import REDUCE_DTYPES, parse_comm_hook
+    """The TrainConfig fields of the options, checked (train/hooks.check_options, in cfg's
+    check): one line, exit 2, on a bad one."""
+    from ..train.hooks import parse_comm_hook
     hook = parse_comm_hook(args.comm_hook)
     threads = parse_num(args.threads, "--threads")
     prefetch = parse_num(args.prefetch, "--prefetch")
@@ -45,16 +46,6 @@ def options_from_args(args, parallel: str) -> dict:
         raise UsageError(f"--threads {args.threads}: at most 4096")
     if prefetch > 64:
         raise UsageError(f"--prefetch {args.prefetch}: at most 64 blocks")
-    if args.reduce_dtype not in REDUCE_DTYPES:
-        raise UsageError(f"--reduce-dtype {args.reduce_dtype}: choose fp32 or bf16")
-    ddp_only = [f for f, on in (("--comm-hook", hook != "none"), ("--grad-as-bucket-view", args.grad_as_bucket_view),
-                                ("--static-graph", args.static_graph)) if on]
-    fsdp_only = [f for f, on in (("--no-reshard-after-forward", not args.reshard_after_forward),
-                                 ("--prefetch", prefetch > 0), ("--reduce-dtype", args.reduce_dtype != "fp32")) if on]
-    if parallel == "fsdp" and ddp_only:
-        raise UsageError(f"{ddp_only[0]} is a DDP option; --parallel fsdp has no buckets to hook")
-    if parallel == "ddp" and fsdp_only:
-        raise UsageError(f"{fsdp_only[0]} is an FSDP2 option: add --parallel fsdp")
     return {"comm_hook": hook, "threads": threads, "grad_as_bucket_view": bool(args.grad_as_bucket_view),
             "static_graph": bool(args.static_graph), "reshard_after_forward": bool(args.reshard_after_forward),
             "prefetch": prefetch, "reduce_dtype": args.reduce_dtype}
@@ -72,3 +63,23 @@ def tune_from_args(args) -> tuple[float, float, str | None]:
         raise UsageError(f"--loss-tolerance {args.loss_tolerance}: give a share between 0 and 1, or "
                          "a percentage such as 2%")
     return budget, tol, args.candidates
+
+
+def run_tune(args, argv, backends: list[str], cfg, shell) -> int:
+    """`train --tune`: its flags checked, then the search (train/search.py)."""
+    from ..flagvalues import given
+    from ..train.search import builtin_plan, parse_candidates, run_search
+    if len(backends) > 1:
+        raise UsageError(f"--tune searches one backend's configurations; --backend {args.backend} "
+                         "names several: give one")
+    for flag, on in (("--trace", args.trace), ("--what-if-hosts", args.what_if_hosts),
+                     ("--what-if-rate", args.what_if_rate), ("--timeline", args.timeline)):
+        if on:
+            raise UsageError(f"--tune runs many configurations, {flag} describes one: drop {flag} "
+                             "(and give it to the recommended configuration's own run)")
+    budget, tol, text = tune_from_args(args)
+    candidates = parse_candidates(text, cfg, backends[0]) if text else builtin_plan(cfg, backends[0], shell)
+    repeat = parse_num(args.repeat, "--repeat") if given(args.repeat) else 2
+    if repeat < 1:
+        raise UsageError("--repeat must be at least 1")
+    return run_search(cfg, backends[0], shell, budget, tol, candidates, repeat, list(argv or []))

@@ -35,6 +35,23 @@ def parse_comm_hook(text: str) -> str:
     raise UsageError(f"--comm-hook {text}: choose from {', '.join(HOOKS)}")
 
 
+def check_options(cfg) -> None:
+    """A one-line UsageError for an option of the other wrapper than cfg.parallel's."""
+    from ..errors import UsageError
+    ddp_only = [f for f, on in (("--comm-hook", cfg.comm_hook != "none"),
+                                ("--grad-as-bucket-view", cfg.grad_as_bucket_view),
+                                ("--static-graph", cfg.static_graph)) if on]
+    fsdp_only = [f for f, on in (("--no-reshard-after-forward", not cfg.reshard_after_forward),
+                                 ("--prefetch", cfg.prefetch > 0),
+                                 ("--reduce-dtype", cfg.reduce_dtype != "fp32")) if on]
+    if cfg.reduce_dtype not in REDUCE_DTYPES:
+        raise UsageError(f"--reduce-dtype {cfg.reduce_dtype}: choose fp32 or bf16")
+    if cfg.parallel == "fsdp" and ddp_only:
+        raise UsageError(f"{ddp_only[0]} is a DDP option; --parallel fsdp has no buckets to hook")
+    if cfg.parallel == "ddp" and fsdp_only:
+        raise UsageError(f"{fsdp_only[0]} is an FSDP2 option: add --parallel fsdp")
+
+
 def compresses(hook: str) -> bool:
     return hook != "none"
 

@@ -529,6 +529,13 @@ def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None
         "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
         "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
         "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
+        # The options every run states (so a --tune candidate's record says what it ran).
+        "comm_hook": cfg.comm_hook, "threads": cfg.threads or torch.get_num_threads(),
+        **({"grad_as_bucket_view": cfg.grad_as_bucket_view, "static_graph": cfg.static_graph}
+           if cfg.parallel == "ddp" else {"reshard_after_forward": cfg.reshard_after_forward,
+                                          "prefetch": cfg.prefetch, "reduce_dtype": cfg.reduce_dtype}),
+        # The job's loss at each step, warm-up steps first (the mean over the ranks' batches).
+        "losses": out.get("losses", []),
         **({"timeline": out["timeline"]} if "timeline" in out else {}),
         # The wire time and the lower limit max(compute, wire) (train/whatif.py).
         **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),
