@@ -78,7 +78,44 @@ def make_hook(hook: str, group=None):
     rank = int(hook.split(":")[1])
     state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=rank,
                                         start_powerSGD_iter=POWERSGD_WARMUP, random_seed=0)
-    return state, powerSGD_hook.powerSGD_hook
+    return InOrder(state, powerSGD_hook.powerSGD_hook), InOrder.run
+
+
+class InOrder:
+    """A hook run for one bucket at a time, in DDP's bucket order. PowerSGD issues its second
+    all_reduce (of Q) from the first one's completion callback; on the CPU a callback runs when
+    the work completes, so with several buckets two ranks may issue the calls of different
+    buckets in different orders (gloo aborted: "Received data size doesn't match expected size",
+    resnet18 at 32 px, 2 buckets). Starting each bucket's hook only once the previous bucket's is
+    done keeps the order the same on every rank; the backward pass is not held up (the hook
+    returns at once), only the buckets' communication is kept in a line."""
+
+    def __init__(self, state, hook):
+        self.state, self.hook = state, hook
+        self.prev = None
+
+    @staticmethod
+    def run(self: "InOrder", bucket):
+        import torch
+        out = torch.futures.Future()
+
+        def start(_=None):
+            try:
+                self.hook(self.state, bucket).add_done_callback(finish)
+            except Exception as e:   # noqa: BLE001 - handed to DDP through the future
+                out.set_exception(e)
+
+        def finish(f):
+            try:
+                out.set_result(f.value())
+            except Exception as e:   # noqa: BLE001
+                out.set_exception(e)
+        prev, self.prev = self.prev, out
+        if prev is None:
+            start()
+        else:
+            prev.add_done_callback(start)
+        return out
 
 
 def paste_lines(cfg) -> list[str]:
