@@ -288,10 +288,11 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
             ddp_calls = []
         opt = _optimizer(cfg, model.parameters())
         timeline = None
-        if cfg.timeline:
+        if cfg.timeline or cfg.trace:   # FSDP2 (--trace): the step's marks only, no buckets
             from .timeline import CommTimeline
             timeline = CommTimeline(info.world_size, inner=hook)
-            timeline.register(model)
+            if cfg.parallel == "ddp":
+                timeline.register(model)
         elif hook is not None:
             model.register_comm_hook(*hook)
         losses: list[torch.Tensor] = []
@@ -352,10 +353,15 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         watchdog.step("gathering the model state")
         params = full_params(model)
     digest = state_digest(params)
+    trace = None
+    if cfg.trace:
+        from .tracing import gather
+        watchdog.step("gathering the trace")
+        trace = gather(timeline, backend, rank)
 
     watchdog.step("gathering the figures")
     h = float(int(digest[:12], 16))   # 48 bits: exact in a float64
-    marks = timeline.median_step() if timeline is not None else []
+    marks = timeline.median_step() if cfg.timeline else []
     # Each step's loss (warm-up steps included), this rank's batch: the job's is the ranks' mean.
     mine = [float(x) for x in losses]
     rows = backend.allgather_floats([h, bytes_per_step, *times, *compute, *marks, *mine])
@@ -369,7 +375,9 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
            "hosts": backend.host_names(),
            "losses": [sum(col) / len(col) for col in zip(*(row[len(row) - len(mine):] for row in rows))]
            if mine else []}
-    if timeline is not None:   # the rank whose communication ended last (it sets the step)
+    if trace is not None:
+        out["trace"] = trace
+    if cfg.timeline:   # the rank whose communication ended last (it sets the step)
         from .timeline import FIELDS
         late = max(rows, key=lambda row: row[2 + 2 * n + FIELDS.index("comm_end_ms")])
         out["timeline"] = dict(zip(FIELDS, late[2 + 2 * n:]))
@@ -485,6 +493,11 @@ def run_as_rank(cfg, whatif: WhatIf, outputs: RankOutputs, info, backend, device
         if state_out:
             import torch
             torch.save(out["params"], state_out)
+        if out.get("trace"):
+            from .tracing import save
+            save(cfg.trace, out["trace"])
+            print(f"# trace: {cfg.trace} (each rank's forward, backward, optimizer and DDP buckets; "
+                  "open it in ui.perfetto.dev or chrome://tracing)")
         sys.stdout.flush()
     if cfg.backend == "nccl":
         from ..bench.fastnet import fast_net_unproven   # --fast-net: NCCL's logs must show the plugin

@@ -178,8 +178,8 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
             t0 = time.monotonic()
             # The ranks' own output (header, table) goes straight through; errors are kept to be
             # named in the summary.
-            run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell).argv(), env, json_path,
-                            echo=True)
+            run = run_child(TrainRun.of(_traced(cfg, backend, backends), backend, json_path, state_path,
+                                        shell).argv(), env, json_path, echo=True)
             took = time.monotonic() - t0
             if run.code != 0 or not run.wrote:
                 why = failure_line(run.stderr, run.code)
@@ -226,6 +226,16 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
                          f"{PARAM_TOLERANCE:g} of the distance training moved them\n")
         return EXIT_MISMATCH
     return 0
+
+
+def _traced(cfg, backend: str, backends: list[str]):
+    """cfg with --trace's path of this backend's run: the path itself for one backend, else with
+    the backend's name before the suffix (out.json -> out.gloo.json)."""
+    if not cfg.trace or len(backends) < 2:
+        return cfg
+    from dataclasses import replace
+    path = Path(cfg.trace)
+    return replace(cfg, trace=str(path.with_name(f"{path.stem}.{backend}{path.suffix}")))
 
 
 def _link_ceiling(cfg, shell: ShellSettings) -> dict | None:
