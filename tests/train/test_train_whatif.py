@@ -146,3 +146,20 @@ def test_a_measured_link_rate_stands_in_for_records_without_one():
     (p,) = m.predicted([4], [None])
     (q,) = model_for(step, compute).predicted([4], [None])
     assert p["step_us"] == pytest.approx(q["step_us"], rel=1e-9)
+
+
+def test_the_fairer_bound_waits_for_the_first_bucket_before_the_wire():
+    from wirespeed.train.shell import _with_ceiling, fair_bound_line
+    from wirespeed.train.whatif import fair_bound
+    # compute 282 ms; first bucket handed over 120 ms in; 409 ms of wire: 120 + 409 = 529 ms
+    assert fair_bound(669e3, 282e3, 120e3, 409e3) == (529e3, pytest.approx(669 / 529))
+    # compute-bound: the wire ends inside the compute
+    assert fair_bound(300e3, 282e3, 10e3, 100e3) == (282e3, pytest.approx(300 / 282))
+    # a record as train writes it, with TCP's measured rate (2 hosts, 100 MB each way at 2 Gbit/s)
+    rec = {"backend": "wirespeed", "step_us": 669e3, "compute_us": 282e3, "hosts": 2,
+           "wire_bytes_per_step": 100e6, "wire_us": 400e3, "timeline": {"comm_start_ms": 120.0}}
+    _with_ceiling(rec, {"each_way_bps": 2e9, "between": ["h1", "h2"], "streams": 4})
+    assert rec["wire_tcp_us"] == pytest.approx(400e3)
+    assert rec["fair_bound_us"] == pytest.approx(520e3) and rec["fair_bound_rate"] == "tcp"
+    assert "first bucket ready 120 ms + wire 400 ms at TCP's measured rate) = 520 ms" in fair_bound_line(rec)
+    assert "1.29x it" in fair_bound_line(rec)

@@ -150,6 +150,17 @@ def timeline_line(r: dict) -> str:
     return line
 
 
+def fair_bound_line(r: dict) -> str:
+    """The step against the fairer bound (train/whatif.fair_bound), its terms spelled out."""
+    first = r["timeline"]["comm_start_ms"]
+    wire = (r["wire_tcp_us"] if r["fair_bound_rate"] == "tcp" else r["wire_us"]) / 1e3
+    rate = "TCP's measured rate" if r["fair_bound_rate"] == "tcp" else "the link's nominal rate"
+    return (f"# fairer bound {r['backend']}: max(compute {r['compute_us'] / 1e3:.0f} ms, first bucket "
+            f"ready {first:.0f} ms + wire {wire:.0f} ms at {rate}) = {r['fair_bound_us'] / 1e3:.0f} ms; "
+            f"the {r['step_us'] / 1e3:.0f} ms step is {r['step_vs_fair_bound']:.2f}x it (x limit, "
+            "max(compute, wire), assumes a bucket could leave at the step's start)")
+
+
 def quote(first: dict, r: dict) -> str:
     # A GPT's samples are sequences of the same length on every backend: the ratio is tokens/s's.
     unit = {"img": "img/s", "seq": "tokens/s"}.get(r.get("unit"), "samples/s")
@@ -255,7 +266,18 @@ def _link_ceiling(cfg, shell: ShellSettings) -> dict | None:
 
 def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     """The wire time and the step's multiple of its lower limit at the rate TCP was measured to
-    carry (the `wire_us` beside them is at the link's nominal rate)."""
+    carry (the `wire_us` beside them is at the link's nominal rate); with a timeline, the fairer
+    limit too (train/whatif.fair_bound)."""
+    _with_ceiling_rate(rec, ceiling)
+    wire = rec.get("wire_tcp_us") if rec.get("wire_tcp_us") is not None else rec.get("wire_us")
+    if rec.get("timeline") and wire is not None:
+        from .whatif import fair_bound
+        rec["fair_bound_rate"] = "tcp" if rec.get("wire_tcp_us") is not None else "nominal"
+        rec["fair_bound_us"], rec["step_vs_fair_bound"] = fair_bound(
+            rec["step_us"], rec["compute_us"], rec["timeline"]["comm_start_ms"] * 1e3, wire)
+
+
+def _with_ceiling_rate(rec: dict, ceiling: dict | None) -> None:
     if not ceiling or not rec.get("wire_bytes_per_step") or rec.get("hosts", 1) < 2:
         return
     from .whatif import step_over_limit, wire_time_us
@@ -346,6 +368,8 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
         for r in records:
             if r.get("timeline"):
                 _say(timeline_line(r))
+            if r.get("fair_bound_us"):
+                _say(fair_bound_line(r))
         if one:
             _say(f"# scaling efficiency = samples/s per rank over one rank's ({one['backend']}, "
                  f"{one['samples_per_s']:.2f} samples/s): "
