@@ -72,6 +72,9 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--tune", "--candidates", "comm-hook=zip"], "--comm-hook zip: choose from"),
     ([*GPT, "--tune", "--candidates", "colour=red"], "--candidates colour=red: not a train option"),
     ([*GPT, "--tune", "--backend", "gloo,wirespeed"], "--tune searches one backend"),
+    ([*GPT, "--what-if-gpu", "TPU"], "--what-if-gpu TPU: choose V100, A100, H100"),
+    ([*GPT, "--what-if-gpu", "A100", "--gpu-mfu", "1.5"], "--gpu-mfu 1.5: a share of the peak"),
+    ([*GPT, "--gpu-tflops", "100"], "--gpu-tflops sets --what-if-gpu's GPU"),
     # vgg16's activations for 1024 images of 224 px are about 60 GiB per rank.
     (["--model", "vgg16", "--image-size", "224", "--batch-size", "1024", "-N", "2"], "needs at least"),
 ])

@@ -100,6 +100,7 @@ TRAIN_NOT_FORWARDED = {
     "plot", "save_dir",   # the shell plots and saves the comparison; the child writes --json
     "fast_net",        # the shell sets NCCL's plugin variables in the environment its children inherit
     "tune", "budget", "loss_tolerance", "candidates",   # the search is the shell's; each child one run
+    "what_if_gpu", "gpu_tflops", "gpu_mfu",   # the shell prices the GPU what-if from the children's records
 }
 
 

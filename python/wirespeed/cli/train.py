@@ -221,4 +221,5 @@ def shell_settings(args):
                          master_port=args.master_port, measured_link_rate=args.measured_link_rate,
                          what_if_hosts=args.what_if_hosts, what_if_rate=args.what_if_rate,
                          scaling=not args.no_scaling, json_path=args.json, plot_path=args.plot,
-                         save_dir=None if args.no_save else args.save_dir)
+                         save_dir=None if args.no_save else args.save_dir,
+                         gpu=trainopts.gpu_from_args(args))

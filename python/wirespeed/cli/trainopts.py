@@ -24,6 +24,11 @@ def register(p) -> None:
         "reduce_dtype=bf16): gradients reduced in bf16, compression)")
     flags.output(p, "--trace", default=None, help="write each rank's forward, backward, optimizer and every "
         "bucket's communication as a Chrome/Perfetto trace (JSON) here")
+    add(p, "--what-if-gpu", default=None, help="the step's compute on a GPU instead: V100, A100 or "
+        "H100 (peak dense 16-bit TFLOPS from a table) at an assumed MFU, from the step's FLOPs")
+    add(p, "--gpu-tflops", default=None, help="--what-if-gpu: the GPU's peak TFLOPS (the table's unless given)")
+    add(p, "--gpu-mfu", default=None, help="--what-if-gpu: the share of the peak training reaches "
+        "(model-FLOPs utilisation; 0.4 unless given)")
     add(p, "--tune", action="store_true", help="search the wrapper options, comm hooks, threads and "
         "the backend's knobs for a faster configuration that keeps the training (docs/train.md)")
     add(p, "--budget", default="1800", help="--tune: seconds the search may take; what does not fit "
@@ -83,3 +88,16 @@ def run_tune(args, argv, backends: list[str], cfg, shell) -> int:
     if repeat < 1:
         raise UsageError("--repeat must be at least 1")
     return run_search(cfg, backends[0], shell, budget, tol, candidates, repeat, list(argv or []))
+
+
+def gpu_from_args(args):
+    """(name, peak TFLOPS, MFU) of --what-if-gpu, or None; checked."""
+    from ..train.gpuflops import gpu_rate
+    if not args.what_if_gpu:
+        for flag in ("gpu_tflops", "gpu_mfu"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} sets --what-if-gpu's GPU: add --what-if-gpu")
+        return None
+    tflops = parse_num(args.gpu_tflops, "--gpu-tflops", float) if args.gpu_tflops is not None else None
+    mfu = parse_num(args.gpu_mfu, "--gpu-mfu", float) if args.gpu_mfu is not None else None
+    return gpu_rate(args.what_if_gpu, tflops, mfu)

@@ -232,7 +232,8 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
         first = s.runs[0][0]
         gain = rec["samples_per_s"] / first["samples_per_s"]
         _say(f"{tag}: {rec['samples_per_s']:.2f} samples/s" + (f" ({gain:.2f}x the default's first run)" if i else "")
-             + f", training changed by {guard.changed_by(rec):.2%}, {took:.0f} s")
+             + f", training changed by {guard.changed_by(rec):.2%} (loss {rec['loss_rel_diff']:.2%}, "
+             f"parameters {rec['param_drift']:.2%}), {took:.0f} s")
         if i and rep == 0:
             if gain < 1 - PRUNE_MARGIN:
                 s.pruned[i] = f"{gain:.2f}x the default after its first run: not run again"

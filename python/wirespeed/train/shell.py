@@ -46,6 +46,7 @@ class ShellSettings:
     json_path: str | None = None
     plot_path: str | None = None
     save_dir: str | None = "runs"       # None: --no-save
+    gpu: tuple | None = None            # --what-if-gpu: (name, peak TFLOPS, MFU)
 
 
 @dataclass
@@ -161,6 +162,24 @@ def fair_bound_line(r: dict) -> str:
             "max(compute, wire), assumes a bucket could leave at the step's start)")
 
 
+def gpu_lines(rec: dict, predicted, spec, gpu) -> str:
+    """--what-if-gpu: the step's FLOPs, its compute on that GPU, and the what-if's steps with that
+    compute (train/gpuflops.py)."""
+    from .gpuflops import gpu_step_us, on_gpu, step_flops
+    from .whatif import whatif_table
+    name, peak, mfu = gpu
+    flops = step_flops(spec, rec["parameters"])
+    c = gpu_step_us(flops, peak, mfu)
+    text = (f"# what-if GPU {name}: {flops / 1e9:.4g} GFLOPs per rank per step ("
+            + ("6 x parameters x tokens" if spec.model == "gpt" else "3 x the forward's conv and linear FLOPs")
+            + f") at {peak:g} TFLOPS peak x {mfu:.0%} assumed MFU: compute {c / 1e3:.3g} ms instead of "
+            f"the measured {rec['compute_us'] / 1e3:.3g} ms on this CPU")
+    mine = [p for p in predicted if p.get("backend") == rec["backend"]]
+    if not mine:
+        return text + "\n# (the step with it needs the what-if's fit: add --what-if-hosts or --what-if-rate on a cluster)"
+    return text + f"; the what-if's steps with that compute:\n" + whatif_table([on_gpu(p, c) for p in mine])
+
+
 def quote(first: dict, r: dict) -> str:
     # A GPT's samples are sequences of the same length on every backend: the ratio is tokens/s's.
     unit = {"img": "img/s", "seq": "tokens/s"}.get(r.get("unit"), "samples/s")
@@ -223,6 +242,8 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
     mismatched = [b for b, rs in runs.items()
                   if any(max(r.get("params_diff_steps") or [0]) > PARAM_TOLERANCE for r in rs)]
     _report(records, failures, mismatched, one, predicted)
+    if shell.gpu and records:
+        _say(gpu_lines(records[0], predicted, cfg.spec, shell.gpu))
     _save(records + predicted, shell)
     if shell.plot_path and records:
         from ..report.plot import plot_records
