@@ -13,7 +13,7 @@ TINY_GPT = ["--model", "gpt", "--layers", "1", "--hidden", "32", "--seq-len", "1
             "--batch-size", "4"]
 
 
-def _tune(tmp_path, net, candidates, *extra, timeout=400):
+def _tune(tmp_path, net, candidates, *extra, timeout=800):
     out = tmp_path / "tune.jsonl"
     p = wirespeed("train", "--tune", *net, "--backend", "gloo", "-N", "2", "-w", "2", "-T", "120",
                   "--candidates", candidates, "--json", out, "--no-save", *extra, timeout=timeout)
@@ -23,7 +23,7 @@ def _tune(tmp_path, net, candidates, *extra, timeout=400):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(450)
+@pytest.mark.timeout(900)
 def test_a_small_tune_runs_the_default_and_two_candidates_and_records_each(tmp_path):
     p, recs = _tune(tmp_path, TINY_GPT, "comm-hook=fp16; bucket-mb=1+threads=1", "-n", "4", "--repeat", "2")
     assert "loss tolerance 2.0%" in p.stdout
@@ -40,7 +40,7 @@ def test_a_small_tune_runs_the_default_and_two_candidates_and_records_each(tmp_p
     default = recs[0]
     assert default["default"] and not any(r["default"] for r in recs[1:])
     # The default against itself: the same seed and data, the same arithmetic, bit for bit.
-    assert default["loss_rel_diff"] == 0 and default["param_drift"] == 0 and default["runs"] == 2
+    assert default["loss_rel_diff"] == 0 and default["param_drift"] == 0 and default["runs"] >= 2
     assert sum(r["recommended"] for r in recs) <= 1
     fp16 = recs[1]
     assert fp16["config"]["compression"] and fp16["comm_hook"] == "fp16"
@@ -57,7 +57,7 @@ def test_a_small_tune_runs_the_default_and_two_candidates_and_records_each(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(450)
+@pytest.mark.timeout(900)
 def test_powersgd_at_rank_1_changes_the_loss_and_is_shown_but_never_recommended(tmp_path):
     # resnet18 at 32 px, batch 4: its loss on the fixed batch falls fast, and a rank-1 gradient
     # visibly bends that fall (measured: 284% apart after 10 steps, parameters 50% apart).

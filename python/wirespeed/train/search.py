@@ -5,12 +5,14 @@ train` in processes of its own, interleaved and repeated as `wirespeed tune` run
 (train/guard.py); the search kept within a time budget.
 
 Order: round 1 runs every candidate once, in the order of the plan (the likeliest gains first, so a
-short budget cuts the long shots); a candidate slower than the default's first run by more than
+short budget cuts the long shots); a candidate slower than the default's latest run by more than
 PRUNE_MARGIN, or outside the loss tolerance, cannot win and is not run again. Then the winners of
 independent families (a hook, a bucket size, threads, a knob) are combined into one more candidate.
 Then the further rounds: the default and every candidate still in, again in turn. Before each run,
 the time it should take (the candidate's own last run, else the median run so far) is weighed
-against what is left of the budget; what does not fit is skipped and named.
+against what is left of the budget; what does not fit is skipped and named. In round 1 the default
+runs again every REFERENCE_EVERY candidates, and each candidate's first run is judged against the
+default's latest.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ from .shell import ShellSettings, TrainRun, _link_ceiling, _median_run, _with_ce
     param_difference
 
 PRUNE_MARGIN = 0.05
+# In round 1 the default runs again after every this many candidates, and a candidate is judged
+# against the default's latest run: a shared machine's load drifts over a long round (a 2x swing in
+# minutes was seen), and a reference near in time keeps that drift out of the pruning.
+REFERENCE_EVERY = 5
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,7 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             return
         label = cand.label(base)
         left = budget_s - (time.monotonic() - t_start)
-        if i and estimate(i) > left:
+        if (i or rep) and estimate(i) > left:
             if rep == 0:
                 s.skipped[i] = f"not run: about {estimate(i):.0f} s, {max(left, 0):.0f} s of the budget left"
             else:
@@ -208,11 +214,12 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             s.skipped[i] = "the same threads as the default's"
             return
         cfg = cand.config(base)
-        json_path, state_path = tmp / f"c{i}-r{rep}.jsonl", tmp / f"c{i}-r{rep}.pt"
+        n = sum(len(t) for t in s.took.values())   # runs so far: each run's files its own
+        json_path, state_path = tmp / f"run{n}.jsonl", tmp / f"run{n}.pt"
         t0 = time.monotonic()
         run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell, what_if=False).argv(),
                         setting_env(Setting(cand.env)), json_path,
-                        out_dir / "logs" / f"c{i}-r{rep}.log" if out_dir else None, log_header=f"# {label}\n")
+                        out_dir / "logs" / f"run{n}.log" if out_dir else None, log_header=f"# {label}\n")
         took = time.monotonic() - t0
         s.took.setdefault(i, []).append(took)
         tag = f"[{label}]" + (f" (run {rep + 1})" if rep else "")
@@ -229,11 +236,12 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
         rec["loss_rel_diff"] = guard.loss_rel_diff(exact["losses"], rec["losses"])
         rec["repeat"] = rep
         s.runs.setdefault(i, []).append(rec)
-        first = s.runs[0][0]
-        gain = rec["samples_per_s"] / first["samples_per_s"]
-        _say(f"{tag}: {rec['samples_per_s']:.2f} samples/s" + (f" ({gain:.2f}x the default's first run)" if i else "")
+        latest = s.runs[0][-1]
+        gain = rec["samples_per_s"] / latest["samples_per_s"]
+        _say(f"{tag}: {rec['samples_per_s']:.2f} samples/s" + (f" ({gain:.2f}x the default's latest run)" if i else "")
              + f", training changed by {guard.changed_by(rec):.2%} (loss {rec['loss_rel_diff']:.2%}, "
              f"parameters {rec['param_drift']:.2%}), {took:.0f} s")
+        rec["gain_vs_latest_default"] = gain
         if i and rep == 0:
             if gain < 1 - PRUNE_MARGIN:
                 s.pruned[i] = f"{gain:.2f}x the default after its first run: not run again"
@@ -247,9 +255,12 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             if i == 0 and 0 in s.failed:
                 sys.stderr.write(f"wirespeed: error: the default configuration failed: {s.failed[0]}\n")
                 return 1
+            if i and i % REFERENCE_EVERY == 0 and i < len(plan) - 1:
+                one(0, len(s.runs[0]), tmp)   # the reference again
         combo = combine(s, base, tolerance)
         if combo is not None:
             plan.append(combo)
+            one(0, len(s.runs[0]), tmp)
             one(len(plan) - 1, 0, tmp)
         for rep, i in interleaved(len(plan), repeat - 1):
             one(i, rep + 1, tmp)
@@ -275,14 +286,11 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
 def combine(s: Search, base, tolerance: float) -> Candidate | None:
     """One candidate from the winners of round 1 that change different things (the faster first),
     when two or more did: a hook with threads and a knob, say. None when fewer won."""
-    first = s.runs.get(0, [None])[0]
-    if not first:
-        return None
     winners = []
     for i, runs in s.runs.items():
         r = runs[0]
         if i and i not in s.pruned and guard.within(r, tolerance) and \
-                r["samples_per_s"] > first["samples_per_s"] * (1 + PRUNE_MARGIN / 5):
+                r["gain_vs_latest_default"] > 1 + PRUNE_MARGIN / 5:
             winners.append((r["samples_per_s"], i))
     opts, env, used = {}, {}, []
     for _, i in sorted(winners, reverse=True):
