@@ -222,7 +222,8 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
                         out_dir / "logs" / f"run{n}.log" if out_dir else None, log_header=f"# {label}\n")
         took = time.monotonic() - t0
         s.took.setdefault(i, []).append(took)
-        tag = f"[{label}]" + (f" (run {rep + 1})" if rep else "")
+        runs_here = len(s.took[i])
+        tag = f"[{label}]" + (f" (run {runs_here})" if runs_here > 1 else "")
         if run.code != 0 or not run.wrote:
             s.failed[i] = failure_line(run.stderr, run.code)
             _say(f"{tag}: FAILED after {took:.0f} s: {s.failed[i]}")
@@ -267,6 +268,10 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
     summary = []
     for i, runs in s.runs.items():
         rec = _median_run(runs)
+        # Every configuration's samples/s by the same statistic, the median of its runs (an even
+        # count: the mean of the middle two), so one run more or fewer does not favour any.
+        rec["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
+        rec["samples_per_s"] = statistics.median(rec["samples_per_s_runs"])
         for key in ("param_drift", "loss_rel_diff"):   # the worst of its runs
             rec[key] = max(r[key] for r in runs)
         _with_ceiling(rec, ceiling)
