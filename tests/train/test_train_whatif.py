@@ -146,3 +146,49 @@ def test_a_measured_link_rate_stands_in_for_records_without_one():
     (p,) = m.predicted([4], [None])
     (q,) = model_for(step, compute).predicted([4], [None])
     assert p["step_us"] == pytest.approx(q["step_us"], rel=1e-9)
+
+
+def test_the_fairer_bound_waits_for_the_first_bucket_before_the_wire():
+    from wirespeed.train.shell import _with_ceiling, fair_bound_line
+    from wirespeed.train.whatif import fair_bound
+    # compute 282 ms; first bucket handed over 120 ms in; 409 ms of wire: 120 + 409 = 529 ms
+    assert fair_bound(669e3, 282e3, 120e3, 409e3) == (529e3, pytest.approx(669 / 529))
+    # compute-bound: the wire ends inside the compute
+    assert fair_bound(300e3, 282e3, 10e3, 100e3) == (282e3, pytest.approx(300 / 282))
+    # a record as train writes it, with TCP's measured rate (2 hosts, 100 MB each way at 2 Gbit/s)
+    rec = {"backend": "wirespeed", "step_us": 669e3, "compute_us": 282e3, "hosts": 2,
+           "wire_bytes_per_step": 100e6, "wire_us": 400e3, "timeline": {"comm_start_ms": 120.0}}
+    _with_ceiling(rec, {"each_way_bps": 2e9, "between": ["h1", "h2"], "streams": 4})
+    assert rec["wire_tcp_us"] == pytest.approx(400e3)
+    assert rec["fair_bound_us"] == pytest.approx(520e3) and rec["fair_bound_rate"] == "tcp"
+    assert "first bucket ready 120 ms + wire 400 ms at TCP's measured rate) = 520 ms" in fair_bound_line(rec)
+    assert "1.29x it" in fair_bound_line(rec)
+
+
+def test_the_gpu_what_ifs_flops_against_hand_computed_values():
+    import torch
+    import torch.nn as nn
+    from wirespeed.train.gpuflops import forward_flops, gpt_step_flops, gpu_rate, gpu_step_us, on_gpu
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+    # conv: 2 x (2 x 8 x 8 x 8 outputs) x (3 x 3 x 3 inputs each) = 55296; linear: 2 x 20 x 512 = 20480
+    assert forward_flops(net, torch.zeros(2, 3, 8, 8)) == 55296 + 20480
+    # a GPT of 1e9 parameters, 8 sequences of 256 tokens: 6 x 1e9 x 2048
+    assert gpt_step_flops(10**9, 8 * 256) == 1.2288e13
+    assert gpu_rate("a100") == ("A100", 312.0, 0.4)
+    assert gpu_rate("H100", mfu=0.5) == ("H100", 989.0, 0.5)
+    # 1.2288e13 FLOPs at 312 TFLOPS x 0.4 = 124.8 TFLOP/s: 98.46 ms
+    assert gpu_step_us(1.2288e13, 312.0, 0.4) == pytest.approx(98461.54, rel=1e-6)
+    # resnet50 at 224 px: about 4.1 G multiply-adds forward (8.2 GFLOPs), the published figure
+    import torchvision
+    with torch.device("meta"):
+        r50 = torchvision.models.resnet50()
+        assert forward_flops(r50, torch.empty(1, 3, 224, 224)) == pytest.approx(8.2e9, rel=0.02)
+    # the step with a GPU's compute: 100 ms of communication, 30 of it hidden on the CPU
+    pred = {"step_us": 500e3, "compute_us": 400e3, "comm_us": 100e3, "samples_per_s": 16.0,
+            "exposed_pct": 20.0, "fitted_on": {"hidden_us": 30e3}}
+    g = on_gpu(pred, 20e3)   # a 20 ms GPU compute hides at most 20 ms: 20 + (100 - 20) = 100 ms
+    assert g["step_us"] == pytest.approx(100e3) and g["exposed_pct"] == pytest.approx(80.0)
+    assert g["samples_per_s"] == pytest.approx(80.0)
+    # a CPU's slowdown of the two (hidden below 0) is not carried: nothing hidden, 200 + 100
+    g = on_gpu({**pred, "fitted_on": {"hidden_us": -50e3}}, 200e3)
+    assert g["step_us"] == pytest.approx(300e3)

@@ -72,14 +72,22 @@ def test_every_bench_flag_is_forwarded_or_left_out_on_purpose():
         "a bench flag neither forwarded by BenchRun.argv nor listed in BENCH_NOT_FORWARDED"
 
 
-def train_run(**kw):
+# The wrapper options of each parallel wrapper, every one off its default (each is refused under
+# the other wrapper).
+DDP_OPTIONS = dict(comm_hook="powersgd:2", threads=3, grad_as_bucket_view=True, static_graph=True)
+FSDP_OPTIONS = dict(parallel="fsdp", reshard_after_forward=False, prefetch=2, reduce_dtype="bf16",
+                    threads=1, timeline=False)
+
+
+def train_run(options=DDP_OPTIONS, **kw):
     from wirespeed.train.nets import NetSpec
     from wirespeed.train.rank import TrainConfig
     from wirespeed.train.shell import TrainRun
+    fields = dict(parallel="ddp", bucket_mb=1.5, optimizer="adamw", backend="wirespeed", device="cpu",
+                  nproc=3, warmup_iters=1, iters=4, timeout_s=33.0, whatif_iters=5, timeline=True,
+                  trace="/tmp/t.json")
     cfg = TrainConfig(spec=NetSpec("gpt", batch_size=3, image_size=32, layers=1, hidden=16, heads=2,
-                                   seq_len=8, vocab=64),
-                      parallel="ddp", bucket_mb=1.5, optimizer="adamw", backend="wirespeed", device="cpu",
-                      nproc=3, warmup_iters=1, iters=4, timeout_s=33.0, whatif_iters=5, timeline=True)
+                                   seq_len=8, vocab=64), **{**fields, **options})
     return TrainRun(cfg, "wirespeed", "/tmp/r.jsonl", "/tmp/r.pt", measured_link_rate="1gbit",
                     what_if_hosts="2,4", what_if_rate="1gbit,10gbit", master_port="29511",
                     cluster="wsx", ranks_per_host=2, **kw)
@@ -91,12 +99,15 @@ TRAIN_NOT_FORWARDED = {
     "no_scaling",      # the shell decides on the one-rank run
     "plot", "save_dir",   # the shell plots and saves the comparison; the child writes --json
     "fast_net",        # the shell sets NCCL's plugin variables in the environment its children inherit
+    "tune", "budget", "loss_tolerance", "candidates",   # the search is the shell's; each child one run
+    "what_if_gpu", "gpu_tflops", "gpu_mfu",   # the shell prices the GPU what-if from the children's records
 }
 
 
-def test_a_train_child_parses_back_to_its_run():
+@pytest.mark.parametrize("options", [DDP_OPTIONS, FSDP_OPTIONS], ids=["ddp", "fsdp"])
+def test_a_train_child_parses_back_to_its_run(options):
     from wirespeed.cli.train import config_from_args, whatif_from_args
-    run = train_run()
+    run = train_run(options)
     args = parse(run.argv())
     backends, cfg = config_from_args(args)
     assert backends == [run.backend] and cfg == replace(run.cfg, backend=run.backend)

@@ -11,7 +11,7 @@ import argparse
 from functools import partial
 
 from ..errors import UsageError
-from . import flags
+from . import flags, trainopts
 from .common import add
 from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
@@ -38,6 +38,7 @@ def register(sub) -> None:
     add(p, "--timeline", action="store_true", help="ddp: also time when each step's buckets go out "
         "and come back (through a comm hook doing what DDP's own all_reduce does, on every backend "
         "alike) and print where in the step the communication ran and at what rate")
+    trainopts.register(p)
     flags.ranks(p, holds="the model's parameters", backends="comma list of gloo, wirespeed, nccl",
                 default_backend="nccl with GPUs, else gloo")
     flags.iterations(p, warmup="2", iters="10", unit="training steps")
@@ -106,6 +107,7 @@ def config_from_args(args) -> tuple[list[str], "object"]:
     if args.timeline and args.parallel != "ddp":
         raise UsageError("--timeline times DDP's buckets; FSDP2 has none: drop --timeline or use "
                          "--parallel ddp")
+    options = trainopts.options_from_args(args, args.parallel)
     backends = split_backends(args.backend) if args.backend is not None else [None]
     resolved = [resolve_backend(b, args.device) for b in backends]
     devices = {d for _, d in resolved}
@@ -132,7 +134,9 @@ def config_from_args(args) -> tuple[list[str], "object"]:
                       backend=backend, device=device, nproc=nproc,
                       warmup_iters=parse_num(args.warmup_iters, "--warmup-iters"), iters=iters,
                       timeout_s=timeout, whatif_iters=WHATIF_ITERS if whatif.hosts or whatif.rates else 0,
-                      timeline=bool(args.timeline))
+                      timeline=bool(args.timeline), trace=args.trace, **options)
+    from ..train.hooks import check_options
+    check_options(cfg)
     return [b for b, _ in resolved], cfg
 
 
@@ -178,9 +182,13 @@ def main(args, argv) -> int:
         from .rankjob import check_rank_flags
         from ..train.shell import run_backends
         check_rank_flags(args)
+        if args.tune:
+            return trainopts.run_tune(args, argv, backends, cfg, shell_settings(args))
         from ..train.rank import check_memory
         check_memory(cfg, cfg.nproc)
         return run_backends(backends, cfg, shell_settings(args), repeat=_int(args, "--repeat"))
+    if args.tune:
+        raise UsageError("--tune starts runs of its own: run it from a shell, not under a launcher")
     if len(backends) > 1:
         raise UsageError(f"--backend {args.backend}: under a launcher a job runs one backend; give one")
     return run_job(_job, args, argv)
@@ -213,4 +221,5 @@ def shell_settings(args):
                          master_port=args.master_port, measured_link_rate=args.measured_link_rate,
                          what_if_hosts=args.what_if_hosts, what_if_rate=args.what_if_rate,
                          scaling=not args.no_scaling, json_path=args.json, plot_path=args.plot,
-                         save_dir=None if args.no_save else args.save_dir)
+                         save_dir=None if args.no_save else args.save_dir,
+                         gpu=trainopts.gpu_from_args(args))

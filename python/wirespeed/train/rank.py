@@ -22,6 +22,7 @@ from ..bench.harness import summarize
 from ..errors import RanksDisagree, UsageError
 from ..report.records import record
 from .whatif import COLLECTIVE_OF, WHATIF_ITERS, WhatIf
+from .hooks import make_hook
 from .nets import NetSpec, batch, blocks_of, build, loss_of
 
 PARALLEL = ("ddp", "fsdp")
@@ -48,6 +49,15 @@ class TrainConfig:
     whatif_iters: int = 0
     # DDP: time each step's buckets through a comm hook (train/timeline.py).
     timeline: bool = False
+    # The wrappers' options (train/hooks.py), each a flag, so every --tune candidate is a plain run.
+    comm_hook: str = "none"              # ddp: none, fp16, bf16, powersgd:R
+    threads: int = 0                     # torch.set_num_threads in each rank; 0: as started
+    grad_as_bucket_view: bool = False    # ddp
+    static_graph: bool = False           # ddp
+    reshard_after_forward: bool = True   # fsdp
+    prefetch: int = 0                    # fsdp: blocks prefetched explicitly each way; 0: FSDP2's own
+    reduce_dtype: str = "fp32"           # fsdp: fp32 or bf16 (MixedPrecisionPolicy.reduce_dtype)
+    trace: str | None = None             # --trace: rank 0 writes the ranks' timelines here
 
 
 def gpt_blocks_bytes(spec) -> int:
@@ -169,15 +179,29 @@ def wrap(cfg: TrainConfig, net, device: str):
         no_buffer_sync = {"forward_sync_buffers": False} \
             if "forward_sync_buffers" in inspect.signature(DDP).parameters else {"broadcast_buffers": False}
         ids = [torch.device(device)] if device.startswith("cuda") else None
-        return (DDP(net, device_ids=ids, bucket_cap_mb=cfg.bucket_mb, **no_buffer_sync),
+        return (DDP(net, device_ids=ids, bucket_cap_mb=cfg.bucket_mb,
+                    gradient_as_bucket_view=cfg.grad_as_bucket_view, static_graph=cfg.static_graph,
+                    **no_buffer_sync),
                 [("all_reduce", b.numel * itemsize) for b in plan.buckets])
     why = fsdp_missing()
     if why:
         raise UsageError(f"--parallel fsdp: {why}")
-    from torch.distributed.fsdp import fully_shard
-    for blk in blocks_of(net, cfg.spec):
-        fully_shard(blk)
-    fully_shard(net)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    opts = {"reshard_after_forward": cfg.reshard_after_forward}
+    if cfg.reduce_dtype == "bf16":
+        opts["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+    blocks = list(blocks_of(net, cfg.spec))
+    for blk in blocks:
+        fully_shard(blk, **opts)
+    fully_shard(net, **opts)
+    if cfg.prefetch:   # each block gathers the next (forward) or previous (backward) ones early
+        for i, blk in enumerate(blocks):
+            ahead = blocks[i + 1:i + 1 + cfg.prefetch]
+            behind = blocks[max(0, i - cfg.prefetch):i][::-1]
+            if ahead:
+                blk.set_modules_to_forward_prefetch(ahead)
+            if behind:
+                blk.set_modules_to_backward_prefetch(behind)
     return net, []
 
 
@@ -225,7 +249,10 @@ def _compute_twin(cfg: TrainConfig, spec: NetSpec, device: str, inputs, targets)
     - FSDP: an unsharded copy, no process group: the step at world size 1."""
     twin = build(spec, device)
     if cfg.parallel == "ddp":
-        twin, _ = wrap(cfg, twin, device)
+        # static_graph's reducer expects every step to sync (no_sync trips its assertion): the
+        # twin never syncs, so it has no use for it.
+        from dataclasses import replace
+        twin, _ = wrap(replace(cfg, static_graph=False), twin, device)
         ctx = twin.no_sync
     else:
         ctx = nullcontext
@@ -245,6 +272,8 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     backends."""
     spec = cfg.spec
     rank = info.rank
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     watchdog.step("building the network")
     net = build(spec, device)
     inputs, targets = batch(spec, rank, device)
@@ -252,12 +281,21 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     with counter.installed():
         watchdog.step(f"wrapping the network in {cfg.parallel}")
         model, ddp_calls = wrap(cfg, net, device)
+        hook = make_hook(cfg.comm_hook) if cfg.parallel == "ddp" else None
+        if hook is not None:
+            # The hook's own all_reduces go through torch.distributed's Python functions, which
+            # the counter sees: its bytes are counted as they go, not from DDP's plan.
+            ddp_calls = []
         opt = _optimizer(cfg, model.parameters())
         timeline = None
-        if cfg.timeline:
+        if cfg.timeline or cfg.trace:   # FSDP2 (--trace): the step's marks only, no buckets
             from .timeline import CommTimeline
-            timeline = CommTimeline(info.world_size)
-            timeline.register(model)
+            timeline = CommTimeline(info.world_size, inner=hook)
+            if cfg.parallel == "ddp":
+                timeline.register(model)
+        elif hook is not None:
+            model.register_comm_hook(*hook)
+        losses: list[torch.Tensor] = []
 
         def step():
             opt.zero_grad(set_to_none=True)
@@ -265,7 +303,12 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
             if timeline is not None:
                 timeline.forward_done()
             loss.backward()
+            if timeline is not None:
+                timeline.backward_done()
             opt.step()
+            if timeline is not None:
+                timeline.optimizer_done()
+            losses.append(loss.detach())
 
         early: list[torch.Tensor] = []
         steps_done = [0]
@@ -310,11 +353,18 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         watchdog.step("gathering the model state")
         params = full_params(model)
     digest = state_digest(params)
+    trace = None
+    if cfg.trace:
+        from .tracing import gather
+        watchdog.step("gathering the trace")
+        trace = gather(timeline, backend, rank)
 
     watchdog.step("gathering the figures")
     h = float(int(digest[:12], 16))   # 48 bits: exact in a float64
-    marks = timeline.median_step() if timeline is not None else []
-    rows = backend.allgather_floats([h, bytes_per_step, *times, *compute, *marks])
+    marks = timeline.median_step() if cfg.timeline else []
+    # Each step's loss (warm-up steps included), this rank's batch: the job's is the ranks' mean.
+    mine = [float(x) for x in losses]
+    rows = backend.allgather_floats([h, bytes_per_step, *times, *compute, *marks, *mine])
     check_digests([row[0] for row in rows], cfg.iters)
     n = cfg.iters
     step_s = summarize([row[2:2 + n] for row in rows])
@@ -322,8 +372,12 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     out = {"step": step_s, "compute": compute_s, "state_digest": digest,
            "bytes_per_step": max(row[1] for row in rows), "calls_per_step": calls_per_step,
            "parameters": sum(t.numel() for t in params), "calls": calls,
-           "hosts": backend.host_names()}
-    if timeline is not None:   # the rank whose communication ended last (it sets the step)
+           "hosts": backend.host_names(),
+           "losses": [sum(col) / len(col) for col in zip(*(row[len(row) - len(mine):] for row in rows))]
+           if mine else []}
+    if trace is not None:
+        out["trace"] = trace
+    if cfg.timeline:   # the rank whose communication ended last (it sets the step)
         from .timeline import FIELDS
         late = max(rows, key=lambda row: row[2 + 2 * n + FIELDS.index("comm_end_ms")])
         out["timeline"] = dict(zip(FIELDS, late[2 + 2 * n:]))
@@ -439,6 +493,11 @@ def run_as_rank(cfg, whatif: WhatIf, outputs: RankOutputs, info, backend, device
         if state_out:
             import torch
             torch.save(out["params"], state_out)
+        if out.get("trace"):
+            from .tracing import save
+            save(cfg.trace, out["trace"])
+            print(f"# trace: {cfg.trace} (each rank's forward, backward, optimizer and DDP buckets; "
+                  "open it in ui.perfetto.dev or chrome://tracing)")
         sys.stdout.flush()
     if cfg.backend == "nccl":
         from ..bench.fastnet import fast_net_unproven   # --fast-net: NCCL's logs must show the plugin
@@ -483,6 +542,13 @@ def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None
         "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
         "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
         "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
+        # The options every run states (so a --tune candidate's record says what it ran).
+        "comm_hook": cfg.comm_hook, "threads": cfg.threads or torch.get_num_threads(),
+        **({"grad_as_bucket_view": cfg.grad_as_bucket_view, "static_graph": cfg.static_graph}
+           if cfg.parallel == "ddp" else {"reshard_after_forward": cfg.reshard_after_forward,
+                                          "prefetch": cfg.prefetch, "reduce_dtype": cfg.reduce_dtype}),
+        # The job's loss at each step, warm-up steps first (the mean over the ranks' batches).
+        "losses": out.get("losses", []),
         **({"timeline": out["timeline"]} if "timeline" in out else {}),
         # The wire time and the lower limit max(compute, wire) (train/whatif.py).
         **bounds(step_us, compute_us, out["calls"], len(set(out["hosts"])),

@@ -15,6 +15,7 @@ from ..knobs import for_children
 from ..launch.child import failure_line, run_child, scratch_dir
 from ..report.outputs import run_dir
 from ..report.records import write_jsonl
+from .hooks import option_argv
 
 # Backends may add a reduction's terms in different orders (float reassociation: ~1e-7 of a
 # gradient, none with 2 ranks), and a network can amplify that over steps: BatchNorm over a few
@@ -45,6 +46,7 @@ class ShellSettings:
     json_path: str | None = None
     plot_path: str | None = None
     save_dir: str | None = "runs"       # None: --no-save
+    gpu: tuple | None = None            # --what-if-gpu: (name, peak TFLOPS, MFU)
 
 
 @dataclass
@@ -83,6 +85,9 @@ class TrainRun:
                 "--device", cfg.device, "-N", str(cfg.nproc), "-w", str(cfg.warmup_iters),
                 "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", self.json_path,
                 "--state-out", self.state_path, "--no-save"] + (["--timeline"] if cfg.timeline else [])
+        argv += option_argv(cfg)
+        if cfg.trace:
+            argv += ["--trace", cfg.trace]
         for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
             if getattr(self, flag):
                 argv += ["--" + flag.replace("_", "-"), str(getattr(self, flag))]
@@ -146,6 +151,35 @@ def timeline_line(r: dict) -> str:
     return line
 
 
+def fair_bound_line(r: dict) -> str:
+    """The step against the fairer bound (train/whatif.fair_bound), its terms spelled out."""
+    first = r["timeline"]["comm_start_ms"]
+    wire = (r["wire_tcp_us"] if r["fair_bound_rate"] == "tcp" else r["wire_us"]) / 1e3
+    rate = "TCP's measured rate" if r["fair_bound_rate"] == "tcp" else "the link's nominal rate"
+    return (f"# fairer bound {r['backend']}: max(compute {r['compute_us'] / 1e3:.0f} ms, first bucket "
+            f"ready {first:.0f} ms + wire {wire:.0f} ms at {rate}) = {r['fair_bound_us'] / 1e3:.0f} ms; "
+            f"the {r['step_us'] / 1e3:.0f} ms step is {r['step_vs_fair_bound']:.2f}x it (x limit, "
+            "max(compute, wire), assumes a bucket could leave at the step's start)")
+
+
+def gpu_lines(rec: dict, predicted, spec, gpu) -> str:
+    """--what-if-gpu: the step's FLOPs, its compute on that GPU, and the what-if's steps with that
+    compute (train/gpuflops.py)."""
+    from .gpuflops import gpu_step_us, on_gpu, step_flops
+    from .whatif import whatif_table
+    name, peak, mfu = gpu
+    flops = step_flops(spec, rec["parameters"])
+    c = gpu_step_us(flops, peak, mfu)
+    text = (f"# what-if GPU {name}: {flops / 1e9:.4g} GFLOPs per rank per step ("
+            + ("6 x parameters x tokens" if spec.model == "gpt" else "3 x the forward's conv and linear FLOPs")
+            + f") at {peak:g} TFLOPS peak x {mfu:.0%} assumed MFU: compute {c / 1e3:.3g} ms instead of "
+            f"the measured {rec['compute_us'] / 1e3:.3g} ms on this CPU")
+    mine = [p for p in predicted if p.get("backend") == rec["backend"]]
+    if not mine:
+        return text + "\n# (the step with it needs the what-if's fit: add --what-if-hosts or --what-if-rate on a cluster)"
+    return text + f"; the what-if's steps with that compute:\n" + whatif_table([on_gpu(p, c) for p in mine])
+
+
 def quote(first: dict, r: dict) -> str:
     # A GPT's samples are sequences of the same length on every backend: the ratio is tokens/s's.
     unit = {"img": "img/s", "seq": "tokens/s"}.get(r.get("unit"), "samples/s")
@@ -174,8 +208,8 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
             t0 = time.monotonic()
             # The ranks' own output (header, table) goes straight through; errors are kept to be
             # named in the summary.
-            run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell).argv(), env, json_path,
-                            echo=True)
+            run = run_child(TrainRun.of(_traced(cfg, backend, backends), backend, json_path, state_path,
+                                        shell).argv(), env, json_path, echo=True)
             took = time.monotonic() - t0
             if run.code != 0 or not run.wrote:
                 why = failure_line(run.stderr, run.code)
@@ -208,6 +242,8 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
     mismatched = [b for b, rs in runs.items()
                   if any(max(r.get("params_diff_steps") or [0]) > PARAM_TOLERANCE for r in rs)]
     _report(records, failures, mismatched, one, predicted)
+    if shell.gpu and records:
+        _say(gpu_lines(records[0], predicted, cfg.spec, shell.gpu))
     _save(records + predicted, shell)
     if shell.plot_path and records:
         from ..report.plot import plot_records
@@ -222,6 +258,16 @@ def run_backends(backends: list[str], cfg, shell: ShellSettings, repeat: int = 1
                          f"{PARAM_TOLERANCE:g} of the distance training moved them\n")
         return EXIT_MISMATCH
     return 0
+
+
+def _traced(cfg, backend: str, backends: list[str]):
+    """cfg with --trace's path of this backend's run: the path itself for one backend, else with
+    the backend's name before the suffix (out.json -> out.gloo.json)."""
+    if not cfg.trace or len(backends) < 2:
+        return cfg
+    from dataclasses import replace
+    path = Path(cfg.trace)
+    return replace(cfg, trace=str(path.with_name(f"{path.stem}.{backend}{path.suffix}")))
 
 
 def _link_ceiling(cfg, shell: ShellSettings) -> dict | None:
@@ -241,7 +287,18 @@ def _link_ceiling(cfg, shell: ShellSettings) -> dict | None:
 
 def _with_ceiling(rec: dict, ceiling: dict | None) -> None:
     """The wire time and the step's multiple of its lower limit at the rate TCP was measured to
-    carry (the `wire_us` beside them is at the link's nominal rate)."""
+    carry (the `wire_us` beside them is at the link's nominal rate); with a timeline, the fairer
+    limit too (train/whatif.fair_bound)."""
+    _with_ceiling_rate(rec, ceiling)
+    wire = rec.get("wire_tcp_us") if rec.get("wire_tcp_us") is not None else rec.get("wire_us")
+    if rec.get("timeline") and wire is not None:
+        from .whatif import fair_bound
+        rec["fair_bound_rate"] = "tcp" if rec.get("wire_tcp_us") is not None else "nominal"
+        rec["fair_bound_us"], rec["step_vs_fair_bound"] = fair_bound(
+            rec["step_us"], rec["compute_us"], rec["timeline"]["comm_start_ms"] * 1e3, wire)
+
+
+def _with_ceiling_rate(rec: dict, ceiling: dict | None) -> None:
     if not ceiling or not rec.get("wire_bytes_per_step") or rec.get("hosts", 1) < 2:
         return
     from .whatif import step_over_limit, wire_time_us
@@ -332,6 +389,8 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
         for r in records:
             if r.get("timeline"):
                 _say(timeline_line(r))
+            if r.get("fair_bound_us"):
+                _say(fair_bound_line(r))
         if one:
             _say(f"# scaling efficiency = samples/s per rank over one rank's ({one['backend']}, "
                  f"{one['samples_per_s']:.2f} samples/s): "

@@ -11,7 +11,11 @@ with a DDP communication hook that does what DDP's built-in all_reduce does (eac
 by the world size, summed, the average handed back: torch's own `allreduce_hook`), and records
 each bucket's times. The hook is the only change to the step; with --timeline the timed steps
 run it on every backend alike, so the backends stay comparable with each other (and the records
-say it was on).
+say it was on). With a comm hook of its own (--comm-hook), that hook does the communication and
+the timeline only wraps it, timing its future.
+
+Each timed step's marks and buckets are also kept whole (`steps_raw`, on this process's clock) for
+`--trace` (train/tracing.py).
 """
 from __future__ import annotations
 
@@ -26,9 +30,12 @@ FIELDS = ("forward_ms", "comm_start_ms", "comm_end_ms", "comm_busy_ms")
 
 
 class CommTimeline:
-    def __init__(self, world_size: int, group=None):
+    def __init__(self, world_size: int, group=None, inner=None):
         self.world_size = world_size
         self.group = group
+        self.inner = inner   # (state, hook) of --comm-hook, or None: the plain average
+        self._backward = self._optimizer = 0.0
+        self.steps_raw: list[dict] = []
         self._lock = threading.Lock()   # completions land on the backend's threads
         self._on = False
         self._t0 = self._forward = 0.0
@@ -42,16 +49,20 @@ class CommTimeline:
     def _hook(self: "CommTimeline", bucket):
         t = time.perf_counter()
         buf = bucket.buffer()
-        buf.div_(self.world_size)
-        span = [t, 0.0]
-        fut = _all_reduce(buf, group=self.group, async_op=True).get_future()
+        span = [t, 0.0, bucket.index(), buf.numel() * buf.element_size()]
+        if self.inner is not None:
+            fut = self.inner[1](self.inner[0], bucket)
+        else:
+            buf.div_(self.world_size)
+            fut = _all_reduce(buf, group=self.group, async_op=True).get_future()
 
         def done(f):
             span[1] = time.perf_counter()
             with self._lock:
                 if self._on:
                     self._spans.append(span)
-            return f.value()[0]
+            value = f.value()
+            return value[0] if isinstance(value, list) else value
         return fut.then(done)
 
     def begin(self) -> None:
@@ -63,13 +74,22 @@ class CommTimeline:
     def forward_done(self) -> None:
         self._forward = time.perf_counter()
 
+    def backward_done(self) -> None:
+        self._backward = time.perf_counter()
+
+    def optimizer_done(self) -> None:
+        self._optimizer = time.perf_counter()
+
     def end(self) -> None:
         with self._lock:
             self._on = False
             spans = sorted(self._spans)
+        self.steps_raw.append({"start": self._t0, "forward": self._forward, "backward": self._backward,
+                               "optimizer": self._optimizer, "end": time.perf_counter(),
+                               "buckets": [tuple(sp) for sp in spans]})
         ms = lambda t: (t - self._t0) * 1e3  # noqa: E731
         busy, cur = 0.0, None
-        for a, b in spans:   # the union of the spans: time with some bucket in the backend's hands
+        for a, b, *_ in spans:   # the union of the spans: time with some bucket in the backend's hands
             if cur is None or a > cur[1]:
                 if cur is not None:
                     busy += cur[1] - cur[0]
@@ -80,7 +100,7 @@ class CommTimeline:
             busy += cur[1] - cur[0]
         self.steps.append({"forward_ms": ms(self._forward),
                            "comm_start_ms": ms(spans[0][0]) if spans else 0.0,
-                           "comm_end_ms": ms(max(b for _, b in spans)) if spans else 0.0,
+                           "comm_end_ms": ms(max(sp[1] for sp in spans)) if spans else 0.0,
                            "comm_busy_ms": busy * 1e3})
 
     def median_step(self) -> list[float]:

@@ -69,6 +69,16 @@ def step_over_limit(step_us: float, compute_us: float, wire_us: float | None) ->
     return limit, (step_us / limit if limit > 0 else None)
 
 
+def fair_bound(step_us: float, compute_us: float, first_ready_us: float,
+               wire_us: float) -> tuple[float, float | None]:
+    """The fairer lower limit of a DDP step: no bucket can leave before DDP hands over the first
+    (its gradients ready, `first_ready_us` into the step), and then all the step's bytes must
+    cross the link, so the step cannot beat max(compute, first ready + wire). Returns the limit
+    and the step over it (None where the limit is 0)."""
+    limit = max(compute_us, first_ready_us + wire_us)
+    return limit, (step_us / limit if limit > 0 else None)
+
+
 def bounds(step_us: float, compute_us: float, calls: list[tuple[str, int]], hosts: int,
            rate_bps: float | None) -> dict:
     """The record's bound fields: wire time, the lower limit max(compute, wire) and the step as a

@@ -71,31 +71,40 @@ def setting_env(setting: Setting, base=None) -> dict:
     return env
 
 
+def interleaved(count: int, repeat: int):
+    """(repeat, index) of `count` items run `repeat` times, interleaved: every item once, then
+    every item again (A B C A B C), so slow drift of a shared machine spreads over all of them
+    instead of favouring one. tune's sweep and `train --tune` both run in this order."""
+    for rep in range(repeat):
+        for i in range(count):
+            yield rep, i
+
+
 def run_sweep(cfg: TuneConfig, plan: list[Setting], tune_id: str, log_dir: Path | None,
               say: Callable[[str], None] = print) -> Outcome:
     out = Outcome()
     total, step = len(plan) * cfg.repeat, 0
     with scratch_dir("wirespeed-tune-") as tmp:
-        for rep in range(cfg.repeat):
-            for i, setting in enumerate(plan):
-                step += 1
-                t0 = time.monotonic()
-                json_path = Path(tmp) / f"s{i}-r{rep}.jsonl"
-                run = run_child(cfg.run.argv(str(json_path)), setting_env(setting), json_path,
-                                log_dir / f"s{i}-r{rep}.log" if log_dir is not None else None,
-                                log_header=f"# {setting.label}\n")
-                records, why, code = run.records, run.why, run.code
-                took = time.monotonic() - t0
-                for r in records:
-                    r.update(tune_id=tune_id, repeat=rep, setting=setting.as_dict(),
-                             setting_label=setting.label)
-                out.records.extend(records)
-                tag = f"[{step:>3}/{total}] {setting.label}" + (f" (repeat {rep + 1})" if cfg.repeat > 1 else "")
-                wrong = sum(int(r["wrong"]) for r in records)
-                if code != 0 and not wrong:
-                    out.failures.append((setting.label, why))
-                    say(f"{tag}: FAILED after {took:.1f} s: {why}")
-                else:
-                    say(f"{tag}: {len(records)} results in {took:.1f} s"
-                        + (f", {wrong} WRONG elements" if wrong else ""))
+        for rep, i in interleaved(len(plan), cfg.repeat):
+            setting = plan[i]
+            step += 1
+            t0 = time.monotonic()
+            json_path = Path(tmp) / f"s{i}-r{rep}.jsonl"
+            run = run_child(cfg.run.argv(str(json_path)), setting_env(setting), json_path,
+                            log_dir / f"s{i}-r{rep}.log" if log_dir is not None else None,
+                            log_header=f"# {setting.label}\n")
+            records, why, code = run.records, run.why, run.code
+            took = time.monotonic() - t0
+            for r in records:
+                r.update(tune_id=tune_id, repeat=rep, setting=setting.as_dict(),
+                         setting_label=setting.label)
+            out.records.extend(records)
+            tag = f"[{step:>3}/{total}] {setting.label}" + (f" (repeat {rep + 1})" if cfg.repeat > 1 else "")
+            wrong = sum(int(r["wrong"]) for r in records)
+            if code != 0 and not wrong:
+                out.failures.append((setting.label, why))
+                say(f"{tag}: FAILED after {took:.1f} s: {why}")
+            else:
+                say(f"{tag}: {len(records)} results in {took:.1f} s"
+                    + (f", {wrong} WRONG elements" if wrong else ""))
     return out

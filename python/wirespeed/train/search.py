@@ -1,0 +1,311 @@
+"""`wirespeed train --tune`: the default configuration, then candidates (the wrappers' options,
+torch's comm hooks, intra-op threads, the backend's knobs), each a plain single-backend `wirespeed
+train` in processes of its own, interleaved and repeated as `wirespeed tune` runs its settings
+(tune/sweep.interleaved), on the same seed and data; each compared with the exact run's training
+(train/guard.py); the search kept within a time budget.
+
+Order: round 1 runs every candidate once, in the order of the plan (the likeliest gains first, so a
+short budget cuts the long shots); a candidate slower than the default's latest run by more than
+PRUNE_MARGIN, or outside the loss tolerance, cannot win and is not run again. Then the winners of
+independent families (a hook, a bucket size, threads, a knob) are combined into one more candidate.
+Then the further rounds: the default and every candidate still in, again in turn. Before each run,
+the time it should take (the candidate's own last run, else the median run so far) is weighed
+against what is left of the budget; what does not fit is skipped and named. In round 1 the default
+runs again every REFERENCE_EVERY candidates, and each candidate's first run is judged against the
+default's latest.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import UsageError
+from ..launch.child import failure_line, run_child, scratch_dir
+from ..report.outputs import run_dir
+from ..report.records import write_jsonl
+from ..tune.sweep import Setting, interleaved, setting_env
+from . import guard
+from .hooks import compresses, config_flags, parse_comm_hook
+from .shell import ShellSettings, TrainRun, _link_ceiling, _median_run, _with_ceiling, initial_params, \
+    param_difference
+
+PRUNE_MARGIN = 0.05
+# In round 1 the default runs again after every this many candidates, and a candidate is judged
+# against the default's latest run: a shared machine's load drifts over a long round (a 2x swing in
+# minutes was seen), and a reference near in time keeps that drift out of the pruning.
+REFERENCE_EVERY = 5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    options: tuple = ()   # (TrainConfig field, value)
+    env: tuple = ()       # (knob, value)
+    family: str = ""      # what it changes ("hook", "bucket", "threads", a knob's name, ...)
+
+    def config(self, base):
+        return replace(base, **dict(self.options))
+
+    def flags(self, base) -> list[str]:
+        return config_flags(self.config(base), base)
+
+    def label(self, base) -> str:
+        return " ".join(self.flags(base) + [f"{k}={v}" for k, v in self.env]) or "default"
+
+    def compression(self, base) -> bool:
+        cfg = self.config(base)
+        return compresses(cfg.comm_hook) or cfg.reduce_dtype == "bf16"
+
+
+DEFAULT = Candidate()
+
+
+def _opt(family: str, **fields) -> Candidate:
+    return Candidate(tuple(fields.items()), (), family)
+
+
+def builtin_plan(base, backend: str, shell: ShellSettings) -> list[Candidate]:
+    """The candidates for this run, the likeliest gains on a network-bound step first."""
+    out: list[Candidate] = []
+    if base.parallel == "ddp":
+        buckets = [b for b in (5.0, 50.0, 100.0) if b != base.bucket_mb]
+        out += [_opt("hook", comm_hook="fp16"), _opt("hook", comm_hook="bf16")]
+        out += [_opt("hook", comm_hook="fp16", bucket_mb=b) for b in buckets[:1] + buckets[-1:]]
+        out += [_opt("hook", comm_hook="powersgd:1"), _opt("hook", comm_hook="powersgd:4")]
+        out += [_opt("bucket", bucket_mb=b) for b in buckets]
+        out += [_opt("graph", grad_as_bucket_view=True), _opt("graph", static_graph=True)]
+    else:
+        out += [_opt("reduce", reduce_dtype="bf16"), _opt("reshard", reshard_after_forward=False),
+                _opt("prefetch", prefetch=1), _opt("prefetch", prefetch=2)]
+    cores = os.cpu_count() or 1
+    per_rank = max(1, cores // base.nproc)   # the emulated cluster's hosts share this machine's cores
+    out += [_opt("threads", threads=n) for n in sorted({per_rank, per_rank - 1, cores, cores - 1})
+            if n > 0 and n != base.threads]
+    out += knob_candidates(backend, base, shell)
+    return out
+
+
+def knob_candidates(backend: str, base, shell: ShellSettings) -> list[Candidate]:
+    """The backend's knobs that `wirespeed tune` sweeps by default where these ranks run (its table,
+    tune/knobs.py), one setting per candidate."""
+    from ..tune.knobs import backends, select
+    from ..tune.sweep import settings
+    if backend not in backends() or base.nproc < 2:
+        return []
+    per_host = shell.ranks_per_host or 1 if shell.cluster else base.nproc
+    across, one_host = base.nproc > per_host, per_host > 1
+    try:
+        knobs, _ = select(backend, None, False, across, one_host)
+    except UsageError:
+        return []
+    return [Candidate((), s.env, s.env[0][0]) for s in settings(knobs)[1:]]
+
+
+def _num(text: str, name: str, conv):
+    try:
+        v = conv(text)
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"--candidates {name}={text}: not a number") from None
+    if not 0 <= v < float("inf"):
+        raise UsageError(f"--candidates {name}={text}: must be a finite number, not negative")
+    return v
+
+
+_FIELDS = {"bucket-mb": "bucket_mb", "comm-hook": "comm_hook", "threads": "threads",
+           "grad-as-bucket-view": "grad_as_bucket_view", "static-graph": "static_graph",
+           "reshard-after-forward": "reshard_after_forward", "prefetch": "prefetch",
+           "reduce-dtype": "reduce_dtype"}
+
+
+def parse_candidates(text: str, base, backend: str) -> list[Candidate]:
+    """--candidates 'comm-hook=fp16; bucket-mb=5+threads=2; WIRESPEED_NSTREAMS=4', each checked as
+    the flags it stands for would be."""
+    from ..tune.knobs import KNOBS
+    from .hooks import check_options
+    out = []
+    for part in str(text).split(";"):
+        if not part.strip():
+            continue
+        opts, env = {}, {}
+        for item in part.split("+"):
+            name, _, value = item.strip().partition("=")
+            if name in _FIELDS:
+                f = _FIELDS[name]
+                if f in ("grad_as_bucket_view", "static_graph", "reshard_after_forward"):
+                    opts[f] = value.strip().lower() not in ("0", "false", "no", "off")
+                elif f == "comm_hook":
+                    opts[f] = parse_comm_hook(value)
+                elif f == "reduce_dtype":
+                    opts[f] = value.strip()
+                else:
+                    opts[f] = _num(value, f"--{name}", float if f == "bucket_mb" else int)
+            elif name.isupper() and value and any(k.name == name and k.backend == backend for k in KNOBS):
+                env[name] = value.strip()
+            else:
+                raise UsageError(f"--candidates {item.strip()}: not a train option ({', '.join(_FIELDS)}) "
+                                 f"nor a {backend} knob NAME=value")
+        if opts.get("bucket_mb") == 0:
+            raise UsageError("--candidates: bucket-mb must be positive")
+        check_options(replace(base, **opts))
+        out.append(Candidate(tuple(opts.items()), tuple(env.items()), "given"))
+    if not out:
+        raise UsageError("--candidates: give at least one candidate")
+    return out
+
+
+@dataclass
+class Search:
+    """What the search found: per plan entry its runs, and the entries that failed, were pruned or
+    skipped (and why)."""
+    plan: list[Candidate]
+    runs: dict = field(default_factory=dict)        # index -> [record]
+    took: dict = field(default_factory=dict)        # index -> [seconds]
+    failed: dict = field(default_factory=dict)      # index -> why
+    pruned: dict = field(default_factory=dict)      # index -> why
+    skipped: dict = field(default_factory=dict)     # index -> why
+    cut_repeats: set = field(default_factory=set)   # indices whose later repeats the budget cut
+
+
+def _say(text: str = "") -> None:
+    print(text)
+    sys.stdout.flush()
+
+
+def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolerance: float,
+               candidates: list[Candidate], repeat: int, argv: list[str]) -> int:
+    from .tunereport import render
+    plan = [DEFAULT] + candidates
+    s = Search(plan)
+    t_start = time.monotonic()
+    ceiling = _link_ceiling(base, shell)
+    _say(f"# wirespeed train --tune: {base.spec.describe()}, {base.parallel}, backend {backend}, "
+         f"{base.nproc} ranks; {len(plan)} configurations (the default, then {len(candidates)} "
+         f"candidates) x up to {repeat} runs, interleaved, each in fresh processes; budget "
+         f"{budget_s:g} s; loss tolerance {tolerance:.1%} (loss and parameters against the default's)")
+    exact: dict = {}
+    init = initial_params(base.spec)
+    tune_id = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = run_dir(shell.save_dir, "train-tune", tune_id)
+
+    def estimate(i: int) -> float:
+        own = s.took.get(i)
+        every = [t for ts in s.took.values() for t in ts]
+        return own[-1] if own else (statistics.median(every) if every else 0.0)
+
+    def one(i: int, rep: int, tmp: Path) -> None:
+        cand = plan[i]
+        if i in s.failed or i in s.pruned or i in s.skipped:
+            return
+        if i and not exact:
+            return
+        label = cand.label(base)
+        left = budget_s - (time.monotonic() - t_start)
+        if (i or rep) and estimate(i) > left:
+            if rep == 0:
+                s.skipped[i] = f"not run: about {estimate(i):.0f} s, {max(left, 0):.0f} s of the budget left"
+            else:
+                s.cut_repeats.add(i)
+            return
+        if i and cand.options and dict(cand.options).keys() == {"threads"} and s.runs.get(0) and \
+                s.runs[0][0].get("threads") == cand.config(base).threads:
+            s.skipped[i] = "the same threads as the default's"
+            return
+        cfg = cand.config(base)
+        n = sum(len(t) for t in s.took.values())   # runs so far: each run's files its own
+        json_path, state_path = tmp / f"run{n}.jsonl", tmp / f"run{n}.pt"
+        t0 = time.monotonic()
+        run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell, what_if=False).argv(),
+                        setting_env(Setting(cand.env)), json_path,
+                        out_dir / "logs" / f"run{n}.log" if out_dir else None, log_header=f"# {label}\n")
+        took = time.monotonic() - t0
+        s.took.setdefault(i, []).append(took)
+        runs_here = len(s.took[i])
+        tag = f"[{label}]" + (f" (run {runs_here})" if runs_here > 1 else "")
+        if run.code != 0 or not run.wrote:
+            s.failed[i] = failure_line(run.stderr, run.code)
+            _say(f"{tag}: FAILED after {took:.0f} s: {s.failed[i]}")
+            return
+        rec = next(r for r in run.records if not r.get("predicted"))
+        import torch
+        state = torch.load(state_path)
+        if i == 0 and not exact:
+            exact.update(state=state, losses=rec["losses"])
+        rec["param_drift"] = param_difference(exact["state"]["final"], state["final"], init)[0]
+        rec["loss_rel_diff"] = guard.loss_rel_diff(exact["losses"], rec["losses"])
+        rec["repeat"] = rep
+        s.runs.setdefault(i, []).append(rec)
+        latest = s.runs[0][-1]
+        gain = rec["samples_per_s"] / latest["samples_per_s"]
+        _say(f"{tag}: {rec['samples_per_s']:.2f} samples/s" + (f" ({gain:.2f}x the default's latest run)" if i else "")
+             + f", training changed by {guard.changed_by(rec):.2%} (loss {rec['loss_rel_diff']:.2%}, "
+             f"parameters {rec['param_drift']:.2%}), {took:.0f} s")
+        rec["gain_vs_latest_default"] = gain
+        if i and rep == 0:
+            if gain < 1 - PRUNE_MARGIN:
+                s.pruned[i] = f"{gain:.2f}x the default after its first run: not run again"
+            elif not guard.within(rec, tolerance):
+                s.pruned[i] = "outside the loss tolerance after its first run: not run again"
+
+    with scratch_dir("wirespeed-train-tune-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        for _, i in interleaved(len(plan), 1):
+            one(i, 0, tmp)
+            if i == 0 and 0 in s.failed:
+                sys.stderr.write(f"wirespeed: error: the default configuration failed: {s.failed[0]}\n")
+                return 1
+            if i and i % REFERENCE_EVERY == 0 and i < len(plan) - 1:
+                one(0, len(s.runs[0]), tmp)   # the reference again
+        combo = combine(s, base, tolerance)
+        if combo is not None:
+            plan.append(combo)
+            one(0, len(s.runs[0]), tmp)
+            one(len(plan) - 1, 0, tmp)
+        for rep, i in interleaved(len(plan), repeat - 1):
+            one(i, rep + 1, tmp)
+    summary = []
+    for i, runs in s.runs.items():
+        rec = _median_run(runs)
+        # Every configuration's samples/s by the same statistic, the median of its runs (an even
+        # count: the mean of the middle two), so one run more or fewer does not favour any.
+        rec["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
+        rec["samples_per_s"] = statistics.median(rec["samples_per_s_runs"])
+        for key in ("param_drift", "loss_rel_diff"):   # the worst of its runs
+            rec[key] = max(r[key] for r in runs)
+        _with_ceiling(rec, ceiling)
+        summary.append((i, rec))
+    text, records = render(s, summary, base, backend, tolerance, argv, tune_id)
+    _say()
+    _say(text)
+    if shell.json_path:
+        write_jsonl(shell.json_path, records)
+    if out_dir:
+        write_jsonl(out_dir / "records.jsonl", records)
+        (out_dir / "verdict.txt").write_text(text + "\n")
+        _say(f"# saved records, verdict and logs in {out_dir}/")
+    return 0
+
+
+def combine(s: Search, base, tolerance: float) -> Candidate | None:
+    """One candidate from the winners of round 1 that change different things (the faster first),
+    when two or more did: a hook with threads and a knob, say. None when fewer won."""
+    winners = []
+    for i, runs in s.runs.items():
+        r = runs[0]
+        if i and i not in s.pruned and guard.within(r, tolerance) and \
+                r["gain_vs_latest_default"] > 1 + PRUNE_MARGIN / 5:
+            winners.append((r["samples_per_s"], i))
+    opts, env, used = {}, {}, []
+    for _, i in sorted(winners, reverse=True):
+        c = s.plan[i]
+        if set(dict(c.options)) & set(opts) or set(dict(c.env)) & set(env) or \
+                (c.family in ("hook", "bucket") and {"comm_hook", "bucket_mb"} & set(opts)):
+            continue
+        opts.update(c.options)
+        env.update(c.env)
+        used.append(i)
+    if len(used) < 2:
+        return None
+    return Candidate(tuple(opts.items()), tuple(env.items()), "combined")

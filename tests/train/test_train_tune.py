@@ -1,0 +1,90 @@
+"""`wirespeed train --tune`: real searches on 2 local ranks (the default and candidates, each a
+real `train` in fresh processes), the guard that keeps a compression which changes training out
+of the recommendation, and the pure parts (the guard's arithmetic, the reproducing command)."""
+import json
+
+import pytest
+
+from wsutil import wirespeed
+from wirespeed.train import guard
+from wirespeed.train.tunereport import reproduce
+
+TINY_GPT = ["--model", "gpt", "--layers", "1", "--hidden", "32", "--seq-len", "16", "--vocab", "64",
+            "--batch-size", "4"]
+
+
+def _tune(tmp_path, net, candidates, *extra, timeout=800):
+    out = tmp_path / "tune.jsonl"
+    p = wirespeed("train", "--tune", *net, "--backend", "gloo", "-N", "2", "-w", "2", "-T", "120",
+                  "--candidates", candidates, "--json", out, "--no-save", *extra, timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    return p, [json.loads(line) for line in open(out)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_small_tune_runs_the_default_and_two_candidates_and_records_each(tmp_path):
+    p, recs = _tune(tmp_path, TINY_GPT, "comm-hook=fp16; bucket-mb=1+threads=1", "-n", "4", "--repeat", "2")
+    assert "loss tolerance 2.0%" in p.stdout
+    labels = [r["config"]["label"] for r in recs]
+    assert labels[:3] == ["default", "--comm-hook fp16", "--bucket-mb 1 --threads 1"], p.stdout
+    # and when both won their first run, their combination (train/search.combine)
+    assert labels[3:] in ([], ["--bucket-mb 1 --comm-hook fp16 --threads 1"]), p.stdout
+    assert all(r["config"]["family"] == "combined" for r in recs[3:])
+    for r in recs:
+        assert r["schema"] == "wirespeed.train/1"
+        for key in ("config", "samples_per_s", "loss_rel_diff", "param_drift", "default", "recommended"):
+            assert key in r, (key, r)
+        assert len(r["losses"]) == 2 + 4   # warm-up and timed steps
+    default = recs[0]
+    assert default["default"] and not any(r["default"] for r in recs[1:])
+    # The default against itself: the same seed and data, the same arithmetic, bit for bit.
+    assert default["loss_rel_diff"] == 0 and default["param_drift"] == 0 and default["runs"] >= 2
+    assert sum(r["recommended"] for r in recs) <= 1
+    fp16 = recs[1]
+    assert fp16["config"]["compression"] and fp16["comm_hook"] == "fp16"
+    # fp16 sends half the bytes, and its rounding moves the parameters, a little.
+    assert fp16["bytes_per_step"] == pytest.approx(default["bytes_per_step"] / 2, rel=0.01)
+    assert 0 < fp16["param_drift"] < 0.02
+    assert "[compression]" in next(ln for ln in p.stdout.splitlines() if ln.startswith("--comm-hook fp16"))
+    rec_line = [ln for ln in p.stdout.splitlines() if ln.startswith("# recommended:")]
+    assert len(rec_line) == 1
+    if fp16["recommended"]:
+        assert "COMPRESSION" in rec_line[0]
+        assert "register_comm_hook(None, default_hooks.fp16_compress_hook)" in p.stdout
+        assert "wirespeed train --model gpt" in p.stdout and "--comm-hook fp16" in p.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_powersgd_at_rank_1_changes_the_loss_and_is_shown_but_never_recommended(tmp_path):
+    # resnet18 at 32 px, batch 4: its loss on the fixed batch falls fast, and a rank-1 gradient
+    # visibly bends that fall (measured: 284% apart after 10 steps, parameters 50% apart).
+    net = ["--model", "resnet18", "--image-size", "32", "--batch-size", "4"]
+    p, recs = _tune(tmp_path, net, "comm-hook=powersgd:1", "-n", "8", "--repeat", "1")
+    psgd = next(r for r in recs if r["comm_hook"] == "powersgd:1")
+    assert psgd["loss_rel_diff"] > 0.02 and psgd["param_drift"] > 0.02
+    assert not psgd["recommended"]
+    row = next(ln for ln in p.stdout.splitlines() if ln.startswith("--comm-hook powersgd:1"))
+    assert "changes training by" in row and "never recommended" in row and "[compression]" in row
+    assert "# recommended: keep the default" in p.stdout
+
+
+def test_the_guard_measures_the_loss_curve_against_the_exact_run():
+    exact = [4.0, 3.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    assert guard.loss_rel_diff(exact, list(exact)) == 0
+    # final loss 5% off; the last five steps' mean 1% off: the larger counts
+    assert guard.loss_rel_diff(exact, exact[:-1] + [2.1]) == pytest.approx(0.05)
+    assert guard.loss_rel_diff(exact, exact[:-1]) == float("inf")   # different steps
+    assert guard.within({"loss_rel_diff": 0.01, "param_drift": 0.019}, 0.02)
+    assert not guard.within({"loss_rel_diff": 0.0, "param_drift": 0.03}, 0.02)
+
+
+def test_the_reproducing_command_is_the_users_own_without_tunes_flags():
+    argv = ["train", "--tune", "--model", "resnet50", "--budget", "600", "--bucket-mb", "25",
+            "--loss-tolerance=1%", "--json", "x.jsonl", "--cluster", "--backend", "wirespeed"]
+    line = reproduce(argv, ["--bucket-mb", "100", "--comm-hook", "fp16", "--grad-as-bucket-view"],
+                     {"WIRESPEED_NSTREAMS": "4"})
+    assert line == ("WIRESPEED_NSTREAMS=4 wirespeed train --model resnet50 --cluster --backend wirespeed "
+                    "--bucket-mb 100 --comm-hook fp16 --grad-as-bucket-view")
