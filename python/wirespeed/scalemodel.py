@@ -107,16 +107,17 @@ def _members(host_of: list[int]) -> dict[int, list[int]]:
 
 def hosts_read(host_of: list[int], rank: int) -> int:
     """Host keys of gathered records `rank` reads (rendezvous.needed_hosts): its own host's unless
-    it leads it, and every other host's that holds a higher rank."""
+    it leads it, every other host's that holds a higher rank, and on a leader every other host's."""
     mine = host_of[rank]
-    return sum(1 for h, rs in _members(host_of).items()
-               if (h == mine and rs[0] != rank) or (h != mine and rs[-1] > rank))
+    members = _members(host_of)
+    leader = members[mine][0] == rank
+    return sum(1 for h, rs in members.items()
+               if (h == mine and not leader) or (h != mine and (leader or rs[-1] > rank)))
 
 
 def records_read(host_of: list[int], rank: int) -> int:
-    """Peers' (pid, memfd, address) records that reach `rank` (rendezvous.needed_records)."""
-    mine = host_of[rank]
-    return sum(len(rs) - (h == mine) for h, rs in _members(host_of).items() if h == mine or rs[-1] > rank)
+    """Peers' (pid, memfd, address) records that reach `rank` (rendezvous.needed_records): all."""
+    return len(host_of) - 1
 
 
 def store_load(host_of: list[int], rank: int) -> StoreLoad:
@@ -142,10 +143,12 @@ def store_load(host_of: list[int], rank: int) -> StoreLoad:
 def job_store_reads(hosts: int, per_host: int) -> int:
     """Keys read from the store by all ranks of a blocked job, in closed form: 5N for tokens and
     claim checks, 2N - 1 for the host records (rank 0) and the layout (the others), H(K - 1) by
-    the leaders and H(K - 1) by the others for their host's records, and K(H - 1 - h) host keys
-    by each rank of host h: N x H / 2 in all, the part that grows."""
+    the leaders and H(K - 1) by the others for their host's records, K(H - 1 - h) host keys
+    by each rank of host h, and h more by host h's leader (the lower hosts' addresses): N x H / 2
+    + H^2 / 2 in all, the part that grows."""
     n = hosts * per_host
-    return 7 * n - 1 + 2 * hosts * (per_host - 1) + per_host * hosts * (hosts - 1) // 2
+    return (7 * n - 1 + 2 * hosts * (per_host - 1) + per_host * hosts * (hosts - 1) // 2
+            + hosts * (hosts - 1) // 2)
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:

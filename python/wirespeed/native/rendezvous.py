@@ -31,11 +31,14 @@ rank publishes its own, each leader reads its host's and publishes them as two k
 memfd) pairs with the host id once for its host mates (`host_records`) and the listening
 addresses with the IP once for the other hosts (`host_addresses`, ~12 + 7 x ranks per host
 bytes); a rank reads its host's first key (to map its segments) and the second key of every host
-that holds a higher rank than it (it may dial those: a lower rank dials a higher one,
-hosts/mesh.rs; a rank that dials it needs no look-up, its listener knows it by the key in its
-hello). So a job of H hosts x K ranks reads about N x H / 2 keys, not 1.5 x N^2
-(`scalemodel.store_load` counts them exactly), and about 5 N^2 bytes of addresses, not ~130 N^2
-bytes of host ids and records: still N^2. Reading only the partners a job's collectives use
+that holds a higher rank than it (it dials those first: a lower rank dials a higher one,
+hosts/mesh.rs). It needs the lower ranks' addresses too, to dial a lower rank whose first dial
+is late (one that died before its first message is then found at once, not at the timeout):
+those come in its host's first key, where its leader, which reads every other host's second
+key, puts the lower hosts' (so the leader publishes it after reading them). So a job of H hosts
+x K ranks reads about N x H / 2 + H^2 / 2 keys, not 1.5 x N^2 (`scalemodel.store_load` counts
+them exactly), and about 7 N^2 bytes of addresses, not ~130 N^2 bytes of host ids and records:
+still N^2. Reading only the partners a job's collectives use
 would need the core to ask for an address on its first dial to a rank; not done.
 
 The store's load is counted (`StoreCounter`): the keys this rank wrote and read and its requests,
@@ -146,23 +149,30 @@ def _members(hosts: list[str]) -> dict[str, list[int]]:
 
 
 def needed_hosts(rank: int, hosts: list[str]) -> list[str]:
-    """The hosts whose gathered records `rank` reads: its own where it is not the leader (its
-    host mates' segments to map; the leader gathered them itself) and every other host holding a
-    rank above it (it dials those; lower ones dial it, and its listener knows them by their
-    hello). In host order."""
+    """The hosts whose gathered records `rank` reads itself: its own where it is not the leader
+    (its host mates' segments to map, and the lower hosts' addresses: below), every other host
+    holding a rank above it (it dials those), and, on a leader, every host below its own too
+    (their addresses, which it passes on to its mates in its host's key). A rank needs the lower
+    ranks' addresses to dial one whose first dial is late (mesh.rs: a rank that died before its
+    first message is found at once by both sides). In host order."""
     members = _members(hosts)
     mine = hosts[rank]
+    leader = members[mine][0] == rank
     return [h for h, rs in members.items()
-            if (h == mine and rs[0] != rank) or (h != mine and rs[-1] > rank)]
+            if (h == mine and not leader) or (h != mine and (leader or rs[-1] > rank))]
+
+
+def lower_hosts(host: str, hosts: list[str]) -> list[str]:
+    """The hosts entirely below `host` in host order (a host's lowest rank orders it): whose
+    addresses its leader reads and passes on to its mates."""
+    order = list(_members(hosts))
+    return order[:order.index(host)]
 
 
 def needed_records(rank: int, hosts: list[str]) -> list[int]:
     """The ranks whose (pid, memfd, address) record reaches `rank` (through `needed_hosts`' keys,
-    or read by itself as a leader): its host's and every rank of the other hosts it reads."""
-    members = _members(hosts)
-    mine = hosts[rank]
-    return sorted(r for h, rs in members.items() for r in rs
-                  if r != rank and (h == mine or rs[-1] > rank))
+    or read by itself as a leader): every other rank of the job."""
+    return [r for r in range(len(hosts)) if r != rank]
 
 
 def rank_host_id(knobs: dict[str, str]) -> str:
@@ -171,15 +181,19 @@ def rank_host_id(knobs: dict[str, str]) -> str:
     return _native.host_id(knobs)
 
 
-def host_records(infos: list[tuple[int, int, str, str]]) -> str:
+def host_records(infos: list[tuple[int, int, str, str]], lower: list[str] = ()) -> str:
     """What a host's other ranks need of its ranks' records, as one short text: the host id once
-    (the shared-memory side checks it) and each rank's (pid, memfd)."""
-    return json.dumps([infos[0][2], [[p, f] for p, f, _, _ in infos]], separators=(",", ":"))
+    (the shared-memory side checks it) and each rank's (pid, memfd); then the address keys of the
+    hosts below it (`host_addresses`' texts, in host order), which its leader read."""
+    return json.dumps([infos[0][2], [[p, f] for p, f, _, _ in infos], [json.loads(t) for t in lower]],
+                      separators=(",", ":"))
 
 
-def read_host_records(text: str) -> list[tuple[int, int, str, str]]:
-    host, recs = json.loads(text)
-    return [(int(p), int(f), host, "") for p, f in recs]
+def read_host_records(text: str) -> tuple[list[tuple[int, int, str, str]], list[list[str]]]:
+    """`host_records`' text: the host's records, and the lower hosts' addresses, host by host."""
+    host, recs, lower = json.loads(text)
+    return ([(int(p), int(f), host, "") for p, f in recs],
+            [read_host_addresses(json.dumps(t)) for t in lower])
 
 
 def host_addresses(addrs: list[str]) -> str:
@@ -291,23 +305,34 @@ def rendezvous(store, rank: int, size: int, timeout: datetime.timedelta,
     here = members[mine]
     infos = [(0, -1, hosts[r], "") for r in range(size)]
     infos[rank] = (pid, fd, host, addr)
+    want = needed_hosts(rank, hosts)
+    keys = [f"{at}/hostrecs/{here[0]}" if h == mine else f"{at}/hostaddrs/{members[h][0]}" for h in want]
     if rank == here[0]:
+        # The leader publishes its host's addresses first (they depend on nothing else), then
+        # reads every other host's, and passes the lower hosts' on to its mates with their
+        # (pid, memfd) pairs: a mate reads one key for all of them.
         for r, v in zip(here[1:], store.get_many([f"{at}/rank/{r}" for r in here[1:]])):
             p, f, a, h = v.decode().split(",", 3)
             infos[r] = (int(p), int(f), h, a)
-        if len(here) > 1:
-            store.set(f"{at}/hostrecs/{rank}", host_records([infos[r] for r in here]))
         if len(members) > 1:
             store.set(f"{at}/hostaddrs/{rank}", host_addresses([infos[r][3] for r in here]))
-    want = needed_hosts(rank, hosts)
-    keys = [f"{at}/hostrecs/{here[0]}" if h == mine else f"{at}/hostaddrs/{members[h][0]}" for h in want]
-    for h, v in zip(want, store.get_many(keys)):
+        got = dict(zip(want, (v.decode() for v in store.get_many(keys))))
+        if len(here) > 1:
+            store.set(f"{at}/hostrecs/{rank}", host_records([infos[r] for r in here],
+                                                            [got[h] for h in lower_hosts(mine, hosts)]))
+    else:
+        got = dict(zip(want, (v.decode() for v in store.get_many(keys))))
+    for h, v in got.items():
         if h == mine:
-            for r, info in zip(here, read_host_records(v.decode())):
+            recs, lower = read_host_records(v)
+            for r, info in zip(here, recs):
                 if r != rank:
                     infos[r] = info
+            for lh, addrs in zip(lower_hosts(mine, hosts), lower):
+                for r, a in zip(members[lh], addrs):
+                    infos[r] = (0, -1, lh, a)
         else:
-            for r, a in zip(members[h], read_host_addresses(v.decode())):
+            for r, a in zip(members[h], read_host_addresses(v)):
                 infos[r] = (0, -1, h, a)
     admission.check_claims(store, rank, n)
     group.connect(infos)

@@ -19,8 +19,12 @@ pub(super) fn meshes(world: usize, mode: Connect, timeout: Duration) -> Vec<Mesh
     meshes_with(world, mode, timeout, NetConfig::default())
 }
 
+/// Every rank holding every address dials on its own first post, toward lower ranks too (no
+/// wait for their dial): the crossing of two first dials is what these meshes test.
 fn meshes_with(world: usize, mode: Connect, timeout: Duration, cfg: NetConfig) -> Vec<Mesh> {
-    meshes_full(world, mode, timeout, cfg, false)
+    let mut ms = meshes_full(world, mode, timeout, cfg, false);
+    ms.iter_mut().for_each(|m| m.set_lower_dial_after(Duration::ZERO));
+    ms
 }
 
 /// `partial`: each rank gets only the addresses of the ranks above it, as the store rendezvous
@@ -244,6 +248,47 @@ fn with_the_addresses_the_rendezvous_gives_the_lower_rank_dials_on_its_first_pos
         res.as_ref().unwrap();
         assert_eq!(m.connected().len(), world - 1, "rank {r}");
         assert_eq!(m.refused() + m.crossings_refused(), 0, "rank {r}: only the lower rank dials here");
+    }
+}
+
+#[test]
+fn a_lower_rank_that_died_before_its_first_post_is_an_error_soon_on_the_higher_side() {
+    // Rank 0 (the pair's dialer) is gone before it posted anything; rank 1 holds its address
+    // and, after waiting a moment for a dial that never comes, dials it: nothing listens there,
+    // so its receive fails naming rank 0, well before the group's timeout.
+    let timeout = Duration::from_secs(60);
+    let mut ms = meshes_full(2, Connect::Lazy, timeout, NetConfig::default(), false);
+    let mut m1 = ms.pop().unwrap();
+    drop(ms); // rank 0's mesh and listener
+    let mut got = vec![0u8; 1000];
+    let t = Instant::now();
+    // SAFETY: `got` outlives the handle, waited at once.
+    let e = unsafe { m1.post_recv(0, got.as_mut_ptr(), got.len(), 1) }.and_then(|h| m1.wait(h)).unwrap_err();
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(matches!(e, Error::PeerAborted { rank: 0, .. }), "{e}");
+}
+
+#[test]
+fn a_lower_rank_slower_than_the_wait_is_dialled_by_the_higher_one() {
+    // No false alarm for a live lower rank that reaches the pair's first message late: rank 1
+    // dials it (its listener accepts), and the message moves over that one connection.
+    let ms = meshes_full(2, Connect::Lazy, Duration::from_secs(20), NetConfig::default(), false);
+    let out = on_every_rank(ms, |r, m| {
+        if r == 0 {
+            std::thread::sleep(Duration::from_millis(2500));
+            let before = m.streams_to(1);
+            exchange(0, m, &[], &[1], 30_000).map(|_| before)
+        } else {
+            exchange(1, m, &[0], &[], 30_000).map(|_| 0)
+        }
+    });
+    // Rank 1's dial made the connection while rank 0 was still away.
+    assert_eq!(*out[0].0.as_ref().unwrap(), NSTREAMS);
+    out[1].0.as_ref().unwrap();
+    for (r, (_, m)) in out.iter().enumerate() {
+        assert_eq!(m.streams_to(1 - r), NSTREAMS, "rank {r}");
+        assert_eq!(m.refused() + m.crossings_refused(), 0, "rank {r}");
     }
 }
 

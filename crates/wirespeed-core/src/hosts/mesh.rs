@@ -16,8 +16,10 @@
 //! queues. Toward a rank whose address it does not hold (the store rendezvous gives a rank only
 //! the addresses of the higher ranks of other hosts: native/rendezvous.py), a post just waits:
 //! that lower rank dials on its own first post toward this one, which any message between the
-//! two needs. Where both ranks hold both addresses, either may dial first; when both do, the
-//! lower rank's dial wins: the lower rank alone decides, in its listener's vetting, under the
+//! two needs. Toward a lower rank whose address it holds, a rank waits `LOWER_DIAL_AFTER` for
+//! that rank's dial and then dials it itself, so that a lower rank that died before its first
+//! post is an error at once on this side too (its address refuses), not at the timeout. Where
+//! both ranks hold both addresses, either may dial first; when both do, the lower rank's dial wins: the lower rank alone decides, in its listener's vetting, under the
 //! pair's lock (`Link`), so exactly one connection is made. An accepted connection attaches to
 //! the waiting `Conn` on the reactor's thread (`route`). No step waits for a thread of the
 //! application, here or at the peer.
@@ -331,7 +333,18 @@ struct Lazy {
     addrs: Vec<Option<SocketAddr>>,
     streams: Vec<usize>,
     token: [u8; 16],
+    /// How long a first post toward a lower rank waits for that rank's dial before this rank
+    /// dials it itself (`LOWER_DIAL_AFTER`, at most a quarter of the timeout).
+    lower_after: Duration,
 }
+
+/// A higher rank's wait for the lower rank's dial before it dials that rank itself. A lower rank
+/// that is alive and slower than this to reach the pair's first message gets a connection made
+/// the other way (its listener accepts it, mesh vetting as for any crossing); one that died
+/// before its first post is found at once then (nothing listens at its address), rather than at
+/// the group's timeout. Short enough to report a dead peer within seconds, long enough that
+/// ranks which reach a collective together (the usual case) leave the dial to the lower rank.
+const LOWER_DIAL_AFTER: Duration = Duration::from_secs(1);
 
 impl Mesh {
     /// Dial the remote ranks above this one and accept those below; `addrs[r]` is rank r's
@@ -453,7 +466,7 @@ impl Mesh {
             parsed[r] = addr;
         }
         let note = Note { links: Some(links.clone()), refused: listener.inner.clone_refused() };
-        let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token };
+        let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token, lower_after: LOWER_DIAL_AFTER.min(timeout / 4) };
         Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), note, posted: Vec::new() })
     }
 
@@ -499,10 +512,22 @@ impl Mesh {
                 Err(e) => attacher.fail(dial_error(e, me, r)),
             }
         }) as dial::DialDone;
-        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key(&lz.token, me, r, world, n), n, self.timeout, wanted, tried, done).map_err(|e| {
+        // Toward a lower rank, its own dial is awaited first (LOWER_DIAL_AFTER): that is the
+        // usual way the pair connects, and the crossing rule settles a late one either way.
+        let after = if r < me { lz.lower_after } else { Duration::ZERO };
+        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key(&lz.token, me, r, world, n), n, after, self.timeout, wanted, tried, done).map_err(|e| {
             g.state = State::Idle;
             dial_error(e, me, r)
         })
+    }
+
+    /// Dial a lower rank after `d` of waiting for its dial (`LOWER_DIAL_AFTER` otherwise): the
+    /// crossing tests dial at once from both sides.
+    #[cfg(test)]
+    pub fn set_lower_dial_after(&mut self, d: Duration) {
+        if let Some(lz) = &mut self.lazy {
+            lz.lower_after = d;
+        }
     }
 
     /// Connections refused so far by this rank's listener.

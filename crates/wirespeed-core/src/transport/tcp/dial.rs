@@ -55,9 +55,11 @@ struct DialState {
 }
 
 /// Start dialling `addr` with `nstreams` streams greeting with `key`; the reactor carries it on
-/// and calls `done` once, unless `wanted` says no first. `timeout` from now is the deadline.
+/// and calls `done` once, unless `wanted` says no first. The first try is made `after` from now
+/// (at once when zero; else on a reactor tick, `wanted` asked first: a dial the peer made
+/// meanwhile ends this one before it opens a socket). `timeout` from now is the deadline.
 #[allow(clippy::too_many_arguments)]
-pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize, timeout: Duration, wanted: Wanted, tried: Tried, done: DialDone) -> Result<()> {
+pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8; 32], nstreams: usize, after: Duration, timeout: Duration, wanted: Wanted, tried: Tried, done: DialDone) -> Result<()> {
     let thread = reactor.pick();
     let now = Instant::now();
     let task = Arc::new_cyclic(|_: &Weak<DialTask>| DialTask {
@@ -72,8 +74,13 @@ pub fn spawn(reactor: &Arc<Reactor>, cfg: &NetConfig, addr: SocketAddr, key: [u8
         token: reactor.next_token.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         wanted,
         tried,
-        st: Mutex::new(DialState { attempt: None, fds: Vec::new(), retry_at: now, pause: Duration::from_millis(10), last: None, done: Some(done) }),
+        st: Mutex::new(DialState { attempt: None, fds: Vec::new(), retry_at: now + after, pause: Duration::from_millis(10), last: None, done: Some(done) }),
     });
+    if !after.is_zero() {
+        // The reactor's ticks (100 ms) start it once `retry_at` has come.
+        reactor.threads[thread].entries.lock().unwrap().insert(task.token, Entry::Held(task));
+        return Ok(());
+    }
     // The first try starts here, on the caller's thread (the sockets' connects are
     // non-blocking); from the registration on, their events drive it on the reactor.
     reactor.threads[thread].entries.lock().unwrap().insert(task.token, Entry::Held(task.clone()));

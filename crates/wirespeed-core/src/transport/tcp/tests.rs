@@ -392,7 +392,7 @@ fn a_pending_conn_moves_what_was_posted_once_the_reactor_dial_attaches() {
     assert_eq!(a.nstreams(), 0);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let att = a.attacher();
-    dial::spawn(&r, &cfg, l.local_addr(), [3u8; 32], 3, Duration::from_secs(5), Box::new(|| true), Box::new(|_| {}), Box::new(move |res| {
+    dial::spawn(&r, &cfg, l.local_addr(), [3u8; 32], 3, Duration::ZERO, Duration::from_secs(5), Box::new(|| true), Box::new(|_| {}), Box::new(move |res| {
         let ok = res.map(|socks| att.attach(socks).is_ok());
         let _ = done_tx.send(ok);
     }))
@@ -432,7 +432,7 @@ fn a_reactor_dial_that_is_never_answered_times_out_and_fails_the_pending_conn() 
     let q = unsafe { a.irecv(buf.as_mut_ptr(), buf.len(), 1) }.unwrap();
     let att = a.attacher();
     let t = Instant::now();
-    dial::spawn(&r, &cfg, addr, [1u8; 32], 2, Duration::from_millis(700), Box::new(|| true), Box::new(|_| {}), Box::new(move |res| {
+    dial::spawn(&r, &cfg, addr, [1u8; 32], 2, Duration::ZERO, Duration::from_millis(700), Box::new(|| true), Box::new(|_| {}), Box::new(move |res| {
         if let Err(e) = res {
             att.fail(e);
         }
