@@ -66,7 +66,6 @@ def test_a_rank_dead_before_its_first_collective_is_named_at_once_by_its_peer(de
     alive = outs[3 - dead]
     assert "Traceback" not in "".join(outs), outs
     line = alive.splitlines()[-1]
-    print(line)
     secs, rest = line.split(" ", 1)
     # The group's timeout is 60 s: the survivor's receive fails in seconds (the higher rank
     # waits about 1 s for the lower rank's dial first), naming the dead rank.
