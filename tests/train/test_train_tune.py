@@ -145,3 +145,31 @@ def test_the_reproducing_command_is_the_users_own_without_tunes_flags():
                      {"WIRESPEED_NSTREAMS": "4"})
     assert line == ("WIRESPEED_NSTREAMS=4 wirespeed train --model resnet50 --cluster --backend wirespeed "
                     "--bucket-mb 100 --comm-hook fp16 --grad-as-bucket-view")
+
+
+def test_a_recommendation_that_passes_only_by_the_noise_floor_says_so():
+    from wirespeed.train.nets import NetSpec
+    from wirespeed.train.rank import TrainConfig
+    from wirespeed.train.search import DEFAULT, Candidate, Search
+    from wirespeed.train.tunereport import render
+    base = TrainConfig(NetSpec("resnet18", 4, image_size=32), threads=1)
+    fp16, psgd = Candidate((("comm_hook", "fp16"),), (), "hook"), Candidate((("comm_hook", "powersgd:1"),), (), "hook")
+
+    def rec(sps, loss, drift):
+        return {"model": "resnet18", "parallel": "ddp", "world_size": 2, "samples_per_s": sps, "exposed_pct": 50,
+                "bytes_per_step": 1e6, "loss_rel_diff": loss, "param_drift": drift}
+    # the figures measured on resnet18 at 32 px (the twin at 2 threads: loss 20%, drift 38%), speeds made up
+    runs = {0: [rec(10, 0, 0)], 1: [rec(20, 0.33, 0.59)], 2: [rec(30, 2.84, 0.50)]}
+    for floor, fp16_ok in ((guard.Floor(0.1994, 0.3783, "--threads 2"), True), (guard.NO_FLOOR, False)):
+        s = Search([DEFAULT, fp16, psgd], runs=runs, floor=floor)
+        text, records = render(s, [(i, dict(r[0])) for i, r in runs.items()], base, "gloo", 0.02,
+                               ["train", "--tune", "--model", "resnet18"], "t")
+        assert [r["recommended"] for r in records] == [False, fp16_ok, False], text
+        assert "never recommended" in records[2]["verdict"]
+        if fp16_ok:
+            assert "# noise floor: drift 37.83%, loss 19.94%, from --threads 2" in text
+            assert records[1]["verdict"] == "within the noise floor, not the tolerance"
+            line = next(ln for ln in text.splitlines() if ln.startswith("# recommended:"))
+            assert "within the noise floor" in line and "COMPRESSION" in line and "not proven harmless" in line
+        else:
+            assert "# noise floor: not measured" in text and "# recommended: keep the default" in text

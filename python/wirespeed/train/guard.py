@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 LAST_STEPS = 5
 # A single twin is one sample of how far rounding carries a short chaotic run, and other
-# rounding-sized changes land around it, not on it: measured, fp16/bf16 compression at 0.9-1.6x
+# rounding-sized changes land around it, not on it: measured, fp16/bf16 compression at 0.9-1.7x
 # the twin's figures (resnet50 64 px: drift 83-89% vs 93%, loss 3.1-3.8% vs 2.4%; resnet18 32 px:
 # drift 59% vs 38%, loss 33% vs 20%) while PowerSGD at rank 1, which bends the loss's fall, sat at
 # 14x the twin's loss (284% vs 20%). 2x keeps the first inside and the second far outside.

@@ -129,7 +129,7 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
                    , loss_tolerance=tol, noise_floor=s.floor.record(tol), runs=len(s.runs[i]))
         records.append(rec)
     if best is None:
-        lines.append("# recommended: keep the default; no configuration within the tolerance beat it "
+        lines.append("# recommended: keep the default; no configuration within the tolerance or the noise floor beat it "
                      f"clearly (by {CLEAR_GAIN - 1:.0%} and beyond the spread of the runs)")
         return "\n".join(lines), records
     rec, cand = by_index[best], s.plan[best]
