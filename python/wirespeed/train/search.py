@@ -13,6 +13,10 @@ the time it should take (the candidate's own last run, else the median run so fa
 against what is left of the budget; what does not fit is skipped and named. In round 1 the default
 runs again every REFERENCE_EVERY candidates, and each candidate's first run is judged against the
 default's latest.
+
+Right after the default's first run, its rounding-only twin (train/guard.py: the same
+configuration at another thread count) runs once, not timed against anything: its loss and
+parameters against the default's are the noise floor every candidate is judged with.
 """
 from __future__ import annotations
 
@@ -166,6 +170,7 @@ class Search:
     failed: dict = field(default_factory=dict)      # index -> why
     pruned: dict = field(default_factory=dict)      # index -> why
     skipped: dict = field(default_factory=dict)     # index -> why
+    floor: guard.Floor = guard.NO_FLOOR              # the rounding-only twin's figures
     cut_repeats: set = field(default_factory=set)   # indices whose later repeats the budget cut
 
 
@@ -184,7 +189,8 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
     _say(f"# wirespeed train --tune: {base.spec.describe()}, {base.parallel}, backend {backend}, "
          f"{base.nproc} ranks; {len(plan)} configurations (the default, then {len(candidates)} "
          f"candidates) x up to {repeat} runs, interleaved, each in fresh processes; budget "
-         f"{budget_s:g} s; loss tolerance {tolerance:.1%} (loss and parameters against the default's)")
+         f"{budget_s:g} s; loss tolerance {tolerance:.1%} (loss and parameters against the default's), or "
+         f"{guard.FLOOR_FACTOR:g} x the noise floor a rounding-only twin of the default measures where larger")
     exact: dict = {}
     init = initial_params(base.spec)
     tune_id = time.strftime("%Y%m%d-%H%M%S")
@@ -194,6 +200,49 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
         own = s.took.get(i)
         every = [t for ts in s.took.values() for t in ts]
         return own[-1] if own else (statistics.median(every) if every else 0.0)
+
+    runs_started = [0]
+
+    def launch(cand: Candidate, label: str, tmp: Path):
+        """One plain `train` of the candidate's configuration: (the child's run, seconds, where its
+        final parameters are)."""
+        n = runs_started[0]   # each run's files its own
+        runs_started[0] += 1
+        json_path, state_path = tmp / f"run{n}.jsonl", tmp / f"run{n}.pt"
+        t0 = time.monotonic()
+        run = run_child(TrainRun.of(cand.config(base), backend, json_path, state_path, shell, what_if=False).argv(),
+                        setting_env(Setting(cand.env)), json_path,
+                        out_dir / "logs" / f"run{n}.log" if out_dir else None, log_header=f"# {label}\n")
+        return run, time.monotonic() - t0, state_path
+
+    def compared(run, state_path) -> dict:
+        """The run's record with its loss_rel_diff and param_drift against the exact run."""
+        rec = next(r for r in run.records if not r.get("predicted"))
+        import torch
+        state = torch.load(state_path)
+        if not exact:
+            exact.update(state=state, losses=rec["losses"])
+        rec["param_drift"] = param_difference(exact["state"]["final"], state["final"], init)[0]
+        rec["loss_rel_diff"] = guard.loss_rel_diff(exact["losses"], rec["losses"])
+        return rec
+
+    def twin(tmp: Path) -> None:
+        """The default's rounding-only twin, once: the noise floor (train/guard.py)."""
+        threads = guard.twin_threads(int(s.runs[0][0].get("threads") or 1))
+        cand = Candidate((("threads", threads),), (), "noise floor")
+        label = cand.label(base)
+        run, took, state_path = launch(cand, label, tmp)
+        if run.code != 0 or not run.wrote:
+            _say(f"[noise-floor twin {label}]: FAILED after {took:.0f} s: {failure_line(run.stderr, run.code)}; "
+                 f"no noise floor: the tolerance alone decides")
+            return
+        rec = compared(run, state_path)
+        s.floor = guard.Floor(rec["loss_rel_diff"], rec["param_drift"], label)
+        lb, db = s.floor.bounds(tolerance)
+        _say(f"[noise-floor twin {label}]: the default with only its sums' order changed moved the loss "
+             f"{s.floor.loss:.2%} and the parameters {s.floor.drift:.2%}, {took:.0f} s; candidates are judged "
+             f"against loss {lb:.2%}, parameters {db:.2%} (the larger of the tolerance and "
+             f"{guard.FLOOR_FACTOR:g} x the floor)")
 
     def one(i: int, rep: int, tmp: Path) -> None:
         cand = plan[i]
@@ -213,14 +262,7 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
                 s.runs[0][0].get("threads") == cand.config(base).threads:
             s.skipped[i] = "the same threads as the default's"
             return
-        cfg = cand.config(base)
-        n = sum(len(t) for t in s.took.values())   # runs so far: each run's files its own
-        json_path, state_path = tmp / f"run{n}.jsonl", tmp / f"run{n}.pt"
-        t0 = time.monotonic()
-        run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell, what_if=False).argv(),
-                        setting_env(Setting(cand.env)), json_path,
-                        out_dir / "logs" / f"run{n}.log" if out_dir else None, log_header=f"# {label}\n")
-        took = time.monotonic() - t0
+        run, took, state_path = launch(cand, label, tmp)
         s.took.setdefault(i, []).append(took)
         runs_here = len(s.took[i])
         tag = f"[{label}]" + (f" (run {runs_here})" if runs_here > 1 else "")
@@ -228,13 +270,7 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             s.failed[i] = failure_line(run.stderr, run.code)
             _say(f"{tag}: FAILED after {took:.0f} s: {s.failed[i]}")
             return
-        rec = next(r for r in run.records if not r.get("predicted"))
-        import torch
-        state = torch.load(state_path)
-        if i == 0 and not exact:
-            exact.update(state=state, losses=rec["losses"])
-        rec["param_drift"] = param_difference(exact["state"]["final"], state["final"], init)[0]
-        rec["loss_rel_diff"] = guard.loss_rel_diff(exact["losses"], rec["losses"])
+        rec = compared(run, state_path)
         rec["repeat"] = rep
         s.runs.setdefault(i, []).append(rec)
         latest = s.runs[0][-1]
@@ -246,8 +282,8 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
         if i and rep == 0:
             if gain < 1 - PRUNE_MARGIN:
                 s.pruned[i] = f"{gain:.2f}x the default after its first run: not run again"
-            elif not guard.within(rec, tolerance):
-                s.pruned[i] = "outside the loss tolerance after its first run: not run again"
+            elif not guard.within(rec, tolerance, s.floor):
+                s.pruned[i] = "outside the loss tolerance and the noise floor after its first run: not run again"
 
     with scratch_dir("wirespeed-train-tune-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -256,6 +292,8 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             if i == 0 and 0 in s.failed:
                 sys.stderr.write(f"wirespeed: error: the default configuration failed: {s.failed[0]}\n")
                 return 1
+            if i == 0:
+                twin(tmp)
             if i and i % REFERENCE_EVERY == 0 and i < len(plan) - 1:
                 one(0, len(s.runs[0]), tmp)   # the reference again
         combo = combine(s, base, tolerance)
@@ -294,7 +332,7 @@ def combine(s: Search, base, tolerance: float) -> Candidate | None:
     winners = []
     for i, runs in s.runs.items():
         r = runs[0]
-        if i and i not in s.pruned and guard.within(r, tolerance) and \
+        if i and i not in s.pruned and guard.within(r, tolerance, s.floor) and \
                 r["gain_vs_latest_default"] > 1 + PRUNE_MARGIN / 5:
             winners.append((r["samples_per_s"], i))
     opts, env, used = {}, {}, []

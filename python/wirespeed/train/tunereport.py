@@ -3,7 +3,11 @@ lines that apply it (the wrapper's arguments and hook to paste, the threads, the
 lines, the `wirespeed train` command that reproduces it), what was pruned or skipped, and one
 wirespeed.train/1 record per configuration (docs/records.md). Pure functions of the search.
 
-The recommendation: the fastest configuration within the loss tolerance whose median run beats the
+The guard: within the tolerance, or within FLOOR_FACTOR x the noise floor the default's
+rounding-only twin measured (train/guard.py), printed in the table's header; a configuration
+within only by the floor says so in its verdict and in the recommendation.
+
+The recommendation: the fastest configuration within the guard whose median run beats the
 default's by at least CLEAR_GAIN and whose slowest run is faster than the default's median (so a
 gain inside the spread of the repeats is not recommended). Compression is named as such in every
 line that recommends it.
@@ -25,11 +29,23 @@ def _verdict(i: int, rec: dict, first: dict, tol: float, s) -> str:
     gain = rec["samples_per_s"] / first["samples_per_s"]
     if i == 0:
         return "the default (exact)"
-    if not guard.within(rec, tol):
+    if not guard.within(rec, tol, s.floor):
         return f"{'faster' if gain > 1 else 'slower'}, changes training by {guard.changed_by(rec):.1%}: never recommended"
+    by_floor = guard.only_by_floor(rec, tol, s.floor)
     if i in s.pruned:
-        return "slower after its first run: not run again"
-    return "within tolerance" + ("" if gain >= 1 else ", slower")
+        return "slower after its first run: not run again" + (" (within the noise floor)" if by_floor else "")
+    return ("within the noise floor, not the tolerance" if by_floor else "within tolerance") + \
+        ("" if gain >= 1 else ", slower")
+
+
+def floor_line(floor: guard.Floor, tol: float) -> str:
+    """The table header's account of the noise floor and the bounds it sets."""
+    if not floor.measured():
+        return "# noise floor: not measured (the twin gave no figures): the tolerance alone decides"
+    lb, db = floor.bounds(tol)
+    return (f"# noise floor: drift {floor.drift:.2%}, loss {floor.loss:.2%}, from {floor.source} (the default with "
+            f"only its sums' order changed); a configuration passes with drift up to {db:.2%} and loss diff up "
+            f"to {lb:.2%} (the larger of the tolerance {tol:.1%} and {guard.FLOOR_FACTOR:g} x the floor)")
 
 
 def _clear_win(runs: list[dict], rec: dict, first: dict) -> bool:
@@ -76,6 +92,7 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
                  f"samples/s the median over its runs (each run's: the median step); speed-up over the default's median; exposed = (step - "
                  f"compute) / step; MB/step = {'bytes each host link carries per step' if wire_key != 'bytes_per_step' else 'bytes handed to the collectives per step and rank'}; "
                  f"loss diff and param drift against the default's (exact) run, tolerance {tol:.1%}")
+    lines.append(floor_line(s.floor, tol))
     lines.append(f"{'configuration':<{width}} {'runs':>4} {'samples/s':>10} {'speed-up':>8} {'exposed':>8} "
                  f"{'MB/step':>9} {'loss diff':>9} {'drift':>8}  verdict")
     best = None
@@ -83,7 +100,7 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
         gain = rec["samples_per_s"] / first["samples_per_s"]
         rec["speedup_vs_default"] = gain
         rec["verdict"] = _verdict(i, rec, first, tol, s)
-        ok = i and guard.within(rec, tol) and i not in s.pruned and \
+        ok = i and guard.within(rec, tol, s.floor) and i not in s.pruned and \
             _clear_win(s.runs[i], rec, first)
         if ok and (best is None or rec["samples_per_s"] > by_index[best]["samples_per_s"]):
             best = i
@@ -99,7 +116,8 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
                      + ", ".join(s.plan[i].label(base) for i in sorted(s.cut_repeats)))
     noise = max((r["param_drift"] for r in s.runs[0][1:]), default=None)
     if noise is not None:
-        lines.append(f"# the default's own repeats ended {noise:.2%} from its first run (the guard's noise floor)")
+        lines.append(f"# the default's own repeats ended {noise:.2%} from its first run (0: the same configuration "
+                     "gave the same bits)")
     records = []
     for i, rec in summary:
         cand = s.plan[i]
@@ -108,10 +126,10 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
                    config={"label": cand.label(base), "flags": cand.flags(base), "env": dict(cand.env),
                            "family": cand.family or "default", "compression": cand.compression(base),
                            "comm_hook": cfg.comm_hook, "bucket_mb": cfg.bucket_mb, "threads": cfg.threads}
-                   , loss_tolerance=tol, runs=len(s.runs[i]))
+                   , loss_tolerance=tol, noise_floor=s.floor.record(tol), runs=len(s.runs[i]))
         records.append(rec)
     if best is None:
-        lines.append("# recommended: keep the default; no configuration within the tolerance beat it "
+        lines.append("# recommended: keep the default; no configuration within the tolerance or the noise floor beat it "
                      f"clearly (by {CLEAR_GAIN - 1:.0%} and beyond the spread of the runs)")
         return "\n".join(lines), records
     rec, cand = by_index[best], s.plan[best]
@@ -121,10 +139,16 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
         comp.append(describe_hook(cfg.comm_hook))
     if cfg.reduce_dtype == "bf16":
         comp.append("bf16 gradient reduction (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16): compression)")
+    by_floor = guard.only_by_floor(rec, tol, s.floor)
     lines.append(f"# recommended: {cand.label(base)}: {rec['speedup_vs_default']:.2f}x the default's samples/s "
                  f"({first['samples_per_s']:.2f} -> {rec['samples_per_s']:.2f}), training changed by "
                  f"{guard.changed_by(rec):.2%} (tolerance {tol:.1%})"
+                 + (f", above the tolerance but within the noise floor ({s.floor.source} alone moved the "
+                    f"parameters {s.floor.drift:.2%} and the loss {s.floor.loss:.2%}): this short run cannot tell its change from rounding"
+                    if by_floor else "")
                  + (f"; it uses {' and '.join(comp)}: COMPRESSION, check your own training's loss with it"
+                    + (": within the rounding floor of a short run of a network that amplifies rounding is "
+                       "not proven harmless over a full run" if by_floor else "")
                     if comp else ""))
     lines.append("# in your training script:")
     lines += [f"    {ln}" for ln in paste_lines(cfg)]
