@@ -108,3 +108,15 @@ def run_dir(save_dir: str | None, kind: str, run_id: str) -> Path | None:
         return None
     out = Path(save_dir) / f"{kind}-{run_id}"
     return Path(f"{out}-{os.getpid()}") if out.exists() else out
+
+
+def save_verdict(json_path: str | None, out_dir: Path | None, records: list[dict], text: str, say) -> None:
+    """A search's outputs (tune's and train --tune's): its records to --json and, in its run
+    directory, the records and the printed verdict; `say` prints where they went."""
+    from .records import write_jsonl
+    if json_path:
+        write_jsonl(json_path, records)
+    if out_dir:
+        write_jsonl(out_dir / "records.jsonl", records)
+        (out_dir / "verdict.txt").write_text(text + "\n")
+        say(f"# saved records, verdict and logs in {out_dir}/")

@@ -29,8 +29,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..launch.child import failure_line, run_child, scratch_dir
-from ..report.outputs import run_dir
-from ..report.records import write_jsonl
+from ..report.outputs import run_dir, save_verdict
 from ..tune.sweep import Setting, interleaved, setting_env
 from . import guard
 from .hooks import compresses, config_flags, parse_comm_hook
@@ -317,12 +316,7 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
     text, records = render(s, summary, base, backend, tolerance, argv, tune_id)
     _say()
     _say(text)
-    if shell.json_path:
-        write_jsonl(shell.json_path, records)
-    if out_dir:
-        write_jsonl(out_dir / "records.jsonl", records)
-        (out_dir / "verdict.txt").write_text(text + "\n")
-        _say(f"# saved records, verdict and logs in {out_dir}/")
+    save_verdict(shell.json_path, out_dir, records, text, _say)
     return 0
 
 

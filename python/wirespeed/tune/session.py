@@ -4,8 +4,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..report.outputs import run_dir
-from ..report.records import write_jsonl
+from ..report.outputs import run_dir, save_verdict
 from . import verdict
 from .sweep import TuneConfig, run_sweep, settings
 
@@ -43,12 +42,7 @@ def run_tune(cfg: TuneConfig, notes: list[str]) -> int:
     for r in summary:
         r.update(tune_id=tune_id, backend=run.backend, knobs=list(dict.fromkeys(k.name for k in cfg.knobs)))
     records = outcome.records + summary
-    if cfg.json_path:
-        write_jsonl(cfg.json_path, records)
-    if out_dir:
-        write_jsonl(out_dir / "records.jsonl", records)
-        (out_dir / "verdict.txt").write_text(text + "\n")
-        _print(f"# saved records, verdict and logs in {out_dir}/")
+    save_verdict(cfg.json_path, out_dir, records, text, _print)
     wrong = sum(int(r["wrong"]) for r in outcome.records)
     if wrong:
         sys.stderr.write(f"wirespeed: error: {wrong} wrong elements in the sweep (the WRONG cells)\n")
