@@ -77,6 +77,7 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
     t.wait_all(&sends)
 }
 
+#[allow(clippy::too_many_arguments)]
 /// out = op over members j (in member order) of send[j]'s chunk for this member; send[j] is this
 /// member's chunk for member j, `count` elements each.
 ///
@@ -85,7 +86,6 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
 /// `out` writable and touched by nobody else), aligned for `dtype`; `out` overlaps no send region
 /// other than send[p], and that one only at the same address. After an error return the caller
 /// shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;

@@ -178,6 +178,7 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
 // all_reduce's argument: every send needs only receives of earlier items from the predecessor.
 // ---------------------------------------------------------------------------------------------
 
+#[allow(clippy::too_many_arguments)]
 /// The pipelined k-1 steps shared by `all_gather` and `reduce_scatter`: `m` pieces per step;
 /// `src(j, i)` is what item (j, i) sends, `dst(r, j, i)` where item r = (j, i) is received
 /// (r lets a caller rotate scratch slots), and `done(t, j, i, sends)` runs once item (j, i) is
@@ -190,7 +191,6 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
 /// from its item's posting (RECV_AHEAD items before it is waited) until `done` for it; a `src`
 /// region is complete before its item's send is posted (for j > 0: once `done(j-1, i)` ran) and
 /// not written while that send may still read it.
-#[allow(clippy::too_many_arguments)]
 unsafe fn steps<T: Transport + ?Sized>(
     t: &mut T,
     ring: Ring,
@@ -317,6 +317,7 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], ta
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 /// reduce_scatter on the ring: out = op over all members of their send[p] (send[q] is this
 /// member's contribution to member q's chunk, `count` elements each), divided by `avg_world` for
 /// avg. Regions are indexed by position in `members`. Scratch: two chunks (the partial sums of
@@ -327,7 +328,6 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], ta
 /// this returns (send readable, `out` writable and ours), element-aligned; `out` overlaps no send
 /// region but send[p], and that one only at the same address; after an error the caller shuts
 /// the transport down.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[super::direct::Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let ring = Ring::of(members, t.rank())?;
     let (k, p) = (ring.k, ring.p);

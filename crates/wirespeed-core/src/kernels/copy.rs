@@ -40,12 +40,12 @@ fn in_rep_movsb_trap(dst: *mut u8, src: *const u8) -> bool {
     (1..32).contains(&d)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
 /// Cached copy with 32-byte vector loads and stores, 128 bytes a turn; the tail (< 32 bytes) by
 /// memcpy, which copies so few bytes with plain moves.
 /// # Safety
 /// As `copy`; the CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
 unsafe fn vec_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
     let mut i = 0;
@@ -71,12 +71,12 @@ unsafe fn vec_copy(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 /// `copy` with non-temporal (streaming) stores for the body, bypassing the cache.
 ///
 /// # Safety
 /// As `copy`: `dst` and `src` valid for `len` bytes, not overlapping. (SSE2 only, which every
 /// x86-64 CPU has.)
-#[cfg(target_arch = "x86_64")]
 unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Align the destination to 16 bytes with a plain copy, stream the body, copy the tail.

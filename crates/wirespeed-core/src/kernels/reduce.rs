@@ -177,12 +177,12 @@ fn combine<T: Elem>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) ->
     }
 }
 
+#[inline(always)]
 /// `reduce_many` for one element type, BLOCK elements at a time through `acc`.
 ///
 /// # Safety
 /// `reduce_many`'s, with `T` the type `dtype` names (Half, BHalf and Flag are repr(transparent)
 /// over the bytes torch stores).
-#[inline(always)]
 unsafe fn reduce_typed<T: Elem>(dst: *mut u8, srcs: &[*const u8], count: usize, op: ReduceOp, avg_n: usize) {
     let mut acc = [T::Acc::default(); BLOCK];
     let mut start = 0;
@@ -248,22 +248,22 @@ pub unsafe fn reduce_many(dst: *mut u8, srcs: &[*const u8], count: usize, dtype:
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
 /// `reduce_dispatch` compiled with AVX2 and FMA (the kernels inline into it).
 ///
 /// # Safety
 /// `reduce_many`'s, and the CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
 unsafe fn reduce_avx2(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     // SAFETY: reduce_dispatch's contract is this fn's (less the CPU features).
     unsafe { reduce_dispatch(dst, srcs, count, dtype, op, avg_n) }
 }
 
+#[inline(always)]
 /// The kernel for `dtype`'s element type.
 ///
 /// # Safety
 /// `reduce_many`'s.
-#[inline(always)]
 unsafe fn reduce_dispatch(dst: *mut u8, srcs: &[*const u8], count: usize, dtype: DType, op: ReduceOp, avg_n: usize) {
     // SAFETY: this fn's contract; each arm passes the element type its `dtype` names, as
     // reduce_typed requires.

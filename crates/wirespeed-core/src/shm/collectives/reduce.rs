@@ -10,6 +10,7 @@ use crate::shm::comm::Comm;
 use crate::shm::segment::{DescHeader, MODE_SLOT};
 
 impl Comm {
+    #[allow(clippy::too_many_arguments)]
     /// out[0..count] = op over ranks j of what j contributes to this rank. Returns the parity and
     /// whether a final sync is due (left to the caller, which may have more to do first).
     ///
@@ -18,7 +19,6 @@ impl Comm {
     /// of `dtype` and ours alone, overlapping no send range except send[rank] at the same
     /// address; all aligned for `dtype`. They stay so until the call returns and, when it says a
     /// sync is due, until the caller's sync after it (peers read unstaged ranges in place).
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the sync this returns as due.
@@ -34,6 +34,7 @@ impl Comm {
         Ok((parity, sync_due))
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// out[0..bytes] = op over ranks j of what j published to this rank (`parity`'s pieces,
     /// `bytes` long each: the caller checked), block by block in cache: each peer's block is read
     /// from its slot where staged, else into a cache-resident scratch; `each(b, nb)` runs after
@@ -43,7 +44,6 @@ impl Comm {
     /// As `reduce_to_me`'s: send[rank] readable for `bytes`; `out` writable for `bytes` bytes and
     /// ours alone, overlapping no send range except send[rank] at the same address; aligned for
     /// `dtype`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn reduce_blocks(&mut self, parity: usize, send: &[Buf], out: usize, bytes: usize, dtype: DType, op: ReduceOp,
                             mut each: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {
         if bytes == 0 {

@@ -39,11 +39,11 @@ pub static REFUSAL_LINES: AtomicUsize = AtomicUsize::new(0);
 pub static HINT_LINES: AtomicUsize = AtomicUsize::new(0);
 pub static HINT_STREAMS: AtomicUsize = AtomicUsize::new(0);
 
+#[no_mangle]
 /// Called by logger.c with each formatted line.
 ///
 /// # Safety
 /// `msg` is NULL or a NUL-terminated string, valid for reads for the call.
-#[no_mangle]
 pub unsafe extern "C" fn driver_log_line(level: std::ffi::c_int, _flags: std::ffi::c_ulong, msg: *const std::ffi::c_char) {
     // SAFETY: this fn's contract (NULL is checked); logger.c, its one caller, passes the line it
     // formatted into a buffer on its stack, alive for this call.
