@@ -107,7 +107,7 @@ def config_from_args(args) -> tuple[list[str], "object"]:
     if args.timeline and args.parallel != "ddp":
         raise UsageError("--timeline times DDP's buckets; FSDP2 has none: drop --timeline or use "
                          "--parallel ddp")
-    options = trainopts.options_from_args(args, args.parallel)
+    options = trainopts.options_from_args(args)
     backends = split_backends(args.backend) if args.backend is not None else [None]
     resolved = [resolve_backend(b, args.device) for b in backends]
     devices = {d for _, d in resolved}

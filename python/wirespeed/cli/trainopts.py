@@ -40,7 +40,7 @@ def register(p) -> None:
         "WIRESPEED_NSTREAMS=4'")
 
 
-def options_from_args(args, parallel: str) -> dict:
+def options_from_args(args) -> dict:
     """The TrainConfig fields of the options, checked (train/hooks.check_options, in cfg's
     check): one line, exit 2, on a bad one."""
     from ..train.hooks import parse_comm_hook

@@ -37,7 +37,6 @@ def parse_comm_hook(text: str) -> str:
 
 def check_options(cfg) -> None:
     """A one-line UsageError for an option of the other wrapper than cfg.parallel's."""
-    from ..errors import UsageError
     ddp_only = [f for f, on in (("--comm-hook", cfg.comm_hook != "none"),
                                 ("--grad-as-bucket-view", cfg.grad_as_bucket_view),
                                 ("--static-graph", cfg.static_graph)) if on]

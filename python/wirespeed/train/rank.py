@@ -494,8 +494,8 @@ def run_as_rank(cfg, whatif: WhatIf, outputs: RankOutputs, info, backend, device
             import torch
             torch.save(out["params"], state_out)
         if out.get("trace"):
-            from .tracing import save
-            save(cfg.trace, out["trace"])
+            from ..report.trace import write
+            write(cfg.trace, out["trace"])
             print(f"# trace: {cfg.trace} (each rank's forward, backward, optimizer and DDP buckets; "
                   "open it in ui.perfetto.dev or chrome://tracing)")
         sys.stdout.flush()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ..report.trace import Spans, merge, write
+from ..report.trace import Spans, merge
 
 _KINDS = ("forward", "backward", "optimizer", "bucket")
 
@@ -63,6 +63,3 @@ def gather(timeline, backend, rank: int) -> dict | None:
         parts.append(spans.as_data())
     return merge(parts, offsets)
 
-
-def save(path: str, trace: dict) -> None:
-    write(path, trace)

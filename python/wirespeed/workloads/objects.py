@@ -8,7 +8,6 @@ all_gather_object is torch.distributed's own, so this runs on torch.distributed 
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -16,7 +15,7 @@ import torch
 
 from ..bench.harness import summarize
 from ..errors import UsageError
-from ..report.records import record
+from ..report.records import record, write_jsonl
 from .config import ObjectsConfig
 
 METHODS = ("all_gather_object", "all_reduce", "all_gather")
@@ -94,8 +93,7 @@ def run_as_rank(c: ObjectsConfig, info, backend, device) -> int:
         records = [record("objects", {"run_id": time.strftime("%Y%m%d-%H%M%S"),
                     "backend": c.backend, "device": c.device, **r, "env": env}) for r in rows]
         if c.records_to:
-            with open(c.records_to, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
+            write_jsonl(c.records_to, records)
         else:
             report(c, records)
         if wrong:

@@ -119,12 +119,10 @@ def run_as_rank(cfg, info, backend, device, shapes) -> int:
 def within_rounding(error: float, dtype: str) -> bool:
     """Exact data give 0; where a dtype is too narrow for them, a few units of its rounding."""
     import torch
-    from ..bench.dtypes import DTYPES
     return error == 0 or error <= 8 * torch.finfo(DTYPES[dtype].torch).eps
 
 
 def _print_header(cfg, info, shapes, plan) -> None:
-    from ..bench.dtypes import DTYPES
     itemsize = DTYPES[cfg.dtype].itemsize
     total = shapes.numel * itemsize
     print(f"# wirespeed model: {shapes.name} ({shapes.source}), {len(shapes.params)} arrays, "
@@ -138,7 +136,6 @@ def _print_header(cfg, info, shapes, plan) -> None:
 
 
 def _records(cfg, info, shapes, plan, results, env) -> list[dict]:
-    from ..bench.dtypes import DTYPES
     n = info.world_size
     total = shapes.numel * DTYPES[cfg.dtype].itemsize
     run_id = time.strftime("%Y%m%d-%H%M%S")
