@@ -53,15 +53,7 @@ SMALL = 4096
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
 F32, SUM = 0, 0  # the core's dtype and op codes (dtype.rs)
 
-
-def _status() -> dict:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("Threads", "VmRSS", "VmHWM"):
-                out[k] = int(v.split()[0])
-    return out
+from scale_setup import _status  # noqa: E402  (threads, VmRSS, VmHWM of this process)
 
 
 def _open_files() -> int:

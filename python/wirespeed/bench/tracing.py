@@ -23,9 +23,8 @@ them would put clock reads inside its hot path: the spans are calls, not phases.
 from __future__ import annotations
 
 import statistics
-import time
 
-from ..report.trace import Spans, merge, write
+from ..report.trace import Spans, merge, now_us, write
 
 TRACK = "collectives"
 OFFSET_ROUNDS = 5
@@ -53,7 +52,7 @@ class Trace:
         diffs = []
         for _ in range(OFFSET_ROUNDS):
             backend.barrier()
-            diffs.append(time.perf_counter_ns() / 1000.0)
+            diffs.append(now_us())
         rows = backend.allgather_floats(diffs)    # us, as Spans and merge take them
         return {r: (0.0 if boots[r] == boots[0] and boots[0] else
                     statistics.median(a - b for a, b in zip(rows[0], rows[r])))

@@ -35,7 +35,6 @@ import torch.distributed as dist
 
 from .. import _native
 from .backend import WirespeedBackend
-from .observe import fr_requested
 from .tensors import REDUCE_DTYPES, SUM
 
 _CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
@@ -77,8 +76,8 @@ class WirespeedProcessGroup(dist.ProcessGroup):
         self._register_backend(_CPU, _CUSTOM, backend)
         # torch's path also when the user asked for torch's flight recorder (observe.py), so its hook
         # records every op.
-        self._direct = os.environ.get("TORCH_DIST_NAN_CHECK", "0") != "1" and not fr_requested()
         self._ledger = backend._ledger
+        self._direct = os.environ.get("TORCH_DIST_NAN_CHECK", "0") != "1" and not self._ledger.recorded
         self._ledger.group = weakref.ref(self)
         # The native blocking all_reduce, for `allreduce`'s latency case; None: no such case.
         self._sum_now = backend.native.all_reduce if self._direct else None

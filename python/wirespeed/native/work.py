@@ -91,7 +91,8 @@ class Work(dist._Work):
                     self._finish()
                     self._finish = None
                 self._done = True
-        if self._op is not None:
+        op = self._op
+        if op is not None and op[3] is not None:   # a profiler span to close (observe.finished)
             finished(self, None)
         return True
 
