@@ -164,7 +164,11 @@ fn tuning(var: Vars) -> Result<Tuning> {
     };
     let slot_bytes = bytes(var, "WIRESPEED_SLOT_BYTES", d.slot_bytes)?.max(4096).next_multiple_of(4096);
     let stage_max = bytes(var, "WIRESPEED_STAGE_MAX", d.stage_max)?;
-    let block_bytes = bytes(var, "WIRESPEED_BLOCK_BYTES", d.block_bytes)?.max(4096).next_multiple_of(64);
+    // Unset, the block follows the rank count (`Tuning::block_for`: 0).
+    let block_bytes = match var("WIRESPEED_BLOCK_BYTES") {
+        None => d.block_bytes,
+        Some(_) => bytes(var, "WIRESPEED_BLOCK_BYTES", crate::plan::BLOCK)?.max(4096).next_multiple_of(64),
+    };
     let pair_stage_max = bytes(var, "WIRESPEED_PAIR_STAGE_MAX", d.pair_stage_max)?;
     let gather_ring_min = bytes(var, "WIRESPEED_GATHER_RING_MIN", d.gather_ring_min)?;
     Ok(Tuning { shm_all_reduce, net_all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max, gather_ring_min })

@@ -54,7 +54,8 @@ pub struct Tuning {
     pub slot_bytes: usize,
     /// Exchanges whose send side is at most this many bytes go through the staging slot.
     pub stage_max: usize,
-    /// Block size of the large-message reduction (per peer, kept in cache).
+    /// Block size of the large-message reduction (per peer, kept in cache); 0: by the rank
+    /// count (`block_for`), what applies unless WIRESPEED_BLOCK_BYTES is set.
     pub block_bytes: usize,
     /// The most a 2-rank exchange or broadcast stages (`WIRESPEED_PAIR_STAGE_MAX`).
     pub pair_stage_max: usize,
@@ -75,11 +76,33 @@ impl Default for Tuning {
     /// reads them): the cost model's choice, 1 MiB slots, exchanges staged up to 64 KiB (2 ranks:
     /// `PAIR_STAGE_MAX`), 64 KiB reduction blocks.
     fn default() -> Tuning {
-        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 64 << 10, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN }
+        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 0, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN }
     }
 }
 
+/// The block of the large-message reduction among 2 ranks (`Tuning::block_for`).
+pub const PAIR_BLOCK: usize = 256 << 10;
+/// The block among 3 ranks or more.
+pub const BLOCK: usize = 64 << 10;
+
 impl Tuning {
+    /// The per-peer block of the large-message reduction (shm/collectives/reduce.rs) among
+    /// `world` ranks: WIRESPEED_BLOCK_BYTES where set, else 256 KiB for 2 ranks and 64 KiB from
+    /// 3. Each block is one process_vm_readv and one process_vm_writev per peer, and each call
+    /// costs ~1.6 us on top of its bytes here (the kernel's lookup of the peer and its ptrace
+    /// check, which an LSM hook lengthens on this VM): a 2-rank 1 MiB all_reduce went from 126-139
+    /// to 107-110 us (Open MPI 103-111 us in the same runs) and 4 MiB from 520-755 to 463-507 us
+    /// with 256 KiB blocks (docs/small-messages.md). The blocks must stay in the core's cache
+    /// with the ones they are reduced with (world x block of scratch): 2 x 260 KiB fits a 1 MiB
+    /// L2; from 3 ranks the 64 KiB block stays until it is measured there.
+    pub fn block_for(&self, world: usize) -> usize {
+        match self.block_bytes {
+            0 if world <= 2 => PAIR_BLOCK,
+            0 => BLOCK,
+            b => b,
+        }
+    }
+
     /// The one-host all_reduce algorithm for `bytes` per rank among `world` ranks on `cpus`
     /// cores: the forced one (`shm_all_reduce`) where it can run, `Rsag` for what exceeds the
     /// slot, else the cost model's choice.
@@ -94,7 +117,7 @@ impl Tuning {
         if !fits {
             return ShmAlgo::Rsag;
         }
-        let (oneshot, staged, rsag) = cost_us(bytes as f64, world as f64, cpus as f64, self.block_bytes as f64);
+        let (oneshot, staged, rsag) = cost_us(bytes as f64, world as f64, cpus as f64, self.block_for(world) as f64);
         if oneshot <= staged && oneshot <= rsag {
             ShmAlgo::OneShot
         } else if staged <= rsag {

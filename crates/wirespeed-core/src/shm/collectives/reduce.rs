@@ -50,7 +50,7 @@ impl Comm {
             return Ok(());
         }
         let esize = dtype.size();
-        let block = self.tuning.block_bytes.min(bytes).next_multiple_of(64);
+        let block = self.tuning.block_for(self.world).min(bytes).next_multiple_of(64);
         // Each peer's block lands at the same offset within a page as its source: on AMD Zen
         // (this VM), a `rep movsb` copy (the kernel's, for process_vm_readv) whose destination
         // lies 1-31 bytes past its source modulo 4096 runs ~20x slower (2 GB/s, not 40).
