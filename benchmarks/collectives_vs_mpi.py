@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """all_reduce, all_gather, reduce_scatter and broadcast: wirespeed against Open MPI and gloo in the same processes.
 
-    .venv/bin/python benchmarks/collectives_vs_mpi.py                      # 2, 4, 8 ranks; 4K..64M
+    .venv/bin/python benchmarks/collectives_vs_mpi.py                      # 2, 4, 8 ranks; 4K..256M
     .venv/bin/python benchmarks/collectives_vs_mpi.py --worlds 2 --sizes 4K,64K,1M --colls all_reduce
 
 One `mpirun` per world size starts the ranks; each rank is at once an MPI process (mpi4py on Open
@@ -70,7 +70,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from wirespeed.launch.environment import free_port  # noqa: E402
 
 SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20,
-         "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20}
+         "4M": 4 << 20, "16M": 16 << 20, "64M": 64 << 20, "256M": 256 << 20}
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
 IMPLS = ["ws-native", "ws-torch", "mpi", "gloo"]
 FLOOR = "torch-floor"
