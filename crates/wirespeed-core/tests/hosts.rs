@@ -479,3 +479,35 @@ fn small_gathers_cross_hosts_through_the_leaders_only() {
         }
     }
 }
+
+/// Across two hosts from `GATHER_RING_MIN` bytes per chunk (no ring there), all_gather and
+/// reduce_scatter stay a direct exchange, whose scratch is bounded: exact results, and a rank
+/// that leads no host did reach the other host's ranks itself.
+#[test]
+fn large_gathers_across_two_hosts_exchange_directly() {
+    let ids: &[&str] = &["a", "b", "a", "b"];
+    let w = ids.len();
+    let n = wirespeed_core::testing::GATHER_RING_MIN / 8;
+    let out = with_hosts(ids, move |c| {
+        let me = c.rank;
+        let mine = input(me, n);
+        let mut all = vec![0i64; n * w];
+        let recv: Vec<(usize, usize)> = (0..w).map(|j| (all.as_mut_ptr() as usize + j * n * 8, n * 8)).collect();
+        // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into disjoint runs.
+        unsafe { c.all_gather((mine.as_ptr() as usize, n * 8), &recv) }.unwrap();
+        let rs_in = input(me + 1, n * w);
+        let mut rs_out = vec![0i64; n];
+        let rs: Vec<_> = (0..w).map(|j| (rs_in.as_ptr() as usize + j * n * 8, n * 8)).collect();
+        // SAFETY: `rs_in` and `rs_out` outlive the call; `rs` cuts `rs_in` into runs.
+        unsafe { c.reduce_scatter(&rs, rs_out.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum) }.unwrap();
+        (all, rs_out, c.connected())
+    });
+    let ins: Vec<Vec<i64>> = (0..w).map(|r| input(r + 1, n * w)).collect();
+    for (me, (all, rs_out, connected)) in out.into_iter().enumerate() {
+        assert!(all == (0..w).flat_map(|j| input(j, n)).collect::<Vec<_>>(), "all_gather on {me}");
+        assert!(rs_out == (0..n).map(|i| ins.iter().map(|v| v[me * n + i]).sum::<i64>()).collect::<Vec<_>>(), "reduce_scatter on {me}");
+        if me == 2 {
+            assert_eq!(connected, vec![1, 3], "rank 2 (host a's second) exchanged with host b's ranks");
+        }
+    }
+}

@@ -271,14 +271,16 @@ impl Group {
     }
 
     /// How all_gather and reduce_scatter cross hosts for `bytes` per rank's piece: the ring
-    /// where `Tuning::gather_on_ring` says, else through the host leaders (a rank talks to its
-    /// leader only, a leader to O(log hosts) leaders); on one host, a direct exchange over
-    /// shared memory.
+    /// where `Tuning::gather_on_ring` says; below its threshold, through the host leaders (a
+    /// rank talks to its leader only, a leader to O(log hosts) leaders). Otherwise (one host, or
+    /// two hosts from the threshold on) a direct exchange: its scratch stays bounded (the
+    /// leaders stage a whole output, or twice a rank's whole input), and across two hosts a rank
+    /// reaches only the other host's ranks anyway.
     fn gather_algo(&self, bytes: usize) -> Gather {
         let hosts = self.route.lay.hosts.len();
         if self.tuning.gather_on_ring(bytes, hosts) {
             Gather::Ring
-        } else if hosts > 1 {
+        } else if hosts > 1 && bytes < self.tuning.gather_ring_min {
             Gather::Leaders
         } else {
             Gather::Direct

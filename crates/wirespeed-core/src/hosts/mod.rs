@@ -29,7 +29,9 @@
 //!   hands its ranks the result. A rank then talks to its leader only, a leader to its host's
 //!   ranks and at most 2 ceil(log2 hosts) - 1 leaders: 20 peers at 1,024 hosts x 2 and 18 at
 //!   64 x 8 in the simulator (tests/sim_peers.rs), where a direct exchange reaches every rank.
-//!   On one host (a group of this kind with a single host id), a direct exchange.
+//!   Direct exchanges (algo/direct.rs) on one host (a group of this kind with a single host
+//!   id) and across two hosts from the threshold on (no ring there, and the leaders would stage
+//!   whole outputs in scratch).
 //! - barrier: non-leaders notify their leader, the leaders run the dissemination barrier, each
 //!   leader releases its ranks (algo/leaders.rs; on one host, dissemination over all ranks).
 //! - reduce: each leader folds its host's buffers, a binomial tree over the leaders toward the
