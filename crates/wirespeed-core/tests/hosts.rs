@@ -413,3 +413,101 @@ fn setup_reports_the_streams_chosen_across_hosts() {
     let one = with_groups(&["a", "a"], Duration::from_secs(10), |_, r| r.streams.is_none());
     assert_eq!(one, vec![true, true]);
 }
+
+/// Small all_gather and reduce_scatter (and barrier and reduce) across 3 and 4 hosts of 2-3
+/// ranks, in blocks and dealt round robin: exact results, and they go through the host leaders,
+/// so a rank that leads no host holds no TCP connection afterwards (connections are made on
+/// first use) and a leader holds them with other leaders only.
+#[test]
+fn small_gathers_cross_hosts_through_the_leaders_only() {
+    let layouts: &[&[&str]] = &[&["a", "a", "b", "b", "c", "c"], &["a", "b", "c", "a", "b", "c", "a"], &["a", "a", "a", "b", "c", "c", "d", "d"]];
+    for ids in layouts.iter().copied() {
+        let w = ids.len();
+        let lay = HostLayout::new(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let leaders: Vec<usize> = lay.hosts.iter().map(|h| h[0]).collect();
+        let out = with_hosts(ids, move |c| {
+            let me = c.rank;
+            let n = 1000usize;
+            let mine = input(me, n);
+            let mut all = vec![0i64; n * w];
+            let recv: Vec<(usize, usize)> = (0..w).map(|j| (all.as_mut_ptr() as usize + j * n * 8, n * 8)).collect();
+            // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into disjoint runs.
+            unsafe { c.all_gather((mine.as_ptr() as usize, n * 8), &recv) }.unwrap_or_else(|e| panic!("{ids:?} rank {me} all_gather: {e}"));
+            let rs_in = input(me + 3, n * w);
+            let mut rs_out = vec![0i64; n];
+            let rs: Vec<_> = (0..w).map(|j| (rs_in.as_ptr() as usize + j * n * 8, n * 8)).collect();
+            let mut got = Vec::new();
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                // SAFETY: `rs_in` and `rs_out` outlive the call; `rs` cuts `rs_in` into runs.
+                unsafe { c.reduce_scatter(&rs, rs_out.as_mut_ptr() as usize, n, DType::I64, op) }.unwrap_or_else(|e| panic!("{ids:?} rank {me} reduce_scatter: {e}"));
+                got.push(rs_out.clone());
+            }
+            c.barrier().unwrap();
+            let mut red = input(me, n);
+            // SAFETY: `red` holds n i64s and outlives the call.
+            unsafe { c.reduce(red.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum, w - 2) }.unwrap();
+            (all, got, red, c.connected())
+        });
+        let ins: Vec<Vec<i64>> = (0..w).map(|r| input(r + 3, 1000 * w)).collect();
+        for (me, (all, got, red, connected)) in out.into_iter().enumerate() {
+            let want_all: Vec<i64> = (0..w).flat_map(|j| input(j, 1000)).collect();
+            assert!(all == want_all, "{ids:?} all_gather on {me}");
+            for (op, g) in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg].into_iter().zip(got) {
+                let want: Vec<i64> = (0..1000)
+                    .map(|i| {
+                        let col = ins.iter().map(|v| v[me * 1000 + i]);
+                        match op {
+                            ReduceOp::Max => col.max().unwrap(),
+                            ReduceOp::Sum => col.sum(),
+                            _ => col.sum::<i64>() / w as i64,
+                        }
+                    })
+                    .collect();
+                assert!(g == want, "{ids:?} reduce_scatter {op:?} on {me}");
+            }
+            if me == w - 2 {
+                let want: Vec<i64> = (0..1000).map(|i| (0..w).map(|r| input(r, 1000)[i]).sum()).collect();
+                assert_eq!(red, want, "{ids:?} reduce");
+            } else {
+                assert_eq!(red, input(me, 1000), "{ids:?} reduce leaves non-roots alone");
+            }
+            if leaders.contains(&me) {
+                assert!(connected.iter().all(|r| leaders.contains(r)), "{ids:?}: leader {me} connected to {connected:?}");
+            } else {
+                assert_eq!(connected, Vec::<usize>::new(), "{ids:?}: rank {me} leads no host, yet holds TCP connections");
+            }
+        }
+    }
+}
+
+/// Across two hosts from `GATHER_RING_MIN` bytes per chunk (no ring there), all_gather and
+/// reduce_scatter stay a direct exchange, whose scratch is bounded: exact results, and a rank
+/// that leads no host did reach the other host's ranks itself.
+#[test]
+fn large_gathers_across_two_hosts_exchange_directly() {
+    let ids: &[&str] = &["a", "b", "a", "b"];
+    let w = ids.len();
+    let n = wirespeed_core::testing::GATHER_RING_MIN / 8;
+    let out = with_hosts(ids, move |c| {
+        let me = c.rank;
+        let mine = input(me, n);
+        let mut all = vec![0i64; n * w];
+        let recv: Vec<(usize, usize)> = (0..w).map(|j| (all.as_mut_ptr() as usize + j * n * 8, n * 8)).collect();
+        // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into disjoint runs.
+        unsafe { c.all_gather((mine.as_ptr() as usize, n * 8), &recv) }.unwrap();
+        let rs_in = input(me + 1, n * w);
+        let mut rs_out = vec![0i64; n];
+        let rs: Vec<_> = (0..w).map(|j| (rs_in.as_ptr() as usize + j * n * 8, n * 8)).collect();
+        // SAFETY: `rs_in` and `rs_out` outlive the call; `rs` cuts `rs_in` into runs.
+        unsafe { c.reduce_scatter(&rs, rs_out.as_mut_ptr() as usize, n, DType::I64, ReduceOp::Sum) }.unwrap();
+        (all, rs_out, c.connected())
+    });
+    let ins: Vec<Vec<i64>> = (0..w).map(|r| input(r + 1, n * w)).collect();
+    for (me, (all, rs_out, connected)) in out.into_iter().enumerate() {
+        assert!(all == (0..w).flat_map(|j| input(j, n)).collect::<Vec<_>>(), "all_gather on {me}");
+        assert!(rs_out == (0..n).map(|i| ins.iter().map(|v| v[me * n + i]).sum::<i64>()).collect::<Vec<_>>(), "reduce_scatter on {me}");
+        if me == 2 {
+            assert_eq!(connected, vec![1, 3], "rank 2 (host a's second) exchanged with host b's ranks");
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! garbage) end every rank with a typed error; the network model's bandwidth and flow caps show
 //! in virtual time.
 use wirespeed_core::testing::direct::{self, Region};
-use wirespeed_core::testing::{doubling, ring, tree};
+use wirespeed_core::testing::{doubling, leaders, ring, tree};
 use wirespeed_core::testing::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use wirespeed_core::testing::sim::{self, Fault, SimConfig, SimRank};
 use wirespeed_core::testing::Transport;
@@ -449,4 +449,123 @@ fn ring_all_gather_and_reduce_scatter() {
     run_ring_gathers(&[0, 2, 1], DType::F32, ReduceOp::Sum, 700_001, false);
     run_ring_gathers(&[0, 3, 1, 2], DType::I32, ReduceOp::Avg, 600_003, true);
     run_ring_gathers(&[0, 1, 2, 3, 4], DType::BF16, ReduceOp::Max, 1_300_007, false);
+}
+
+/// Ranks dealt over `n` hosts: `cyclic` round robin (rank order interleaves hosts), else in
+/// blocks; `sizes[g]` ranks on host g.
+fn layout(sizes: &[usize], cyclic: bool) -> Vec<Vec<usize>> {
+    let mut hosts: Vec<Vec<usize>> = vec![Vec::new(); sizes.len()];
+    let mut r = 0;
+    if cyclic {
+        let most = sizes.iter().copied().max().unwrap_or(0);
+        for l in 0..most {
+            for (g, &s) in sizes.iter().enumerate() {
+                if l < s {
+                    hosts[g].push(r);
+                    r += 1;
+                }
+            }
+        }
+    } else {
+        for (g, &s) in sizes.iter().enumerate() {
+            hosts[g].extend(r..r + s);
+            r += s;
+        }
+    }
+    hosts
+}
+
+/// The leaders' all_gather (pieces of different lengths, some empty), reduce_scatter, barrier
+/// and reduce (from every root) over `hosts`, out of place or in place, each checked exactly per
+/// element against the reference.
+fn run_leaders(hosts: &[Vec<usize>], d: DType, op: ReduceOp, count: usize, in_place: bool) {
+    let w: usize = hosts.iter().map(Vec::len).sum();
+    let es = d.size();
+    let hs = hosts.to_vec();
+    // all_gather piece of rank r: (r·5 + count) mod 7 bytes per... element, so some are empty.
+    let glen = move |r: usize| ((r * 5 + count) % 7) * es;
+    let gpiece = |r: usize| -> Vec<u8> { (0..glen(r)).map(|i| (r * 37 + i * 11 + 1) as u8).collect() };
+    let (res, _) = sim::run(w, SimConfig::default(), &[], |t| {
+        let me = t.rank();
+        let mut own = gpiece(me);
+        let mut gathered: Vec<Vec<u8>> = (0..w).map(|r| vec![0xEEu8; glen(r)]).collect();
+        let recv: Vec<Region> = gathered.iter_mut().map(|g| Region { ptr: g.as_mut_ptr(), len: g.len() }).collect();
+        let send = if in_place {
+            gathered[me].copy_from_slice(&own);
+            recv[me]
+        } else {
+            Region { ptr: own.as_mut_ptr(), len: own.len() }
+        };
+        let mut s = Vec::new();
+        // SAFETY: `own` and every `gathered` vector outlive the call and are distinct (the own
+        // output is `send` itself in place); a failure returns, and the simulator cuts us off.
+        unsafe { leaders::all_gather(t, &hs, 3, send, &recv, &mut s)? };
+        let full = input(d, op, me, w * count);
+        let mut chunks: Vec<Vec<u8>> = (0..w).map(|q| full[q * count * es..(q + 1) * count * es].to_vec()).collect();
+        let regions: Vec<Region> = chunks.iter_mut().map(|c| Region { ptr: c.as_mut_ptr(), len: c.len() }).collect();
+        let mut out = vec![0u8; count * es];
+        let dst = if in_place { regions[me].ptr } else { out.as_mut_ptr() };
+        // SAFETY: every chunk and `out` outlive the call, distinct, `dst` being our own chunk in
+        // place; a failure returns, and the simulator cuts us off.
+        unsafe { leaders::reduce_scatter(t, &hs, 4, &regions, dst, count, d, op, w, &mut s)? };
+        if in_place {
+            out = chunks[me].clone();
+        }
+        leaders::barrier(t, &hs, 5)?;
+        let mut reduced = Vec::new();
+        for root in 0..w {
+            let mut b = input(d, op, me, count + root);
+            leaders::reduce(t, &hs, 6 + root as u64, &mut b, d, op, root, w, &mut s)?;
+            if me != root {
+                assert!(b == input(d, op, me, count + root), "reduce changed rank {me}'s input (root {root})");
+            }
+            reduced.push(b);
+        }
+        Ok((gathered, out, reduced))
+    });
+    let what = format!("{hosts:?} {} {} count {count} in_place {in_place}", d.name(), op.name());
+    for (r, x) in res.into_iter().enumerate() {
+        let (gathered, out, reduced) = x.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+        for (q, g) in gathered.iter().enumerate() {
+            assert!(*g == gpiece(q), "{what}: all_gather on rank {r}: piece {q} wrong");
+        }
+        for (i, b) in out.chunks(es).enumerate() {
+            let want = expected(d, op, w, r * count + i);
+            let got = dec(d, b);
+            let tol = if op == ReduceOp::Avg && is_float(d) { want.abs() * 8e-3 } else { 0.0 };
+            assert!((got - want).abs() <= tol, "{what}: reduce_scatter rank {r} element {i}: {got}, expected {want}");
+        }
+        check(d, op, w, &reduced[r], &format!("{what}: reduce to root {r}"));
+    }
+}
+
+#[test]
+fn leaders_collectives_over_even_uneven_and_cyclic_layouts() {
+    // One host (the degenerate case), one rank per host at 2..9 hosts (every Bruck round shape:
+    // powers of two and not), uneven hosts in blocks and dealt round robin.
+    let mut layouts: Vec<Vec<Vec<usize>>> = vec![layout(&[3], false)];
+    for n in 2..=9 {
+        layouts.push(layout(&vec![1; n], false));
+    }
+    for sizes in [&[3, 1, 2][..], &[2, 2, 2], &[1, 3], &[2, 1, 1, 3, 2], &[4, 4, 4, 4, 4, 4, 4]] {
+        layouts.push(layout(sizes, false));
+        layouts.push(layout(sizes, true));
+    }
+    for hosts in &layouts {
+        for count in [0, 1, 37] {
+            run_leaders(hosts, DType::I64, ReduceOp::Sum, count, false);
+            run_leaders(hosts, DType::I32, ReduceOp::Avg, count, true);
+        }
+    }
+    // Every dtype and op on an uneven and a cyclic layout.
+    for hosts in [layout(&[3, 1, 2], false), layout(&[2, 1, 3, 1, 2], true)] {
+        for d in DTYPES {
+            for op in OPS {
+                if wirespeed_core::check_reduction(d, op).is_err() {
+                    continue;
+                }
+                run_leaders(&hosts, d, op, 13, false);
+            }
+        }
+    }
 }

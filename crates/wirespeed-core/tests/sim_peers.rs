@@ -4,11 +4,13 @@
 //! rank of eager setup. The virtual time of the first small all_reduce among the leaders, the
 //! collective part of a group's setup (docs/scale.md). And point-to-point patterns at 64 and 256
 //! ranks with the connection step modelled (`SimConfig::connect_us`): all pairs, rings both
-//! ways, random pairs; none may deadlock, each rank connects to the peers it used.
+//! ways, random pairs; none may deadlock, each rank connects to the peers it used. The leaders'
+//! all_gather, reduce_scatter, barrier and reduce (algo/leaders.rs) at 64-1,024 hosts: a rank
+//! talks to its leader, a leader to its host and O(log hosts) leaders.
 //! `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
 use std::collections::BTreeSet;
-use wirespeed_core::testing::direct;
-use wirespeed_core::testing::{doubling, ring, tree};
+use wirespeed_core::testing::direct::{self, Region};
+use wirespeed_core::testing::{doubling, leaders, ring, tree};
 use wirespeed_core::testing::sim::{self, SimConfig, SimRank};
 use wirespeed_core::testing::{Handle, Transport};
 use wirespeed_core::{DType, ReduceOp, Result};
@@ -104,6 +106,84 @@ fn the_leaders_collectives_talk_to_a_logarithmic_number_of_peers() {
     check(64, true);
     check(256, false);
     check(1024, false);
+}
+
+/// Each rank's peers in the leaders' all_gather, reduce_scatter, barrier and reduce (root rank
+/// 0) over `hosts` hosts of `per` ranks (ranks dealt in blocks), on one simulated network; and
+/// the virtual microseconds all four took.
+fn leaders_peers(hosts: usize, per: usize) -> (Vec<[usize; 4]>, f64) {
+    let cfg = SimConfig { latency_us: 25.0, bandwidth: 1250.0, flow_cap: None, timeout_us: 60e6, connect_us: 0.0 };
+    let n = hosts * per;
+    let layout: Vec<Vec<usize>> = (0..hosts).map(|g| (g * per..(g + 1) * per).collect()).collect();
+    let (res, rep) = sim::run(n, cfg, &[], |t| {
+        let me = t.rank();
+        let mut counts = [0usize; 4];
+        let mut scratch = Vec::new();
+        // all_gather of 4 bytes per rank.
+        let mut c = Counted { t, peers: BTreeSet::new() };
+        let mine = (me as u32).to_le_bytes();
+        let mut all = vec![0u8; 4 * n];
+        let recv: Vec<Region> = (0..n).map(|j| Region { ptr: all[4 * j..].as_mut_ptr(), len: 4 }).collect();
+        // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into disjoint 4-byte runs.
+        unsafe { leaders::all_gather(&mut c, &layout, 1, Region { ptr: mine.as_ptr() as *mut u8, len: 4 }, &recv, &mut scratch)? };
+        assert!((0..n).all(|j| all[4 * j..4 * j + 4] == (j as u32).to_le_bytes()), "all_gather on rank {me}");
+        counts[0] = std::mem::take(&mut c.peers).len();
+        // reduce_scatter of one f32 per rank.
+        let mut input: Vec<u8> = (0..n).flat_map(|j| ((me + j) as f32).to_le_bytes()).collect();
+        let chunks: Vec<Region> = (0..n).map(|j| Region { ptr: input[4 * j..].as_mut_ptr(), len: 4 }).collect();
+        let mut out = [0u8; 4];
+        // SAFETY: `input` and `out` outlive the call; `chunks` cuts `input` into disjoint runs.
+        unsafe { leaders::reduce_scatter(&mut c, &layout, 2, &chunks, out.as_mut_ptr(), 1, DType::F32, ReduceOp::Sum, n, &mut scratch)? };
+        assert_eq!(f32::from_le_bytes(out), (0..n).map(|r| (r + me) as f32).sum::<f32>(), "reduce_scatter on rank {me}");
+        counts[1] = std::mem::take(&mut c.peers).len();
+        leaders::barrier(&mut c, &layout, 3)?;
+        counts[2] = std::mem::take(&mut c.peers).len();
+        let mut b = 1f32.to_le_bytes().to_vec();
+        leaders::reduce(&mut c, &layout, 4, &mut b, DType::F32, ReduceOp::Sum, 0, n, &mut scratch)?;
+        if me == 0 {
+            assert_eq!(b, (n as f32).to_le_bytes(), "reduce on the root");
+        }
+        counts[3] = c.peers.len();
+        Ok(counts)
+    });
+    (res.into_iter().enumerate().map(|(r, x)| x.unwrap_or_else(|e| panic!("{hosts} hosts x {per}: rank {r}: {e}"))).collect(), rep.elapsed_us)
+}
+
+/// The leaders' all_gather, reduce_scatter and barrier across `hosts` hosts (a power of two) of
+/// `per` ranks: a non-leader talks to its leader alone; a leader to its host's other ranks and
+/// to 2·log2(hosts) - 1 leaders (Bruck's and the dissemination's rounds send to h - 2^k and
+/// receive from h + 2^k, which meet once, at 2^k = hosts/2). The reduce's binomial tree: the
+/// root's leader has log2(hosts) children.
+fn leaders_case(hosts: usize, per: usize) {
+    let log = hosts.trailing_zeros() as usize;
+    let (peers, us) = leaders_peers(hosts, per);
+    let leader = 2 * log - 1 + (per - 1);
+    let most = |i: usize| peers.iter().map(|p| p[i]).max().unwrap();
+    println!(
+        "{hosts:>5} hosts x {per}: most peers of a leader: all_gather {}, reduce_scatter {}, barrier {}, reduce {}; \
+         of any other rank: {}; full mesh {} ({us:.0} us for the four)",
+        most(0), most(1), most(2), most(3),
+        peers.iter().enumerate().filter(|(r, _)| r % per != 0).map(|(_, p)| p.iter().max().unwrap()).max().copied().unwrap_or(0),
+        hosts * per - 1
+    );
+    for (r, p) in peers.iter().enumerate() {
+        if r % per == 0 {
+            assert_eq!(p[..3], [leader; 3], "{hosts} x {per}: leader {r}");
+            assert!(p[3] <= log + per, "{hosts} x {per}: leader {r} in the reduce: {}", p[3]);
+        } else {
+            assert_eq!(*p, [1; 4], "{hosts} x {per}: rank {r} talks to its leader only");
+        }
+    }
+    assert_eq!(peers[0][3], log + per - 1, "the root's leader: its children and its host");
+}
+
+/// 64 to 1,024 hosts of 2 ranks and 64 of 8 (2,048 simulated ranks at most, one thread each;
+/// about 10 s in a debug build).
+#[test]
+fn the_leaders_gathers_and_barrier_talk_to_a_logarithmic_number_of_peers() {
+    for (hosts, per) in [(64, 2), (256, 2), (1024, 2), (64, 8)] {
+        leaders_case(hosts, per);
+    }
 }
 
 /// A point-to-point pattern: what every rank sends to and receives from, round by round.

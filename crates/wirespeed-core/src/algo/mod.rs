@@ -6,7 +6,9 @@
 //! - doubling.rs: recursive doubling all_reduce (latency-optimal, any member count);
 //! - tree.rs: binomial broadcast and reduce;
 //! - direct.rs: every pair at once: all_gather, all_to_all, reduce_scatter, gather, scatter,
-//!   and the dissemination barrier.
+//!   and the dissemination barrier;
+//! - leaders.rs: all_gather, reduce_scatter, barrier and reduce across hosts through the host
+//!   leaders (a rank talks to its leader, a leader to O(log hosts) leaders).
 //!
 //! Conventions: `members` lists the global ranks taking part (this rank among them) in a fixed
 //! order every member agrees on; `avg_world` is what avg divides by (the whole group's size,
@@ -26,6 +28,7 @@ use crate::kernels::reduce::reduce_many;
 
 pub mod direct;
 pub mod doubling;
+pub mod leaders;
 pub mod ring;
 pub mod tree;
 

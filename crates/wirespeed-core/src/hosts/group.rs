@@ -108,6 +108,15 @@ pub struct Group {
     streams: probe::StreamChoice,
 }
 
+/// all_gather's and reduce_scatter's algorithms (`Group::gather_algo`), numbered as their tags'
+/// root field carries them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gather {
+    Direct = 0,
+    Ring = 1,
+    Leaders = 2,
+}
+
 /// The tag of every message of one collective call: kind, dtype, op, root and a sequence number,
 /// so ranks that called different collectives meet a Mismatch instead of mixing data.
 fn op_tag(seq: u64, kind: Kind, dtype: Option<DType>, op: Option<ReduceOp>, root: usize) -> u64 {
@@ -261,6 +270,23 @@ impl Group {
         self.route.lay.hosts.iter().enumerate().flat_map(|(h, rs)| if h % 2 == 0 { rs.clone() } else { rs.iter().rev().copied().collect() }).collect()
     }
 
+    /// How all_gather and reduce_scatter cross hosts for `bytes` per rank's piece: the ring
+    /// where `Tuning::gather_on_ring` says; below its threshold, through the host leaders (a
+    /// rank talks to its leader only, a leader to O(log hosts) leaders). Otherwise (one host, or
+    /// two hosts from the threshold on) a direct exchange: its scratch stays bounded (the
+    /// leaders stage a whole output, or twice a rank's whole input), and across two hosts a rank
+    /// reaches only the other host's ranks anyway.
+    fn gather_algo(&self, bytes: usize) -> Gather {
+        let hosts = self.route.lay.hosts.len();
+        if self.tuning.gather_on_ring(bytes, hosts) {
+            Gather::Ring
+        } else if hosts > 1 && bytes < self.tuning.gather_ring_min {
+            Gather::Leaders
+        } else {
+            Gather::Direct
+        }
+    }
+
     fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
         bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
     }
@@ -289,24 +315,37 @@ impl Collectives for Group {
         self.guarded(|c| {
             // The tag's root field says which algorithm runs: ranks that chose differently meet
             // a Mismatch, not mixed data.
-            let ring = c.tuning.gather_on_ring(count * dtype.size(), c.route.lay.hosts.len());
-            let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), ring as usize);
+            let algo = c.gather_algo(count * dtype.size());
+            let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), algo as usize);
             let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
             let world = c.world;
-            if ring {
-                let members = c.ring_order();
-                let by_pos: Vec<Region> = members.iter().map(|&r| regions[r]).collect();
-                // SAFETY: `Collectives`' contract (api.rs) is ring::reduce_scatter's, the regions
-                // merely listed in ring order: every send[j] and `out` hold `count` elements
-                // until this returns, `out` overlapping only send[rank] at the same address; on
-                // an error `guarded` shuts the connections.
-                return unsafe { crate::algo::ring::reduce_scatter(&mut c.route, &members, tag, &by_pos, out as *mut u8, count, dtype, op, world, &mut c.scratch) };
+            match algo {
+                Gather::Ring => {
+                    let members = c.ring_order();
+                    let by_pos: Vec<Region> = members.iter().map(|&r| regions[r]).collect();
+                    // SAFETY: `Collectives`' contract (api.rs) is ring::reduce_scatter's, the
+                    // regions merely listed in ring order: every send[j] and `out` hold `count`
+                    // elements until this returns, `out` overlapping only send[rank] at the same
+                    // address; on an error `guarded` shuts the connections.
+                    unsafe { crate::algo::ring::reduce_scatter(&mut c.route, &members, tag, &by_pos, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
+                }
+                Gather::Leaders => {
+                    let hosts = c.route.lay.hosts.clone();
+                    // SAFETY: `Collectives`' contract (api.rs) is leaders::reduce_scatter's (the
+                    // direct one's): every send[j] and `out` hold `count` elements until this
+                    // returns, `out` overlapping only send[rank] at the same address; the
+                    // scratch is the group's; on an error `guarded` shuts the connections.
+                    unsafe { crate::algo::leaders::reduce_scatter(&mut c.route, &hosts, tag, &regions, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
+                }
+                Gather::Direct => {
+                    let members: Vec<usize> = (0..world).collect();
+                    // SAFETY: `Collectives`' contract (api.rs) is direct::reduce_scatter's: every
+                    // send[j] and `out` hold `count` elements until this returns, `out`
+                    // overlapping only send[rank] at the same address; on an error `guarded`
+                    // shuts the connections.
+                    unsafe { crate::algo::direct::reduce_scatter(&mut c.route, &members, tag, &regions, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
+                }
             }
-            let members: Vec<usize> = (0..c.world).collect();
-            // SAFETY: `Collectives`' contract (api.rs) is direct::reduce_scatter's: every send[j]
-            // and `out` hold `count` elements until this returns, `out` overlapping only
-            // send[rank] at the same address; on an error `guarded` shuts the connections.
-            unsafe { crate::algo::direct::reduce_scatter(&mut c.route, &members, tag, &regions, out as *mut u8, count, dtype, op, world, &mut c.scratch) }
         })
     }
     // SAFETY: sound on Collectives' contract alone: `buf` is reduced inside the host and across
@@ -316,9 +355,15 @@ impl Collectives for Group {
         // SAFETY: as for all_reduce: `buf`, `count` elements, is ours until this returns.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count * dtype.size()) };
         self.guarded(|c| {
+            // The path follows from the layout alone, the same on every rank: the tag need not
+            // say it (its root field holds the root).
             let tag = c.tag(Kind::Reduce, Some(dtype), Some(op), root);
-            let members: Vec<usize> = (0..c.world).collect();
             let world = c.world;
+            if c.route.lay.hosts.len() > 1 {
+                let hosts = c.route.lay.hosts.clone();
+                return crate::algo::leaders::reduce(&mut c.route, &hosts, tag, b, dtype, op, root, world, &mut c.scratch);
+            }
+            let members: Vec<usize> = (0..world).collect();
             crate::algo::tree::reduce(&mut c.route, &members, tag, b, dtype, op, root, world, &mut c.scratch)
         })
     }
@@ -327,22 +372,39 @@ impl Collectives for Group {
     unsafe fn all_gather(&mut self, send: Buf, recv: &[Buf]) -> Result<()> {
         check_list(self.world, recv.len(), "all_gather outputs")?;
         self.guarded(|c| {
-            let ring = c.tuning.gather_on_ring(send.1, c.route.lay.hosts.len());
-            let tag = c.tag(Kind::AllGather, None, None, ring as usize);
-            if ring {
-                let members = c.ring_order();
-                let by_pos: Vec<Region> = members.iter().map(|&r| Region { ptr: recv[r].0 as *mut u8, len: recv[r].1 }).collect();
-                // SAFETY: `Collectives`' contract (api.rs) is ring::all_gather's, the outputs
-                // merely listed in ring order: `send` readable, every recv[j] writable and ours
-                // (recv[rank] being `send` or disjoint from it) until this returns; on an error
-                // `guarded` shuts the connections.
-                return unsafe { crate::algo::ring::all_gather(&mut c.route, &members, tag, Region { ptr: send.0 as *mut u8, len: send.1 }, &by_pos) };
+            // Chosen by the longest piece, which every rank knows (recv[j].1): the same choice
+            // everywhere, also when the pieces differ.
+            let algo = c.gather_algo(recv.iter().map(|r| r.1).max().unwrap_or(0));
+            let tag = c.tag(Kind::AllGather, None, None, algo as usize);
+            let own = Region { ptr: send.0 as *mut u8, len: send.1 };
+            let outs: Vec<Region> = recv.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+            match algo {
+                Gather::Ring => {
+                    let members = c.ring_order();
+                    let by_pos: Vec<Region> = members.iter().map(|&r| outs[r]).collect();
+                    // SAFETY: `Collectives`' contract (api.rs) is ring::all_gather's, the outputs
+                    // merely listed in ring order: `send` readable, every recv[j] writable and
+                    // ours (recv[rank] being `send` or disjoint from it) until this returns; on
+                    // an error `guarded` shuts the connections.
+                    unsafe { crate::algo::ring::all_gather(&mut c.route, &members, tag, own, &by_pos) }
+                }
+                Gather::Leaders => {
+                    let hosts = c.route.lay.hosts.clone();
+                    // SAFETY: `Collectives`' contract (api.rs) is leaders::all_gather's (the
+                    // direct exchange's): `send` readable, every recv[j] writable and ours
+                    // (recv[rank] being `send` or disjoint from it) until this returns; the
+                    // scratch is the group's; on an error `guarded` shuts the connections.
+                    unsafe { crate::algo::leaders::all_gather(&mut c.route, &hosts, tag, own, &outs, &mut c.scratch) }
+                }
+                Gather::Direct => {
+                    let members: Vec<usize> = (0..c.world).collect();
+                    // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send`
+                    // readable, every recv[j] writable and ours (recv[rank] being `send` or
+                    // disjoint from it) until this returns; on an error `guarded` shuts the
+                    // connections.
+                    unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(&vec![send; members.len()]), &Group::regions(recv)) }
+                }
             }
-            let members: Vec<usize> = (0..c.world).collect();
-            // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable,
-            // every recv[j] writable and ours (recv[rank] being `send` or disjoint from it) until
-            // this returns; on an error `guarded` shuts the connections.
-            unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(&vec![send; members.len()]), &Group::regions(recv)) }
         })
     }
     // SAFETY: sound on Collectives' contract alone: every region goes to one direct exchange over
@@ -407,7 +469,12 @@ impl Collectives for Group {
     }
     fn barrier(&mut self) -> Result<()> {
         self.guarded(|c| {
-            let tag = c.tag(Kind::Barrier, None, None, 0);
+            let across = c.route.lay.hosts.len() > 1;
+            let tag = c.tag(Kind::Barrier, None, None, across as usize);
+            if across {
+                let hosts = c.route.lay.hosts.clone();
+                return crate::algo::leaders::barrier(&mut c.route, &hosts, tag);
+            }
             let members: Vec<usize> = (0..c.world).collect();
             crate::algo::direct::barrier(&mut c.route, &members, tag)
         })

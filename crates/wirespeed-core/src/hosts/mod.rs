@@ -21,11 +21,23 @@
 //! - broadcast: a shm broadcast inside the root's host, a binomial
 //!   tree over the hosts' leaders (algo/tree.rs), then a shm broadcast inside every other host,
 //!   so the payload crosses each host's link once, between leaders.
-//! - reduce: a binomial tree over all ranks (algo/tree.rs).
 //! - all_gather, reduce_scatter: across 3 hosts or more, from `Tuning::gather_ring_min` bytes per
-//!   rank's chunk, a ring over every rank (algo/ring.rs) in `Group::ring_order`; otherwise a
-//!   direct exchange (algo/direct.rs). `Tuning::gather_on_ring` says why.
-//! - all_to_all, barrier: direct exchanges (algo/direct.rs).
+//!   rank's chunk, a ring over every rank (algo/ring.rs) in `Group::ring_order`
+//!   (`Tuning::gather_on_ring` says why); below it, through the host leaders (algo/leaders.rs):
+//!   each rank hands its piece or chunks to its leader over shared memory, the leaders run
+//!   Bruck's all_gather (or its transpose, a reduce_scatter) among themselves, and each leader
+//!   hands its ranks the result. A rank then talks to its leader only, a leader to its host's
+//!   ranks and at most 2 ceil(log2 hosts) - 1 leaders: 20 peers at 1,024 hosts x 2 and 18 at
+//!   64 x 8 in the simulator (tests/sim_peers.rs), where a direct exchange reaches every rank.
+//!   Direct exchanges (algo/direct.rs) on one host (a group of this kind with a single host
+//!   id) and across two hosts from the threshold on (no ring there, and the leaders would stage
+//!   whole outputs in scratch).
+//! - barrier: non-leaders notify their leader, the leaders run the dissemination barrier, each
+//!   leader releases its ranks (algo/leaders.rs; on one host, dissemination over all ranks).
+//! - reduce: each leader folds its host's buffers, a binomial tree over the leaders toward the
+//!   root's leader, which hands the result to the root (algo/leaders.rs; on one host, a binomial
+//!   tree over all ranks, algo/tree.rs).
+//! - all_to_all: a direct exchange (algo/direct.rs).
 //! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
 //!   receives or sends one message per rank.
 //!
