@@ -25,7 +25,11 @@
 //! - all_gather, reduce_scatter: across 3 hosts or more, from `Tuning::gather_ring_min` bytes per
 //!   rank's chunk, a ring over every rank (algo/ring.rs) in `Group::ring_order`; otherwise a
 //!   direct exchange (algo/direct.rs). `Tuning::gather_on_ring` says why.
-//! - all_to_all, barrier: direct exchanges (algo/direct.rs).
+//! - all_to_all: through the host leaders (algo/leaders_a2a.rs: non-leaders to their leader,
+//!   Bruck's exchange among leaders, back) when the largest piece anywhere is at most
+//!   `Tuning::a2a_leaders_max` (the ranks agree on it first: `Group::a2a_through_leaders`);
+//!   larger, a direct exchange (algo/direct.rs), its data being pairwise.
+//! - barrier: a direct exchange (algo/direct.rs).
 //! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
 //!   receives or sends one message per rank.
 //!
