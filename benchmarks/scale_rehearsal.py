@@ -15,11 +15,12 @@ of a small (4 KiB) and a mid (`--mid-kib`, 64 KiB) buffer, and a barrier (`--ops
     python benchmarks/scale_rehearsal.py --ranks 1024 --hosts 128 --nstreams 1 --ops all_reduce
 
 Every rank's TCP streams are file descriptors of this one process (both ends of each connection),
-so the process's hard open-file limit bounds what runs: all_gather, reduce_scatter and all_to_all
-below the ring's threshold use every remote pair (the full mesh: N x (N - K) descriptors and
-more), which a 20,000-file limit holds up to ~64 ranks; the barrier (dissemination, ~2 log2 N
-partners) up to ~512 ranks at one stream. The rehearsal estimates its need first and says so in
-one line when the hard limit is below it.
+so the process's hard open-file limit bounds what runs. The rehearsal estimates its need first
+(for all_gather, reduce_scatter and all_to_all still the full mesh, N x (N - K) descriptors and
+more, which a 20,000-file limit holds up to ~64 ranks: a safe bound, as the collectives through
+the leaders need only `scalemodel.collective_peers`) and says so in one line when the hard limit
+is below it. After all ops, `max_streams_model` is the streams the leaders' paths leave
+(`scalemodel.streams_after_collectives`), `max_streams_full_mesh` those of every remote pair.
 
 Reported per rank (min / median / max) and per job, beside wirespeed.scalemodel's figures:
 setup seconds (the rendezvous, from each rank's start), the store's keys and bytes read and
@@ -273,7 +274,8 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
             streams_setup_rank=_spread([r["streams_setup"] for r in recs]),
             streams_all_reduce_rank=_spread([r["streams_all_reduce"] for r in recs]),
             max_streams_per_rank=max(r["streams_all"] for r in recs),
-            max_streams_model=max(sm.tcp_sockets(lay, r, nstreams) for r in range(ranks)),
+            max_streams_model=max(sm.streams_after_collectives(lay, r, nstreams) for r in range(ranks)),
+            max_streams_full_mesh=max(sm.tcp_sockets(lay, r, nstreams) for r in range(ranks)),
             streams_all_reduce_model=max(sm.tcp_sockets_to(lay, r, sm.small_all_reduce_peers(lay, r), nstreams)
                                          for r in range(ranks)),
             threads_per_rank=(after["Threads"] - before["Threads"] - ranks) / ranks,  # the rank threads aside
@@ -312,7 +314,8 @@ def report(o: dict) -> str:
             f"bytes read {o['store_bytes_read_rank']['median']:.0f} (max {o['store_bytes_read_rank']['max']})",
             f"  TCP streams per rank: after setup max {o['streams_setup_rank']['max']}, after the all_reduces max "
             f"{o['streams_all_reduce_rank']['max']} (model {o['streams_all_reduce_model']}), after all max "
-            f"{o['max_streams_per_rank']} (model, every remote pair: {o['max_streams_model']})",
+            f"{o['max_streams_per_rank']} (model, through the leaders: {o['max_streams_model']}; every remote pair: "
+            f"{o['max_streams_full_mesh']})",
             f"  open files: {o['open_files_job']:,} for the job, max per rank ~{o['max_open_files_per_rank']} "
             f"({o['open_files_other_per_rank']:.1f} besides streams); limit {o['open_files_limit']:,}, "
             f"need estimated {o['open_files_need']:,}",

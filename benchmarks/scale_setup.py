@@ -12,7 +12,8 @@ namespace shares), so imports on 2 cores do not count as setup. Then per rank:
   `job` is the go to the last rank's first collective;
 - sockets: its /proc/self/fd entries that are sockets, sorted through the namespace's
   /proc/net/tcp{,6} into the store's (to or from MASTER_PORT), its listener and its TCP streams,
-  once after that first all_reduce and again after a small all_to_all (which uses every pair);
+  once after that first all_reduce and again after a small all_to_all (run direct, with
+  WIRESPEED_A2A_LEADERS_MAX=0, so that it uses every pair);
 - threads (/proc/self/status Threads) and memory (VmRSS, VmHWM), each also before init, so that
   the group's own share is the difference;
 - the store's load as wirespeed's rendezvous counted it (rendezvous.last_setup()).
@@ -144,7 +145,8 @@ def worker(outdir: str) -> int:
     store.add("scale/counted", 1)
     while store.add("scale/counted", 0) < world:
         time.sleep(0.002)
-    # a small all_to_all: every pair of ranks exchanges, so every remote pair is connected
+    # a small all_to_all, direct (WIRESPEED_A2A_LEADERS_MAX=0): every pair of ranks exchanges, so
+    # every remote pair is connected
     a2a_in = torch.arange(world, dtype=torch.float32) + 100 * rank
     a2a_out = torch.empty(world)
     dist.all_to_all_single(a2a_out, a2a_in)
@@ -179,7 +181,10 @@ def run_case(cluster, hosts: int, per_host: int, timeout_s: float, connect: str 
     outdir = tempfile.mkdtemp(prefix="scale-")
     pypath = os.path.join(HERE, "..", "python")
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pypath, os.environ.get("PYTHONPATH")])),
-                SCALE_TIMEOUT=str(timeout_s), WIRESPEED_NSTREAMS=str(NSTREAMS), WIRESPEED_CONNECT=connect)
+                SCALE_TIMEOUT=str(timeout_s), WIRESPEED_NSTREAMS=str(NSTREAMS), WIRESPEED_CONNECT=connect,
+                # The small all_to_all below must use every pair (the count the open-file budget
+                # bounds): keep it off the leaders' path, which small ones take by default.
+                WIRESPEED_A2A_LEADERS_MAX="0")
     envs = rank_envs(cluster, hosts_of, port, base)
     # stderr to files, not pipes: a rank that writes much while nobody reads would block
     errs = [open(os.path.join(outdir, f"err{r}"), "w") for r in range(world)]

@@ -35,6 +35,7 @@ CORE = {
     "WIRESPEED_SLOT_BYTES": "shared-memory slot size",
     "WIRESPEED_BLOCK_BYTES": "reduce-scatter block size",
     "WIRESPEED_GATHER_RING_MIN": "per-rank chunk from which all_gather/reduce_scatter across 3+ hosts take the ring",
+    "WIRESPEED_A2A_LEADERS_MAX": "largest piece with which all_to_all across hosts goes through the host leaders",
     "WIRESPEED_NET_ALLOW_LOOPBACK": "the NCCL plugin may offer loopback",
     "WIRESPEED_SOCKET_FAMILY": "the NCCL plugin's address family",
     "WIRESPEED_NCCL_PLUGIN": "where the NCCL plugin library is",

@@ -8,7 +8,10 @@ The exact parts mirror the core and rendezvous.py, so a change there shows here 
 - `small_all_reduce_peers` is what the planner (plan.rs) and hosts/hier.rs make of a small
   all_reduce: connections are made on first use (hosts/mesh.rs), so a rank holds streams only
   with the peers its collectives used, and `tcp_sockets` (every remote pair) is the bound the
-  open-file budget counts, reached once something like an all_to_all has used every pair;
+  open-file budget counts, reached once something like a large all_to_all has used every pair;
+- `collective_peers` is what the four collectives across hosts (all_reduce, all_gather,
+  reduce_scatter, all_to_all, small and mid) and the barrier leave a rank connected to, now
+  that each goes through the host leaders (`streams_after_collectives` counts their streams);
 - `store_load` follows rendezvous.py's requests one by one.
 """
 from __future__ import annotations
@@ -66,6 +69,45 @@ def small_all_reduce_peers(host_of: list[int], rank: int) -> list[int]:
     if n & (n - 1) == 0:
         return sorted(leaders[i ^ (1 << k)] for k in range(n.bit_length() - 1))
     return sorted({leaders[(i + 1) % n], leaders[(i - 1) % n]})
+
+
+def leader_partners(n: int, i: int) -> set[int]:
+    """Positions (in host order) of the leaders that leader `i` of `n` exchanges with in the
+    leaders' log-partner collectives: Bruck's all_to_all (algo/leaders_a2a.rs; round k: to i + 2^k,
+    from i - 2^k) and all_gather (to i - 2^k, from i + 2^k), the dissemination barrier (to
+    i + 2^k, from i - 2^k) and reduce_scatter's exchange among leaders, for 2^k < n. The other
+    collectives' leader partners fall inside it: recursive doubling's i XOR 2^k is i + 2^k or
+    i - 2^k, the ring's neighbours are i +- 1, the broadcast tree's parent and children (from
+    host 0: setup's broadcast) and setup's probe (leaders 0 and 1) differ by a power of two. The
+    one place to change when a collective's partners change."""
+    out: set[int] = set()
+    d = 1
+    while d < n:
+        out |= {(i + d) % n, (i - d) % n}
+        d *= 2
+    out.discard(i)
+    return out
+
+
+def collective_peers(host_of: list[int], rank: int) -> list[int]:
+    """The remote ranks `rank` holds TCP streams with after setup and every collective across
+    hosts at the sizes the rehearsal runs (4 and 64 KiB: all_reduce hierarchical; all_gather,
+    reduce_scatter and all_to_all through the leaders below their thresholds) and a barrier: a
+    non-leader none (its collectives go to its leader over shared memory), a leader its
+    `leader_partners`. Where the flat ring runs instead (WIRESPEED_ALGO=ring, all_gather and
+    reduce_scatter from WIRESPEED_GATHER_RING_MIN on 3+ hosts) a rank adds its ring neighbours;
+    a large all_to_all (pieces above WIRESPEED_A2A_LEADERS_MAX) every remote rank: not modelled
+    here."""
+    local_of = _locals(host_of)
+    if local_of[rank] != 0:
+        return []
+    leaders = [r for r in range(len(host_of)) if local_of[r] == 0]  # host order
+    return sorted(leaders[j] for j in leader_partners(len(leaders), leaders.index(rank)))
+
+
+def streams_after_collectives(host_of: list[int], rank: int, nstreams: int = 12) -> int:
+    """The TCP streams `rank` holds after `collective_peers`' collectives."""
+    return tcp_sockets_to(host_of, rank, collective_peers(host_of, rank), nstreams)
 
 
 def tcp_sockets_to(host_of: list[int], rank: int, peers: Iterable[int], nstreams: int = 12) -> int:

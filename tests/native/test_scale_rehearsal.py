@@ -55,6 +55,9 @@ def test_ranks_dealt_round_robin_over_hosts_meet_through_the_leaders_records_too
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_64_ranks_on_16_hosts_set_up_with_the_store_load_the_model_gives(tmp_path):
-    rec = _rehearse(tmp_path, "--ranks", "64", "--hosts", "16", "--nstreams", "1", "--ops", "all_reduce,barrier")
+    rec = _rehearse(tmp_path, "--ranks", "64", "--hosts", "16", "--nstreams", "1")
+    assert rec["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
     # a small all_reduce across hosts: only the host leaders' doubling partners
     assert rec["streams_all_reduce_rank"]["max"] <= max(rec["streams_all_reduce_model"], rec["streams_setup_rank"]["max"]), rec
+    # after every op: a leader's log partners (7 of 15 other leaders), a non-leader none
+    assert rec["max_streams_per_rank"] == rec["max_streams_model"] <= 100, rec

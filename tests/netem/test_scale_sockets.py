@@ -5,7 +5,8 @@ listener and its TCP streams, then runs a small all_to_all and counts again. Con
 on first use, so the streams follow the peers an algorithm uses, not the job: after the
 all_reduce (the hierarchy: host leaders exchange by recursive doubling, the other ranks use
 shared memory only) they must equal the streams to wirespeed.scalemodel.small_all_reduce_peers
-(12 per counterpart), and only after the all_to_all, which uses every pair, the full
+(12 per counterpart), and only after the all_to_all, which uses every pair (the script runs it
+direct: small ones go through the host leaders by default), the full
 Layout::pair_streams count (12 streams between counterparts and rank-order neighbours, one to
 every other remote rank), rank by rank; the store's keys must be rendezvous.py's requests."""
 from __future__ import annotations

@@ -63,3 +63,20 @@ def test_a_one_rank_rendezvous_counts_what_the_model_says():
     assert got["rank"] == 0 and got["world"] == 1 and got["records_read"] == 0
     assert got["bytes_read"] > 0 and got["seconds"] > 0
     del group
+
+
+def test_after_every_collective_a_leader_holds_its_log_partners_and_no_other_rank_any():
+    from wirespeed.scalemodel import collective_peers, leader_partners, streams_after_collectives
+    # 16 hosts: leaders at distance 1, 2, 4, 8 either way (8 once): 7 of the 15 others
+    assert leader_partners(16, 0) == {1, 2, 4, 8, 12, 14, 15}
+    assert leader_partners(5, 2) == {0, 1, 3, 4}  # 2 +- 1, 2 +- 2
+    assert leader_partners(1, 0) == set() and leader_partners(2, 1) == {0}
+    lay = blocked(16, 4)
+    assert collective_peers(lay, 0) == [4, 8, 16, 32, 48, 56, 60]
+    assert all(collective_peers(lay, r) == [] for r in range(64) if r % 4)
+    assert max(streams_after_collectives(lay, r, 1) for r in range(64)) == 7
+    # at 1,024 hosts a leader's partners stay 2 log2 H - 1: 19 (of 1,023 other leaders)
+    assert len(leader_partners(1024, 5)) == 19
+    # cyclic: leaders are the first rank of each host in host order
+    cyc = [r % 3 for r in range(9)]
+    assert collective_peers(cyc, 1) == [0, 2] and collective_peers(cyc, 4) == []

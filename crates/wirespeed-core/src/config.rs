@@ -9,7 +9,8 @@
 //!
 //! The knobs (docs/transport.md has the table; the defaults live with the types that use them):
 //! - the planner's (`plan::Tuning`): WIRESPEED_ALGO, WIRESPEED_SLOT_BYTES, WIRESPEED_STAGE_MAX,
-//!   WIRESPEED_BLOCK_BYTES, WIRESPEED_PAIR_STAGE_MAX, WIRESPEED_GATHER_RING_MIN;
+//!   WIRESPEED_BLOCK_BYTES, WIRESPEED_PAIR_STAGE_MAX, WIRESPEED_GATHER_RING_MIN,
+//!   WIRESPEED_A2A_LEADERS_MAX;
 //! - the TCP engine's (`transport::tcp::NetConfig`): WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES,
 //!   WIRESPEED_IO_THREADS, WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT,
 //!   WIRESPEED_JOB_SECRET;
@@ -171,7 +172,8 @@ fn tuning(var: Vars) -> Result<Tuning> {
     };
     let pair_stage_max = bytes(var, "WIRESPEED_PAIR_STAGE_MAX", d.pair_stage_max)?;
     let gather_ring_min = bytes(var, "WIRESPEED_GATHER_RING_MIN", d.gather_ring_min)?;
-    Ok(Tuning { shm_all_reduce, net_all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max, gather_ring_min })
+    let a2a_leaders_max = bytes(var, "WIRESPEED_A2A_LEADERS_MAX", d.a2a_leaders_max)?;
+    Ok(Tuning { shm_all_reduce, net_all_reduce, slot_bytes, stage_max, block_bytes, pair_stage_max, gather_ring_min, a2a_leaders_max })
 }
 
 /// The TCP engine's knobs from `var` (`NetConfig::default` where unset): a group's `Config`
@@ -231,7 +233,7 @@ mod tests {
         let c = Config::default();
         let (t, d) = (c.tuning, Tuning::default());
         assert_eq!((t.shm_all_reduce, t.net_all_reduce), (None, None));
-        assert_eq!((t.shm_all_reduce, t.net_all_reduce, t.slot_bytes, t.stage_max, t.block_bytes, t.pair_stage_max, t.gather_ring_min), (d.shm_all_reduce, d.net_all_reduce, d.slot_bytes, d.stage_max, d.block_bytes, d.pair_stage_max, d.gather_ring_min));
+        assert_eq!((t.shm_all_reduce, t.net_all_reduce, t.slot_bytes, t.stage_max, t.block_bytes, t.pair_stage_max, t.gather_ring_min, t.a2a_leaders_max), (d.shm_all_reduce, d.net_all_reduce, d.slot_bytes, d.stage_max, d.block_bytes, d.pair_stage_max, d.gather_ring_min, d.a2a_leaders_max));
         assert_eq!((c.spin_us, c.wake_worker, c.hostid.as_deref(), c.listen_var("MASTER_ADDR")), (None, true, None, None));
         let (n, d) = (c.net.unwrap(), NetConfig::default());
         assert_eq!((n.nstreams, n.chunk, n.io_threads, n.sockbuf, n.spin, n.notsent_lowat), (d.nstreams, d.chunk, d.io_threads, d.sockbuf, d.spin, d.notsent_lowat));
@@ -244,6 +246,7 @@ mod tests {
             ("WIRESPEED_SLOT_BYTES", "5000"),
             ("WIRESPEED_PAIR_STAGE_MAX", "0"),
             ("WIRESPEED_GATHER_RING_MIN", "12345"),
+            ("WIRESPEED_A2A_LEADERS_MAX", "777"),
             ("WIRESPEED_NSTREAMS", "3"),
             ("WIRESPEED_NET_SPIN_US", "7"),
             ("WIRESPEED_SPIN_US", "20"),
@@ -254,7 +257,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((c.tuning.shm_all_reduce, c.tuning.net_all_reduce, c.tuning.slot_bytes, c.tuning.pair_stage_max), (Some(ShmAlgo::Rsag), None, 8192, 0));
-        assert_eq!(c.tuning.gather_ring_min, 12345);
+        assert_eq!((c.tuning.gather_ring_min, c.tuning.a2a_leaders_max), (12345, 777));
         let n = c.net.clone().unwrap();
         assert_eq!((n.nstreams, n.spin), (3, Duration::from_micros(7)));
         assert_eq!((c.spin_us, c.wake_worker, c.host_id()), (Some(20), false, "h1".to_string()));

@@ -62,7 +62,14 @@ pub struct Tuning {
     /// Across 3 hosts or more, all_gather and reduce_scatter take the ring from this many bytes
     /// per rank's chunk on (`WIRESPEED_GATHER_RING_MIN`; see `Tuning::gather_on_ring`).
     pub gather_ring_min: usize,
+    /// Across hosts, all_to_all goes through the host leaders when no piece anywhere exceeds
+    /// this many bytes (`WIRESPEED_A2A_LEADERS_MAX`; see `Tuning::a2a_through_leaders`).
+    pub a2a_leaders_max: usize,
 }
+
+/// The largest all_to_all piece (bytes from one rank to another) with which all_to_all across
+/// hosts goes through the host leaders by default (see `Tuning::a2a_through_leaders`).
+pub const A2A_LEADERS_MAX: usize = 16 << 10;
 
 /// The most a 2-rank exchange or broadcast stages by default (see `Tuning::exchange_stages`).
 pub const PAIR_STAGE_MAX: usize = 16 << 10;
@@ -74,9 +81,9 @@ pub const GATHER_RING_MIN: usize = 64 << 10;
 impl Default for Tuning {
     /// The planner's defaults, what it uses where no `WIRESPEED_*` variable is set (config.rs
     /// reads them): the cost model's choice, 1 MiB slots, exchanges staged up to 64 KiB (2 ranks:
-    /// `PAIR_STAGE_MAX`), 64 KiB reduction blocks.
+    /// `PAIR_STAGE_MAX`), reduction blocks by the rank count (`block_for`).
     fn default() -> Tuning {
-        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 0, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN }
+        Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 64 << 10, block_bytes: 0, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN, a2a_leaders_max: A2A_LEADERS_MAX }
     }
 }
 
@@ -161,6 +168,20 @@ impl Tuning {
     /// exchange's one round beats the ring's k-1 steps: both stay direct.
     pub fn gather_on_ring(&self, bytes: usize, hosts: usize) -> bool {
         hosts >= 3 && bytes >= self.gather_ring_min
+    }
+
+    /// Whether an all_to_all across `hosts` hosts whose largest piece (over every rank: the
+    /// ranks agree on it first, hosts/group.rs) is `largest` bytes goes through the host leaders
+    /// (algo/leaders_a2a.rs) rather than the direct exchange (algo/direct.rs). Through the
+    /// leaders a rank talks to its leader only and a leader to 2 ceil(log2 H) others, where the
+    /// direct exchange connects every pair of ranks (at 64 hosts x 8 ranks, 504 remote peers a
+    /// rank) and sends n-1 messages a rank. The price is bytes: Bruck's rounds carry each piece
+    /// about log2(H)/2 times between leaders, and every piece crosses the leaders' shared memory
+    /// twice, so large pieces, whose data is pairwise anyway, stay direct. The default (16 KiB)
+    /// is not measured yet: it keeps the rehearsal's all_to_all (4 and 64 KiB a rank in all)
+    /// on the leaders from 4 ranks up.
+    pub fn a2a_through_leaders(&self, largest: usize, hosts: usize) -> bool {
+        hosts >= 2 && largest <= self.a2a_leaders_max
     }
 
     /// The all_reduce algorithm across `hosts` hosts for `bytes` per rank among `world` ranks:
@@ -276,7 +297,7 @@ mod tests {
 
     #[test]
     fn small_messages_take_oneshot_large_take_rsag() {
-        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN };
+        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN, a2a_leaders_max: A2A_LEADERS_MAX };
         assert_eq!(t.pick_all_reduce(4096, 2, 2), ShmAlgo::OneShot);
         assert_eq!(t.pick_all_reduce(4096, 4, 2), ShmAlgo::OneShot);
         // Two ranks: oneshot while its one sync is most of the cost; rsag once the bytes are
@@ -309,7 +330,7 @@ mod tests {
 
     #[test]
     fn across_hosts_hier_unless_ring_is_forced() {
-        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN };
+        let t = Tuning { shm_all_reduce: None, net_all_reduce: None, slot_bytes: 1 << 20, stage_max: 1 << 16, block_bytes: 1 << 16, pair_stage_max: PAIR_STAGE_MAX, gather_ring_min: GATHER_RING_MIN, a2a_leaders_max: A2A_LEADERS_MAX };
         for &(n, h) in &[(2usize, 2usize), (4, 2), (8, 2), (8, 4), (16, 4)] {
             for &s in &[0usize, 4096, 1 << 20, 64 << 20] {
                 assert_eq!(t.pick_across_hosts(s, n, h), NetAlgo::Hier, "n {n} h {h} s {s}");

@@ -54,6 +54,69 @@ fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
     }
 }
 
+/// A byte from every rank to every other, point to point: every remote pair is connected after
+/// it (connections are made on first use), whatever path the collectives take.
+fn touch_every_pair(c: &mut wirespeed_core::testing::hosts::Group) {
+    let (me, w) = (c.rank, c.world);
+    let out = vec![me as u8; w];
+    let mut inb = vec![0u8; w];
+    // SAFETY: `out` outlives every ticket, all waited below, and is not written.
+    let ts: Vec<_> = (0..w).filter(|&j| j != me).map(|j| unsafe { c.send_post(j, out.as_ptr() as usize + j, 1, 77) }.unwrap()).collect();
+    for j in (0..w).filter(|&j| j != me) {
+        // SAFETY: one byte of `inb`, alive and written only by this call.
+        unsafe { c.recv(j, inb.as_mut_ptr() as usize + j, 1, 77) }.unwrap();
+        assert_eq!(inb[j], j as u8);
+    }
+    ts.into_iter().for_each(|t| t.wait().unwrap());
+}
+
+/// all_to_all across hosts with small pieces goes through the host leaders: exact on uneven and
+/// cyclic layouts of 3 and 4 hosts with pieces of different lengths per pair (zeros among
+/// them), and after it a non-leader holds TCP with no rank (setup's probe and broadcast use
+/// leaders only) and a leader with leaders only. A large all_to_all (pieces above
+/// `WIRESPEED_A2A_LEADERS_MAX`) stays direct: a non-leader then talks to every remote rank.
+#[test]
+fn small_all_to_all_across_hosts_goes_through_the_leaders() {
+    let layouts: &[&[&str]] = &[&["a", "a", "b", "b", "c", "c"], &["a", "b", "c", "a", "b", "c", "c"], &["a", "a", "a", "b", "c", "c", "d", "d"]];
+    for &ids in layouts {
+        let w = ids.len();
+        let len = |from: usize, to: usize| (from * 5 + to * 3) % 7 * 4;
+        let body = move |from: usize, to: usize| -> Vec<u8> { (0..len(from, to)).map(|i| (from * 40 + to + i) as u8).collect() };
+        let out = with_hosts(ids, move |c| {
+            let me = c.rank;
+            let leaders: Vec<usize> = c.hosts().iter().map(|h| h[0]).collect();
+            let sends: Vec<Vec<u8>> = (0..w).map(|j| body(me, j)).collect();
+            let mut recvs: Vec<Vec<u8>> = (0..w).map(|j| vec![0xEE; len(j, me)]).collect();
+            let s: Vec<_> = sends.iter().map(|v| (v.as_ptr() as usize, v.len())).collect();
+            let r: Vec<_> = recvs.iter_mut().map(|v| (v.as_mut_ptr() as usize, v.len())).collect();
+            // SAFETY: every range is its own Vec, alive and untouched by anything else during
+            // the call.
+            unsafe { c.all_to_all(&s, &r) }.unwrap();
+            let after_small = c.connected();
+            let big = 20 << 10;
+            let (sb, mut rb) = (vec![me as u8; big * w], vec![0u8; big * w]);
+            let s: Vec<_> = (0..w).map(|j| (sb.as_ptr() as usize + j * big, big)).collect();
+            let r: Vec<_> = (0..w).map(|j| (rb.as_mut_ptr() as usize + j * big, big)).collect();
+            // SAFETY: `sb` and `rb` outlive the call; `s` and `r` cut them into disjoint runs.
+            unsafe { c.all_to_all(&s, &r) }.unwrap();
+            assert!((0..w).all(|j| rb[j * big..(j + 1) * big].iter().all(|&x| x == j as u8)), "{ids:?}: large all_to_all on {me}");
+            (leaders.contains(&me), leaders, recvs, after_small, c.connected())
+        });
+        for (me, (leader, leaders, recvs, small, big)) in out.into_iter().enumerate() {
+            for (j, got) in recvs.iter().enumerate() {
+                assert_eq!(*got, body(j, me), "{ids:?}: rank {me}'s piece from {j}");
+            }
+            let remote: Vec<usize> = (0..w).filter(|&j| ids[j] != ids[me]).collect();
+            if leader {
+                assert!(small.iter().all(|r| leaders.contains(r)), "{ids:?}: leader {me} connected to {small:?}");
+            } else {
+                assert!(small.is_empty(), "{ids:?}: non-leader {me} connected to {small:?} after a small all_to_all");
+                assert_eq!(big, remote, "{ids:?}: non-leader {me} after a large all_to_all");
+            }
+        }
+    }
+}
+
 #[test]
 fn every_other_collective_and_p2p_across_hosts() {
     // The last layout has pairs that are neither counterparts nor neighbours (one stream).
@@ -77,8 +140,8 @@ fn every_other_collective_and_p2p_across_hosts() {
             // runs, one per rank.
             unsafe { c.all_to_all(&s, &r) }.unwrap();
             if w == 6 {
-                // all_to_all used every pair, so every remote pair is connected now (on first
-                // use, the default): counterparts (same local index) and rank-order neighbours
+                touch_every_pair(c);
+                // Every remote pair is connected now (on first use, the default): counterparts (same local index) and rank-order neighbours
                 // with every stream; 0-3, 1-4 and 2-5 are neither and have one; ranks of one
                 // host none.
                 let full = config().net.unwrap().nstreams;
@@ -162,12 +225,9 @@ fn the_tightest_ranks_open_file_limit_sets_every_pairs_streams() {
     assert_eq!(fds::plan(&lay, &rooms).unwrap().nstreams, 5);
     let out = with_hosts_rooms(six, &rooms, |c| {
         let me = c.rank;
-        // A tiny all_to_all first: it uses every pair, so every remote pair is connected (on
-        // first use, the default) before the streams are counted.
-        let (a, mut b) = (vec![0u8; 6], vec![0u8; 6]);
-        let (s, r): (Vec<_>, Vec<_>) = (0..6).map(|j| ((a.as_ptr() as usize + j, 1), (b.as_mut_ptr() as usize + j, 1))).unzip();
-        // SAFETY: `a` and `b` outlive the call; `s` and `r` cut them into disjoint bytes.
-        unsafe { c.all_to_all(&s, &r) }.unwrap();
+        // Every pair first, so every remote pair is connected (on first use, the default)
+        // before the streams are counted.
+        touch_every_pair(c);
         let streams: Vec<usize> = (0..6).map(|r| c.streams_to(r)).collect();
         let n = 300_001usize;
         let mut v: Vec<i64> = input(me, n);

@@ -10,7 +10,7 @@
 //! `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
 use std::collections::BTreeSet;
 use wirespeed_core::testing::direct::{self, Region};
-use wirespeed_core::testing::{doubling, leaders, ring, tree};
+use wirespeed_core::testing::{doubling, leaders, leaders_a2a, ring, tree};
 use wirespeed_core::testing::sim::{self, SimConfig, SimRank};
 use wirespeed_core::testing::{Handle, Transport};
 use wirespeed_core::{DType, ReduceOp, Result};
@@ -183,6 +183,53 @@ fn leaders_case(hosts: usize, per: usize) {
 fn the_leaders_gathers_and_barrier_talk_to_a_logarithmic_number_of_peers() {
     for (hosts, per) in [(64, 2), (256, 2), (1024, 2), (64, 8)] {
         leaders_case(hosts, per);
+    }
+}
+
+/// Most peers of a leader and of a non-leader in one leaders' all_to_all (algo/leaders_a2a.rs)
+/// over `nh` hosts of `per` ranks each, placed in blocks, one byte per pair (each checked), and
+/// the virtual time.
+fn leaders_a2a_peers(nh: usize, per: usize) -> (usize, usize, f64) {
+    let cfg = SimConfig { latency_us: 25.0, bandwidth: 1250.0, flow_cap: None, timeout_us: 600e6, connect_us: 0.0 };
+    let n = nh * per;
+    let hosts: Vec<Vec<usize>> = (0..nh).map(|h| (h * per..(h + 1) * per).collect()).collect();
+    let (res, rep) = sim::run(n, cfg, &[], |t| {
+        let me = t.rank();
+        let mut c = Counted { t, peers: BTreeSet::new() };
+        let mut out: Vec<u8> = (0..n).map(|j| (me * 7 + j) as u8).collect();
+        let mut inb = vec![0u8; n];
+        let send: Vec<Region> = (0..n).map(|j| Region { ptr: out[j..].as_mut_ptr(), len: 1 }).collect();
+        let recv: Vec<Region> = (0..n).map(|j| Region { ptr: inb[j..].as_mut_ptr(), len: 1 }).collect();
+        // SAFETY: one byte of `out` or `inb` per region, both alive and untouched by anything
+        // else during the call; the receive regions are distinct bytes of `inb`.
+        unsafe { leaders_a2a::all_to_all(&mut c, &hosts, 1, &send, &recv)? };
+        for (j, &b) in inb.iter().enumerate() {
+            assert_eq!(b, (j * 7 + me) as u8, "rank {me}'s byte from {j}");
+        }
+        Ok((me % per == 0, c.peers.len()))
+    });
+    let res: Vec<(bool, usize)> = res.into_iter().map(|r| r.expect("a simulated rank failed")).collect();
+    let lead = res.iter().filter(|r| r.0).map(|r| r.1).max().unwrap();
+    let other = res.iter().filter(|r| !r.0).map(|r| r.1).max().unwrap_or(0);
+    assert!(res.iter().filter(|r| !r.0).all(|r| r.1 == 1), "a non-leader talked to more than its leader");
+    (lead, other, rep.elapsed_us)
+}
+
+/// all_to_all across hosts through the leaders: a non-leader talks to its leader only; a leader
+/// to its host's other ranks and to at most 2 ceil(log2 H) leaders (Bruck's rounds: to p + 2^k,
+/// from p - 2^k), where the direct exchange talks to all n - 1 ranks. At 1,024 hosts x 2 ranks
+/// the simulation takes about a minute in a debug build.
+#[test]
+fn the_leaders_all_to_all_talks_to_a_logarithmic_number_of_peers() {
+    // 100: a number of hosts that is not a power of two (p + 2^k and p - 2^k all differ).
+    for nh in [64, 100, 256, 1024] {
+        let per = 2;
+        let (lead, other, us) = leaders_a2a_peers(nh, per);
+        let log = (nh as f64).log2().ceil() as usize;
+        let bound = 2 * log + (per - 1);
+        println!("all_to_all through leaders, {nh} hosts x {per}: most peers of a leader {lead} (bound {bound}), of another rank {other} ({us:.0} us); full mesh {}", nh * per - 1);
+        assert!(lead <= bound, "{lead} > {bound}");
+        assert_eq!(other, 1);
     }
 }
 

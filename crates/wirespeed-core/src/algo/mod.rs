@@ -5,6 +5,8 @@
 //! - ring.rs: pipelined ring all_reduce, all_gather and reduce_scatter (bandwidth-optimal);
 //! - doubling.rs: recursive doubling all_reduce (latency-optimal, any member count);
 //! - tree.rs: binomial broadcast and reduce;
+//! - leaders_a2a.rs: all_to_all across hosts through the host leaders (Bruck's exchange among
+//!   them: O(log hosts) partners each);
 //! - direct.rs: every pair at once: all_gather, all_to_all, reduce_scatter, gather, scatter,
 //!   and the dissemination barrier;
 //! - leaders.rs: all_gather, reduce_scatter, barrier and reduce across hosts through the host
@@ -29,6 +31,7 @@ use crate::kernels::reduce::reduce_many;
 pub mod direct;
 pub mod doubling;
 pub mod leaders;
+pub mod leaders_a2a;
 pub mod ring;
 pub mod tree;
 

@@ -287,6 +287,22 @@ impl Group {
         }
     }
 
+    /// Whether this all_to_all goes through the host leaders (`Tuning::a2a_through_leaders`).
+    /// A rank knows only its own pieces' lengths and every rank must choose alike, so the ranks
+    /// first agree on the largest piece anywhere: a one-number max all_reduce, hierarchical
+    /// (hier.rs), so it adds no peer the leaders' path does not have. One host: no question.
+    fn a2a_through_leaders(&mut self, send: &[Buf], recv: &[Buf]) -> Result<bool> {
+        let hosts = self.route.lay.hosts.len();
+        if hosts < 2 {
+            return Ok(false);
+        }
+        let mine = send.iter().chain(recv).map(|b| b.1).max().unwrap_or(0) as u64;
+        let mut largest = mine.to_le_bytes();
+        let tag = self.tag(Kind::AllToAll, Some(DType::U64), Some(ReduceOp::Max), 0);
+        hier::all_reduce(&mut self.route, &self.tuning, &mut self.scratch, tag, &mut largest, DType::U64, ReduceOp::Max)?;
+        Ok(self.tuning.a2a_through_leaders(u64::from_le_bytes(largest) as usize, hosts))
+    }
+
     fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
         bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
     }
@@ -407,13 +423,24 @@ impl Collectives for Group {
             }
         })
     }
-    // SAFETY: sound on Collectives' contract alone: every region goes to one direct exchange over
-    // the route within this call, under `guarded`.
+    // SAFETY: sound on Collectives' contract alone: every region goes to the leaders' all_to_all
+    // or one direct exchange over the route within this call, under `guarded`.
     unsafe fn all_to_all(&mut self, send: &[Buf], recv: &[Buf]) -> Result<()> {
         check_list(self.world, send.len(), "all_to_all inputs")?;
         check_list(self.world, recv.len(), "all_to_all outputs")?;
         self.guarded(|c| {
-            let tag = c.tag(Kind::AllToAll, None, None, 0);
+            let leaders = c.a2a_through_leaders(send, recv)?;
+            // The tag's root field says which algorithm runs, as for reduce_scatter.
+            let tag = c.tag(Kind::AllToAll, None, None, leaders as usize);
+            if leaders {
+                let hosts = c.route.lay.hosts.clone();
+                let (s, r): (Vec<Region>, Vec<Region>) = send.iter().zip(recv).map(|(&(a, l), &(b, m))| (Region { ptr: a as *mut u8, len: l }, Region { ptr: b as *mut u8, len: m })).unzip();
+                // SAFETY: `Collectives`' contract (api.rs) is leaders_a2a::all_to_all's: every
+                // send[j] readable, every recv[j] writable and ours (recv[rank] being send[rank]
+                // or disjoint from it) until this returns; on an error `guarded` shuts the
+                // connections and fails the local group.
+                return unsafe { crate::algo::leaders_a2a::all_to_all(&mut c.route, &hosts, tag, &s, &r) };
+            }
             let members: Vec<usize> = (0..c.world).collect();
             // SAFETY: as for all_gather, with one send range per destination.
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &Group::regions(send), &Group::regions(recv)) }

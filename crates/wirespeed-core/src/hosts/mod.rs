@@ -37,7 +37,10 @@
 //! - reduce: each leader folds its host's buffers, a binomial tree over the leaders toward the
 //!   root's leader, which hands the result to the root (algo/leaders.rs; on one host, a binomial
 //!   tree over all ranks, algo/tree.rs).
-//! - all_to_all: a direct exchange (algo/direct.rs).
+//! - all_to_all: through the host leaders (algo/leaders_a2a.rs: non-leaders to their leader,
+//!   Bruck's exchange among leaders, back) when the largest piece anywhere is at most
+//!   `Tuning::a2a_leaders_max` (the ranks agree on it first: `Group::a2a_through_leaders`);
+//!   larger, a direct exchange (algo/direct.rs), its data being pairwise.
 //! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
 //!   receives or sends one message per rank.
 //!
