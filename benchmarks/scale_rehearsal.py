@@ -16,10 +16,9 @@ of a small (4 KiB) and a mid (`--mid-kib`, 64 KiB) buffer, and a barrier (`--ops
 
 Every rank's TCP streams are file descriptors of this one process (both ends of each connection),
 so the process's hard open-file limit bounds what runs. The rehearsal estimates its need first
-(for all_gather, reduce_scatter and all_to_all still the full mesh, N x (N - K) descriptors and
-more, which a 20,000-file limit holds up to ~64 ranks: a safe bound, as the collectives through
-the leaders need only `scalemodel.collective_peers`) and says so in one line when the hard limit
-is below it. After all ops, `max_streams_model` is the streams the leaders' paths leave
+(the leaders' `scalemodel.collective_peers`; the full mesh, N x (N - K) descriptors and more,
+only where the all_to_all's pieces exceed the leaders' threshold) and says so in one line when
+the hard limit is below it. After all ops, `max_streams_model` is the streams the leaders' paths leave
 (`scalemodel.streams_after_collectives`), `max_streams_full_mesh` those of every remote pair.
 
 Reported per rank (min / median / max) and per job, beside wirespeed.scalemodel's figures:
@@ -80,22 +79,21 @@ def host_of(ranks: int, hosts: int, cyclic: bool) -> list[int]:
     return [r % hosts for r in range(ranks)] if cyclic else [r // (ranks // hosts) for r in range(ranks)]
 
 
-def fd_need(ranks: int, hosts: int, nstreams: int, all_to_all: bool, barrier: bool) -> int:
+def fd_need(ranks: int, hosts: int, nstreams: int, every_pair: bool) -> int:
     """Open files the rehearsal needs at most: per rank the store's two ends, its listener, memfd,
     pidfds of its host mates, the reactor's (3 per I/O thread, 2 threads at most) and its TCP
-    streams (both ends are in this process: each rank counts its own end); with the all_to_all
-    every remote pair, else a small all_reduce's doubling partners and at most 2 log2 N barrier
-    partners a rank (a stream each at this rank's end): an estimate, not a bound."""
-    from wirespeed.scalemodel import blocked, tcp_sockets, small_all_reduce_peers, tcp_sockets_to
+    streams (both ends are in this process: each rank counts its own end). `every_pair`: an
+    all_to_all whose pieces exceed the leaders' threshold connects every remote pair; otherwise
+    the leaders hold their `scalemodel.collective_peers` (every collective here, the barrier
+    included, crosses hosts through the leaders at these sizes) and the other ranks none."""
+    from wirespeed.scalemodel import blocked, tcp_sockets, streams_after_collectives
     k = ranks // hosts
     lay = blocked(hosts, k)
     fixed = ranks * (2 + 1 + 1 + (k - 1) + 6)
-    if all_to_all:
+    if every_pair:
         streams = sum(tcp_sockets(lay, r, nstreams) for r in range(0, ranks, k)) * k  # ~ every rank
     else:
-        streams = sum(tcp_sockets_to(lay, r, small_all_reduce_peers(lay, r), nstreams) for r in range(ranks))
-        if barrier:
-            streams += ranks * 2 * max(ranks - 1, 1).bit_length()
+        streams = sum(streams_after_collectives(lay, r, nstreams) for r in range(0, ranks, k))
     return fixed + streams + 256
 
 
@@ -197,8 +195,10 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
     bad = [o for o in ops if o not in OPS]
     if bad:
         raise SystemExit(f"scale_rehearsal: no op {bad[0]!r}; choose from {', '.join(OPS)}")
-    need = fd_need(ranks, hosts, nstreams, "all_to_all" in ops or "all_gather" in ops or "reduce_scatter" in ops,
-                   "barrier" in ops)
+    # The all_to_all's pieces (the mid buffer cut in N) above the leaders' threshold (plan.rs
+    # A2A_LEADERS_MAX) go directly to every rank.
+    a2a_max = int(os.environ.get("WIRESPEED_A2A_LEADERS_MAX", 16 << 10))
+    need = fd_need(ranks, hosts, nstreams, "all_to_all" in ops and max(mid_kib * 1024 // 4 // ranks, 1) * 4 > a2a_max)
     soft, hard = raise_open_files(need)
     knobs = {"WIRESPEED_IFNAME": "lo", "WIRESPEED_NSTREAMS": str(nstreams)}
     # What a rank's own process would publish: the room of this process before any rank starts.
