@@ -86,6 +86,8 @@ class TrainRun:
                 "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", self.json_path,
                 "--state-out", self.state_path, "--no-save"] + (["--timeline"] if cfg.timeline else [])
         argv += option_argv(cfg)
+        if cfg.prune_below:   # float's repr: the child reads back the very threshold
+            argv += ["--prune-below", f"{cfg.prune_below!r}@{cfg.prune_after}"]
         if cfg.trace:
             argv += ["--trace", cfg.trace]
         for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
