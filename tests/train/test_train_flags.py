@@ -71,6 +71,11 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--tune", "--loss-tolerance", "lots"], "--loss-tolerance must be a number"),
     ([*GPT, "--tune", "--candidates", "comm-hook=zip"], "--comm-hook zip: choose from"),
     ([*GPT, "--tune", "--candidates", "colour=red"], "--candidates colour=red: not a train option"),
+    # --candidates gets the flags' bounds (train/hooks.check_options), not only their syntax
+    ([*GPT, "--threads", "5000"], "--threads 5000: at most 4096"),
+    ([*GPT, "--tune", "--candidates", "threads=5000"], "--threads 5000: at most 4096"),
+    ([*GPT, "--parallel", "fsdp", "--prefetch", "65"], "--prefetch 65: at most 64 blocks"),
+    ([*GPT, "--parallel", "fsdp", "--tune", "--candidates", "prefetch=65"], "--prefetch 65: at most 64 blocks"),
     ([*GPT, "--tune", "--backend", "gloo,wirespeed"], "--tune searches one backend"),
     ([*GPT, "--what-if-gpu", "TPU"], "--what-if-gpu TPU: choose V100, A100, H100"),
     ([*GPT, "--what-if-gpu", "A100", "--gpu-mfu", "1.5"], "--gpu-mfu 1.5: a share of the peak"),

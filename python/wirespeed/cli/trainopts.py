@@ -43,16 +43,12 @@ def register(p) -> None:
 
 
 def options_from_args(args) -> dict:
-    """The TrainConfig fields of the options, checked (train/hooks.check_options, in cfg's
-    check): one line, exit 2, on a bad one."""
+    """The TrainConfig fields of the options, read; their bounds and combinations are checked with
+    the whole config (train/hooks.check_options, as every --candidates entry is): one line, exit 2."""
     from ..train.hooks import parse_comm_hook
     hook = parse_comm_hook(args.comm_hook)
     threads = parse_num(args.threads, "--threads")
     prefetch = parse_num(args.prefetch, "--prefetch")
-    if threads > 4096:
-        raise UsageError(f"--threads {args.threads}: at most 4096")
-    if prefetch > 64:
-        raise UsageError(f"--prefetch {args.prefetch}: at most 64 blocks")
     below, after = 0.0, 0
     if args.prune_below is not None:
         text, _, k = str(args.prune_below).partition("@")
