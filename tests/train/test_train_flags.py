@@ -74,6 +74,10 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     # --candidates gets the flags' bounds (train/hooks.check_options), not only their syntax
     ([*GPT, "--threads", "5000"], "--threads 5000: at most 4096"),
     ([*GPT, "--tune", "--candidates", "threads=5000"], "--threads 5000: at most 4096"),
+    # and the flags' number reader (flagvalues.parse_num): no inf, nan or negative
+    ([*GPT, "--tune", "--candidates", "bucket-mb=inf"], "--candidates bucket-mb must be a finite number"),
+    ([*GPT, "--tune", "--candidates", "threads=-1"], "--candidates threads must not be negative"),
+    ([*GPT, "--tune", "--candidates", "threads=two"], "--candidates threads must be a number"),
     ([*GPT, "--parallel", "fsdp", "--prefetch", "65"], "--prefetch 65: at most 64 blocks"),
     ([*GPT, "--parallel", "fsdp", "--tune", "--candidates", "prefetch=65"], "--prefetch 65: at most 64 blocks"),
     ([*GPT, "--tune", "--backend", "gloo,wirespeed"], "--tune searches one backend"),

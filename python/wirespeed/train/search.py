@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..flagvalues import parse_num
 from ..launch.child import failure_line, run_child, scratch_dir
 from ..report.outputs import run_dir, save_verdict
 from ..tune.sweep import Setting, interleaved, setting_env
@@ -150,16 +151,6 @@ def knob_candidates(backend: str, base, shell: ShellSettings) -> list[Candidate]
     return [Candidate((), s.env, s.env[0][0]) for s in settings(knobs)[1:]]
 
 
-def _num(text: str, name: str, conv):
-    try:
-        v = conv(text)
-    except (TypeError, ValueError, OverflowError):
-        raise UsageError(f"--candidates {name}={text}: not a number") from None
-    if not 0 <= v < float("inf"):
-        raise UsageError(f"--candidates {name}={text}: must be a finite number, not negative")
-    return v
-
-
 _FIELDS = {"bucket-mb": "bucket_mb", "comm-hook": "comm_hook", "threads": "threads",
            "grad-as-bucket-view": "grad_as_bucket_view", "static-graph": "static_graph",
            "reshard-after-forward": "reshard_after_forward", "prefetch": "prefetch",
@@ -187,7 +178,7 @@ def parse_candidates(text: str, base, backend: str) -> list[Candidate]:
                 elif f == "reduce_dtype":
                     opts[f] = value.strip()
                 else:
-                    opts[f] = _num(value, f"--{name}", float if f == "bucket_mb" else int)
+                    opts[f] = parse_num(value, f"--candidates {name}", float if f == "bucket_mb" else int)
             elif name.isupper() and value and any(k.name == name and k.backend == backend for k in KNOBS):
                 env[name] = value.strip()
             else:
