@@ -173,3 +173,18 @@ def test_nccl_without_a_gpu_is_refused_before_any_run_starts(capsys):
         main(["train", *GPT, "--backend", "nccl"])
     out, err = capsys.readouterr()
     assert e.value.code == 2 and "GPUs but 0 are visible" in err and out == "", (out, err)
+
+
+def test_train_saves_its_records_as_a_search_does_without_a_verdict(tmp_path, capsys):
+    # train/shell._save through report/outputs.save_verdict: --json and SAVE_DIR/train-<time>/
+    from wirespeed.train.shell import ShellSettings, _save
+    recs = [{"schema": "wirespeed.train/1", "backend": "gloo"}]
+    _save(recs, ShellSettings(json_path=str(tmp_path / "r.jsonl"), save_dir=str(tmp_path / "runs")))
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("train-") and sorted(p.name for p in run.iterdir()) == ["records.jsonl"]
+    import json
+    read = lambda path: [json.loads(line) for line in open(path)]   # noqa: E731
+    assert read(run / "records.jsonl") == read(tmp_path / "r.jsonl") == recs
+    assert capsys.readouterr().out == f"# saved records in {run}/\n"
+    _save([], ShellSettings(json_path=str(tmp_path / "none.jsonl"), save_dir=str(tmp_path / "runs")))
+    assert not (tmp_path / "none.jsonl").exists() and len(list((tmp_path / "runs").iterdir())) == 1
