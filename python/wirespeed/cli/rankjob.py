@@ -128,6 +128,18 @@ def check_local_gpus(nproc: int, backend: str, ranks_on_one_host: int | None = N
             raise UsageError(f"-N {nproc}: {why}")
 
 
+def check_local_start(nproc: int, backend: str, device: str):
+    """Before ranks start on this host: room for them (launch/memory.check_local_ranks), the
+    backend able to run here (created once: it fails here, once, not in every rank) and NCCL's
+    GPU per rank. Returns the created backend."""
+    from ..backends import create
+    from ..launch.memory import check_local_ranks
+    check_local_ranks(nproc)
+    adapter = create(backend, device)
+    check_local_gpus(nproc, backend)
+    return adapter
+
+
 def pick_backend(device: str | None, nccl_usable: bool) -> tuple[str, str]:
     """(backend, device) when no --backend is given: a device asked for picks a backend that runs
     on it (--device cpu is gloo even on a GPU box, --device cuda is NCCL); with no device, NCCL on
