@@ -1,6 +1,7 @@
 """Flag values: telling a flag the user set from one left at its built-in default, so that
 combinations whose one flag would be silently ignored can be refused (`--sizes` with `-b`, `-f`
-with `-i`); and the readers of list-valued flags that several commands share."""
+with `-i`); and the readers of number and list-valued flags that several commands share (and
+`train --tune --candidates`, whose entries stand for flags)."""
 from __future__ import annotations
 
 from .errors import UsageError
@@ -40,3 +41,17 @@ def whole_numbers(text, flag: str, noun: str, example: str) -> list[int]:
     if not out or min(out) < 1:
         raise UsageError(f"{flag} needs {noun} of at least 1, e.g. {flag} {example}")
     return out
+
+
+def parse_num(text, name: str, conv=int):
+    """A non-negative, finite number from a flag, or a UsageError naming the flag (float() takes
+    "inf" and "nan": a DDP bucket of inf MiB failed 49 s into the run)."""
+    try:
+        v = conv(text)
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"{name} must be a number, got {text!r}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise UsageError(f"{name} must be a finite number, got {text!r}")
+    if v < 0:
+        raise UsageError(f"{name} must not be negative, got {text!r}")
+    return v

@@ -71,6 +71,15 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--tune", "--loss-tolerance", "lots"], "--loss-tolerance must be a number"),
     ([*GPT, "--tune", "--candidates", "comm-hook=zip"], "--comm-hook zip: choose from"),
     ([*GPT, "--tune", "--candidates", "colour=red"], "--candidates colour=red: not a train option"),
+    # --candidates gets the flags' bounds (train/hooks.check_options), not only their syntax
+    ([*GPT, "--threads", "5000"], "--threads 5000: at most 4096"),
+    ([*GPT, "--tune", "--candidates", "threads=5000"], "--threads 5000: at most 4096"),
+    # and the flags' number reader (flagvalues.parse_num): no inf, nan or negative
+    ([*GPT, "--tune", "--candidates", "bucket-mb=inf"], "--candidates bucket-mb must be a finite number"),
+    ([*GPT, "--tune", "--candidates", "threads=-1"], "--candidates threads must not be negative"),
+    ([*GPT, "--tune", "--candidates", "threads=two"], "--candidates threads must be a number"),
+    ([*GPT, "--parallel", "fsdp", "--prefetch", "65"], "--prefetch 65: at most 64 blocks"),
+    ([*GPT, "--parallel", "fsdp", "--tune", "--candidates", "prefetch=65"], "--prefetch 65: at most 64 blocks"),
     ([*GPT, "--tune", "--backend", "gloo,wirespeed"], "--tune searches one backend"),
     ([*GPT, "--what-if-gpu", "TPU"], "--what-if-gpu TPU: choose V100, A100, H100"),
     ([*GPT, "--what-if-gpu", "A100", "--gpu-mfu", "1.5"], "--gpu-mfu 1.5: a share of the peak"),
@@ -164,3 +173,18 @@ def test_nccl_without_a_gpu_is_refused_before_any_run_starts(capsys):
         main(["train", *GPT, "--backend", "nccl"])
     out, err = capsys.readouterr()
     assert e.value.code == 2 and "GPUs but 0 are visible" in err and out == "", (out, err)
+
+
+def test_train_saves_its_records_as_a_search_does_without_a_verdict(tmp_path, capsys):
+    # train/shell._save through report/outputs.save_verdict: --json and SAVE_DIR/train-<time>/
+    from wirespeed.train.shell import ShellSettings, _save
+    recs = [{"schema": "wirespeed.train/1", "backend": "gloo"}]
+    _save(recs, ShellSettings(json_path=str(tmp_path / "r.jsonl"), save_dir=str(tmp_path / "runs")))
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("train-") and sorted(p.name for p in run.iterdir()) == ["records.jsonl"]
+    import json
+    read = lambda path: [json.loads(line) for line in open(path)]   # noqa: E731
+    assert read(run / "records.jsonl") == read(tmp_path / "r.jsonl") == recs
+    assert capsys.readouterr().out == f"# saved records in {run}/\n"
+    _save([], ShellSettings(json_path=str(tmp_path / "none.jsonl"), save_dir=str(tmp_path / "runs")))
+    assert not (tmp_path / "none.jsonl").exists() and len(list((tmp_path / "runs").iterdir())) == 1

@@ -13,9 +13,9 @@ TINY_GPT = ["--model", "gpt", "--layers", "1", "--hidden", "32", "--seq-len", "1
             "--batch-size", "4"]
 
 
-def _tune(tmp_path, net, candidates, *extra, timeout=800):
+def _tune(tmp_path, net, candidates, *extra, timeout=800, warmup=2):
     out = tmp_path / "tune.jsonl"
-    p = wirespeed("train", "--tune", *net, "--backend", "gloo", "-N", "2", "-w", "2", "-T", "120",
+    p = wirespeed("train", "--tune", *net, "--backend", "gloo", "-N", "2", "-w", str(warmup), "-T", "120",
                   "--candidates", candidates, "--json", out, "--no-save", *extra, timeout=timeout)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
@@ -68,10 +68,14 @@ def resnet18_tune(tmp_path_factory):
     """One search on resnet18 at 32 px, batch 4, 1 thread per rank: a network whose short run
     amplifies rounding (BatchNorm over 1 x 1 maps), so its noise floor is far above 2% (measured: the
     twin at 2 threads moved the parameters 38% and the loss 20% after 10 steps); the candidates:
-    PowerSGD at rank 1 and the twin's own configuration."""
+    PowerSGD at rank 1 and the twin's own configuration. Its 10 training steps are 5 warm-up and 5
+    timed ones: the guard judges every step's loss and the final parameters, which the split does
+    not change, and runs of fewer than 6 timed steps are never stopped early (both candidates'
+    first steps were below the in-run pruning floor on this 2-core machine, and a stopped run has
+    no guard figures: search.prune_threshold)."""
     net = ["--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--threads", "1"]
-    return _tune(tmp_path_factory.mktemp("r18"), net, "comm-hook=powersgd:1; threads=2", "-n", "8",
-                 "--repeat", "1")
+    return _tune(tmp_path_factory.mktemp("r18"), net, "comm-hook=powersgd:1; threads=2", "-n", "5",
+                 "--repeat", "1", warmup=5)
 
 
 @pytest.mark.slow
@@ -173,3 +177,58 @@ def test_a_recommendation_that_passes_only_by_the_noise_floor_says_so():
             assert "within the noise floor" in line and "COMPRESSION" in line and "not proven harmless" in line
         else:
             assert "# noise floor: not measured" in text and "# recommended: keep the default" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_candidate_slower_over_its_first_steps_is_stopped_pruned_and_not_repeated(tmp_path):
+    # A real slow configuration: torch's intra-op threads at four times this machine's cores in
+    # each of the 2 ranks (the default runs 1), so the ranks' OpenMP threads fight over the cores
+    # every matrix product (measured here: 0.14x the default's samples/s over the first 3 steps).
+    import os
+    threads = max(16, 4 * (os.cpu_count() or 1))
+    net = ["--model", "gpt", "--layers", "2", "--hidden", "64", "--seq-len", "32", "--vocab", "64",
+           "--batch-size", "4"]
+    p, recs = _tune(tmp_path, net, f"threads={threads}", "-n", "8", "--repeat", "2")
+    default, slow = recs
+    assert default["pruned"] is None and default["runs"] == 2 and default["iters"] == 8
+    assert slow["config"]["label"] == f"--threads {threads}"
+    pruned = slow["pruned"]
+    assert pruned["after_steps"] == 3 and slow["iters"] == 3 and len(slow["losses"]) == 2 + 3, pruned
+    assert pruned["samples_per_s"] < pruned["below"] < pruned["default_samples_per_s"]
+    assert pruned["why"] == f"pruned after 3 steps ({pruned['vs_default']:.2f}x the default's samples/s)"
+    # stopped in its first run, so its repeat was never started, and never recommended
+    assert slow["runs"] == 1 and not slow["recommended"] and "never recommended" in slow["verdict"]
+    row = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"--threads {threads} "))
+    assert pruned["why"] in row and " - " in row, row
+    assert "# recommended: keep the default" in p.stdout
+    assert "stopped and pruned" in p.stdout
+
+
+def test_in_run_pruning_judges_the_first_steps_against_the_defaults_first_steps():
+    from wirespeed.train.rank import steps_rate
+    from wirespeed.train.search import IN_RUN_MARGIN, default_noise, first_steps_rate, prune_threshold
+    # The default's records as a run writes them: 4 samples per rank, 2 ranks, each timed step's
+    # slowest rank in us; its first 3 steps (median 11 ms) slower than the rest (10 ms).
+    first = {"batch_size": 4, "world_size": 2, "samples_per_s": 800.0,
+             "step_times_us": [12000, 10000, 11000, 10000, 10000, 10000, 10000, 10000]}
+    assert first_steps_rate(first) == pytest.approx(8 / 0.011)
+    # one run: no spread measured yet, the margin alone
+    assert default_noise([first]) == 0
+    below = prune_threshold([first], iters=8)
+    assert below == pytest.approx(8 / 0.011 * (1 - IN_RUN_MARGIN))
+    # a candidate's first steps as each rank timed them: the slowest rank per step, then the median
+    slow = [[0.020, 0.021, 0.019], [0.018, 0.022, 0.020]]   # 20 ms: 400 samples/s
+    near = [[0.013, 0.012, 0.013], [0.012, 0.013, 0.012]]   # 13 ms: 615 samples/s
+    assert steps_rate(slow, 4) == pytest.approx(400) and steps_rate(slow, 4) < below
+    assert steps_rate(near, 4) == pytest.approx(8 / 0.013) and steps_rate(near, 4) > below
+    # a second default run 10% faster over its first steps: the spread widens the margin
+    second = dict(first, step_times_us=[10000] * 8)
+    noise = default_noise([first, second])
+    assert noise == pytest.approx((800 - 8 / 0.011) / ((800 + 8 / 0.011) / 2))
+    assert prune_threshold([first, second], 8) == pytest.approx(800 * (1 - IN_RUN_MARGIN - 2 * noise))
+    # never: before the default has run, on runs too short to save steps, or when the default's
+    # own runs spread so far that no margin is left
+    assert prune_threshold([], 8) == 0
+    assert prune_threshold([first], 5) == 0
+    assert prune_threshold([first, dict(first, step_times_us=[5000] * 8)], 8) == 0

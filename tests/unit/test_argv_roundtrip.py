@@ -74,7 +74,8 @@ def test_every_bench_flag_is_forwarded_or_left_out_on_purpose():
 
 # The wrapper options of each parallel wrapper, every one off its default (each is refused under
 # the other wrapper).
-DDP_OPTIONS = dict(comm_hook="powersgd:2", threads=3, grad_as_bucket_view=True, static_graph=True)
+DDP_OPTIONS = dict(comm_hook="powersgd:2", threads=3, grad_as_bucket_view=True, static_graph=True,
+                   prune_below=12.345678901234567, prune_after=3)
 FSDP_OPTIONS = dict(parallel="fsdp", reshard_after_forward=False, prefetch=2, reduce_dtype="bf16",
                     threads=1, timeline=False)
 

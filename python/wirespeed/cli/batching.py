@@ -10,7 +10,7 @@ from functools import partial
 from ..errors import UsageError
 from ..flagvalues import whole_numbers
 from . import flags
-from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
+from .rankjob import (Job, check_local_start, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job)
 from ..sizes import format_size, parse_size
 from .common import add
@@ -87,11 +87,7 @@ def _job(args) -> Job:
 
 
 def _launch(c, args, start) -> int:
-    from ..backends import create
-    from ..launch.memory import check_local_ranks
-    check_local_ranks(c.nproc)
-    create(c.backend, c.device)
-    check_local_gpus(c.nproc, c.backend)
+    check_local_start(c.nproc, c.backend, c.device)
     total = pick_total(args.total, c, c.nproc)
     return start(c.nproc, ["--total", str(total)])
 

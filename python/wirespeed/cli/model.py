@@ -13,7 +13,7 @@ from functools import partial
 
 from ..errors import UsageError
 from . import flags
-from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
+from .rankjob import (Job, check_local_start, default_nproc, parse_iters_timeout,
                       parse_num, resolve_backend, run_job, uses_torch_distributed)
 from .common import add
 
@@ -123,12 +123,8 @@ def _check_memory(shapes, cfg, ranks_here: int) -> None:
 
 
 def launch_local(cfg, args, start) -> int:
-    from ..backends import create
-    from ..launch.memory import check_local_ranks
     from ..workloads.config import validate
-    check_local_ranks(cfg.nproc)
-    adapter = create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
-    check_local_gpus(cfg.nproc, cfg.backend)
+    adapter = check_local_start(cfg.nproc, cfg.backend, cfg.device)
     validate(cfg, cfg.nproc)
     if cfg.overlap and not uses_torch_distributed(adapter):
         raise UsageError(f"--overlap needs asynchronous collectives (torch.distributed's async_op), "

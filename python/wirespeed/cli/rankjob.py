@@ -9,20 +9,7 @@ from typing import Callable
 
 from ..errors import TransportError, UsageError, WirespeedError
 from ..faults import first_line, kind_of, rank_error
-
-
-def parse_num(text, name: str, conv=int):
-    """A non-negative, finite number from a flag, or a UsageError naming the flag (float() takes
-    "inf" and "nan": a DDP bucket of inf MiB failed 49 s into the run)."""
-    try:
-        v = conv(text)
-    except (TypeError, ValueError, OverflowError):
-        raise UsageError(f"{name} must be a number, got {text!r}") from None
-    if v != v or v in (float("inf"), float("-inf")):
-        raise UsageError(f"{name} must be a finite number, got {text!r}")
-    if v < 0:
-        raise UsageError(f"{name} must not be negative, got {text!r}")
-    return v
+from ..flagvalues import parse_num   # the cli modules take it from here too
 
 
 def parse_port(text, name: str = "--master-port") -> int | None:
@@ -139,6 +126,18 @@ def check_local_gpus(nproc: int, backend: str, ranks_on_one_host: int | None = N
                           nproc if ranks_on_one_host is None else ranks_on_one_host)
         if why:
             raise UsageError(f"-N {nproc}: {why}")
+
+
+def check_local_start(nproc: int, backend: str, device: str):
+    """Before ranks start on this host: room for them (launch/memory.check_local_ranks), the
+    backend able to run here (created once: it fails here, once, not in every rank) and NCCL's
+    GPU per rank. Returns the created backend."""
+    from ..backends import create
+    from ..launch.memory import check_local_ranks
+    check_local_ranks(nproc)
+    adapter = create(backend, device)
+    check_local_gpus(nproc, backend)
+    return adapter
 
 
 def pick_backend(device: str | None, nccl_usable: bool) -> tuple[str, str]:

@@ -13,8 +13,8 @@ from functools import partial
 from ..errors import UsageError
 from . import flags, trainopts
 from .common import add
-from .rankjob import (Job, check_local_gpus, default_nproc, parse_iters_timeout,
-                      parse_num, resolve_backend, run_job)
+from .rankjob import (Job, check_local_gpus, check_local_start, default_nproc,
+                      parse_iters_timeout, parse_num, resolve_backend, run_job)
 
 
 def register(sub) -> None:
@@ -204,11 +204,7 @@ def _job(args) -> Job:
 
 
 def _launch_local(cfg, start) -> int:
-    from ..backends import create
-    from ..launch.memory import check_local_ranks
-    check_local_ranks(cfg.nproc)
-    create(cfg.backend, cfg.device)  # fail here, once, if the backend cannot run
-    check_local_gpus(cfg.nproc, cfg.backend)
+    check_local_start(cfg.nproc, cfg.backend, cfg.device)
     # Memory: local ranks are only ever started by a run the shell started (--state-out), after
     # the shell's check_memory for as many ranks; building the network again would cost seconds.
     return start(cfg.nproc)

@@ -38,21 +38,23 @@ def register(p) -> None:
     add(p, "--candidates", default=None, help="--tune: the candidates to try instead of the built-in "
         "list, ';' between candidates, '+' inside one: 'comm-hook=fp16; bucket-mb=5+threads=2; "
         "WIRESPEED_NSTREAMS=4'")
+    # A --tune candidate's run (train/search.py): stop after K timed steps when slower than SPS.
+    p.add_argument("--prune-below", default=None, help=argparse.SUPPRESS)   # "SPS@K"
 
 
 def options_from_args(args) -> dict:
-    """The TrainConfig fields of the options, checked (train/hooks.check_options, in cfg's
-    check): one line, exit 2, on a bad one."""
+    """The TrainConfig fields of the options, read; their bounds and combinations are checked with
+    the whole config (train/hooks.check_options, as every --candidates entry is): one line, exit 2."""
     from ..train.hooks import parse_comm_hook
     hook = parse_comm_hook(args.comm_hook)
     threads = parse_num(args.threads, "--threads")
     prefetch = parse_num(args.prefetch, "--prefetch")
-    if threads > 4096:
-        raise UsageError(f"--threads {args.threads}: at most 4096")
-    if prefetch > 64:
-        raise UsageError(f"--prefetch {args.prefetch}: at most 64 blocks")
+    below, after = 0.0, 0
+    if args.prune_below is not None:
+        text, _, k = str(args.prune_below).partition("@")
+        below, after = parse_num(text, "--prune-below", float), parse_num(k, "--prune-below's steps")
     return {"comm_hook": hook, "threads": threads, "grad_as_bucket_view": bool(args.grad_as_bucket_view),
-            "static_graph": bool(args.static_graph), "reshard_after_forward": bool(args.reshard_after_forward),
+            "prune_below": below, "prune_after": after, "static_graph": bool(args.static_graph), "reshard_after_forward": bool(args.reshard_after_forward),
             "prefetch": prefetch, "reduce_dtype": args.reduce_dtype}
 
 

@@ -29,12 +29,12 @@ import hashlib
 import os
 import socket
 import sys
-import threading
 import time
 import weakref
 from dataclasses import dataclass
 
 from ..errors import RankClaimedTwice
+from .watch import Poller
 
 SECRET = "WIRESPEED_JOB_SECRET"
 JOB_ID = "WIRESPEED_JOB_ID"
@@ -181,6 +181,9 @@ def check_claims(store, rank: int, n: int) -> None:
 
 @dataclass(eq=False)
 class _Watched:
+    """One group's watch: its job's note read every `period` seconds, and the group broken with it.
+    It leaves the watch (watch.Poller) when the group is collected, closed or dropped, when its
+    time is up, or when its store cannot be read any more (its job is over)."""
     group: weakref.ref   # the native group
     store: object        # its job's store
     key: str             # the note's key
@@ -188,75 +191,32 @@ class _Watched:
     due: float           # the next read (time.monotonic)
     until: float         # the last
 
-
-class _Watch:
-    """One thread for the process, reading each watched group's note in the store every few
-    seconds and breaking the group with it. A group leaves the watch when it is collected, closed
-    or dropped, when its time is up, or when its store cannot be read any more (its job is over)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._watched: list[_Watched] = []
-        self._stop = threading.Event()
-        self._thread = None
-
-    def add(self, group, store, world: int, for_s: float) -> None:
-        period = max(WATCH_PERIOD_S, world / WATCH_REQUESTS_PER_S)
-        now = time.monotonic()
-        with self._lock:
-            self._watched.append(_Watched(weakref.ref(group), store, _note_key(), period, now + period,
-                                          now + max(for_s, WATCH_LEAST_S)))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="wirespeed-claims-watch", daemon=True)
-                # Stop before the interpreter's shutdown joins threads and finalizes: the thread
-                # must not be inside a store call while torch's objects are torn down.
-                threading._register_atexit(self.stop)
-                self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=1.0)
-
-    def drop(self, group) -> None:
-        """Stop watching `group` now, and let go of its store (on rank 0, the store's server)."""
-        with self._lock:
-            self._watched = [w for w in self._watched if w.group() not in (group, None)]
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            now = time.monotonic()
-            with self._lock:
-                due = [w for w in self._watched if w.due <= now]
-            for w in due:
-                if self._stop.is_set():
-                    return
-                w.due = now + w.period
-                group = w.group()
-                try:
-                    if group is None or group.closed or now > w.until:
-                        raise LookupError
-                    note = _note(w.store, w.key)
-                    if note is None:
-                        continue
-                    group.abort(note)
-                except Exception:  # noqa: BLE001 (collected, closed, over, or the store is gone)
-                    pass
-                with self._lock:
-                    if w in self._watched:
-                        self._watched.remove(w)
+    def poll(self, now: float) -> bool:
+        if self.due > now:
+            return False
+        self.due = now + self.period
+        group = self.group()
+        if group is None or group.closed or now > self.until:
+            return True
+        note = _note(self.store, self.key)
+        if note is None:
+            return False
+        group.abort(note)
+        return True
 
 
-_WATCH = _Watch()
+_WATCH = Poller("wirespeed-claims-watch", 0.5)
 
 
 def watch(group, store, world: int, for_s: float) -> None:
     """Break `group` with the store's note if a rank of its job is claimed again within `for_s`
     seconds (the group's timeout, WATCH_LEAST_S at least)."""
-    _WATCH.add(group, store, world, for_s)
+    period = max(WATCH_PERIOD_S, world / WATCH_REQUESTS_PER_S)
+    now = time.monotonic()
+    _WATCH.add(_Watched(weakref.ref(group), store, _note_key(), period, now + period,
+                        now + max(for_s, WATCH_LEAST_S)))
 
 
 def unwatch(group) -> None:
     """The group is shut down: stop reading its job's store at once."""
-    _WATCH.drop(group)
+    _WATCH.drop(lambda w: w.group() in (group, None))

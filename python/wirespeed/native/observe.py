@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import threading
 import time
 import weakref
 
@@ -40,6 +39,7 @@ import torch.autograd.profiler as _ap
 import torch.distributed as dist
 
 from .. import _native
+from .watch import Poller
 
 _Span = torch._C._profiler._RecordFunctionFast
 _FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -108,7 +108,7 @@ class Ledger:
         self.closed = False   # the backend shut down: its store is not read any more
         self._reported: str | None = None
         if self.recorded and dump_prefix() is not None:
-            _WATCH.add(self)
+            _WATCH.add(_DumpWatched(self))
 
     @property
     def group_name(self) -> str:
@@ -215,46 +215,29 @@ class Ledger:
             return f"flight recorder dump failed: {e}"
 
 
-class _DumpWatch:
-    """One thread for the process, started only when the user asked for torch's recorder and a
-    dump file: it asks each recorded group's store about once a second whether a peer dumped, and
-    then writes this rank's dump too (as torch's NCCL backend does on a peer's timeout), once."""
+class _DumpWatched:
+    """A recorded group's watch for a peer's dump (started only when the user asked for torch's
+    recorder and a dump file): its store asked about once a second whether a peer dumped, and then
+    this rank's dump written too (as torch's NCCL backend does on a peer's timeout), once. It
+    leaves the watch (watch.Poller) then, or when the group is collected or closed, or its store
+    is gone (the job is over)."""
+    __slots__ = ("ledger",)
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._ledgers: list = []
-        self._stop = threading.Event()
-        self._thread = None
+    def __init__(self, ledger: Ledger):
+        self.ledger = weakref.ref(ledger)
 
-    def add(self, ledger: Ledger) -> None:
-        with self._lock:
-            self._ledgers.append(weakref.ref(ledger))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="wirespeed-fr-dump-watch", daemon=True)
-                threading._register_atexit(self._stop.set)   # out of store calls before teardown
-                self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(_WATCH_PERIOD_S):
-            with self._lock:
-                ledgers = list(self._ledgers)
-            for ref in ledgers:
-                led = ref()
-                try:
-                    if led is None or led.closed:
-                        raise LookupError
-                    if not led.store.check([_DUMP_KEY]):
-                        continue
-                    if led._reported is None:
-                        led._reported = led.dump(_global_rank(led.rank), dump_prefix() or "")
-                except Exception:  # noqa: BLE001 (collected, or its store is gone: the job is over)
-                    pass
-                with self._lock:
-                    if ref in self._ledgers:
-                        self._ledgers.remove(ref)
+    def poll(self, _now: float) -> bool:
+        led = self.ledger()
+        if led is None or led.closed:
+            return True
+        if not led.store.check([_DUMP_KEY]):
+            return False
+        if led._reported is None:
+            led._reported = led.dump(_global_rank(led.rank), dump_prefix() or "")
+        return True
 
 
-_WATCH = _DumpWatch()
+_WATCH = Poller("wirespeed-fr-dump-watch", _WATCH_PERIOD_S)
 
 
 # ---- the backend's methods, wrapped ----

@@ -110,13 +110,18 @@ def run_dir(save_dir: str | None, kind: str, run_id: str) -> Path | None:
     return Path(f"{out}-{os.getpid()}") if out.exists() else out
 
 
-def save_verdict(json_path: str | None, out_dir: Path | None, records: list[dict], text: str, say) -> None:
-    """A search's outputs (tune's and train --tune's): its records to --json and, in its run
-    directory, the records and the printed verdict; `say` prints where they went."""
+def save_verdict(json_path: str | None, out_dir: Path | None, records: list[dict], text: str | None,
+                 say) -> None:
+    """A run's outputs (tune's, train's and train --tune's): its records to --json and, in its run
+    directory, the records and, for a search, the printed verdict (text; None: a run with none);
+    `say` prints where they went."""
     from .records import write_jsonl
     if json_path:
         write_jsonl(json_path, records)
     if out_dir:
         write_jsonl(out_dir / "records.jsonl", records)
+        if text is None:
+            say(f"# saved records in {out_dir}/")
+            return
         (out_dir / "verdict.txt").write_text(text + "\n")
         say(f"# saved records, verdict and logs in {out_dir}/")

@@ -35,8 +35,17 @@ def parse_comm_hook(text: str) -> str:
     raise UsageError(f"--comm-hook {text}: choose from {', '.join(HOOKS)}")
 
 
+MAX_THREADS = 4096
+MAX_PREFETCH = 64
+
+
 def check_options(cfg) -> None:
-    """A one-line UsageError for an option of the other wrapper than cfg.parallel's."""
+    """A one-line UsageError for an option out of its bounds or of the other wrapper than
+    cfg.parallel's: the flags' and every --candidates entry's one check."""
+    if cfg.threads > MAX_THREADS:
+        raise UsageError(f"--threads {cfg.threads}: at most {MAX_THREADS}")
+    if cfg.prefetch > MAX_PREFETCH:
+        raise UsageError(f"--prefetch {cfg.prefetch}: at most {MAX_PREFETCH} blocks")
     ddp_only = [f for f, on in (("--comm-hook", cfg.comm_hook != "none"),
                                 ("--grad-as-bucket-view", cfg.grad_as_bucket_view),
                                 ("--static-graph", cfg.static_graph)) if on]

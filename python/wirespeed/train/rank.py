@@ -58,6 +58,10 @@ class TrainConfig:
     prefetch: int = 0                    # fsdp: blocks prefetched explicitly each way; 0: FSDP2's own
     reduce_dtype: str = "fp32"           # fsdp: fp32 or bf16 (MixedPrecisionPolicy.reduce_dtype)
     trace: str | None = None             # --trace: rank 0 writes the ranks' timelines here
+    # A --tune candidate's run (train/search.py, in-run pruning): after prune_after timed steps,
+    # stop when the job's samples/s over them is below prune_below (0: never).
+    prune_below: float = 0.0
+    prune_after: int = 0
 
 
 def gpt_blocks_bytes(spec) -> int:
@@ -241,6 +245,24 @@ def _timed(run_step, sync) -> float:
     return time.perf_counter() - t0
 
 
+def steps_rate(per_rank_times_s: list[list[float]], batch_size: int) -> float:
+    """The job's samples/s over the steps given (per rank, each step's seconds), by the statistic
+    the record's samples_per_s uses: the median over steps of the slowest rank's time."""
+    step_s = summarize(per_rank_times_s)["time_us"] * 1e-6
+    return batch_size * len(per_rank_times_s) / step_s if step_s > 0 else float("inf")
+
+
+def _slower_than_asked(cfg: TrainConfig, times: list[float], backend, counter) -> dict | None:
+    """After cfg.prune_after timed steps: the job's samples/s over them (a collective, so every rank
+    calls it and every rank decides alike), and when it is below cfg.prune_below, what the record's
+    `pruned` says; None to go on."""
+    with counter.paused():   # the gather is not the step's traffic
+        rate = steps_rate(backend.allgather_floats(times), cfg.spec.batch_size)
+    if rate >= cfg.prune_below:
+        return None
+    return {"after_steps": len(times), "samples_per_s": rate, "below": cfg.prune_below}
+
+
 def _compute_twin(cfg: TrainConfig, spec: NetSpec, device: str, inputs, targets):
     """The compute step: the same step on a twin of the network that never communicates, so it
     can run between the timed steps without touching the model they train.
@@ -335,6 +357,7 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
         counter.bytes = counter.calls = 0
         # A timed step, then its compute step, in turn: drift of a busy machine reaches both alike.
         times, compute = [], []
+        pruned = None
         for i in range(cfg.iters):
             watchdog.step(f"timed step {i + 1} of {cfg.iters}")
             counter.log = [] if i == 0 else None   # the calls of one step, for the bounds
@@ -348,8 +371,14 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
             snapshot()
             watchdog.step(f"compute step {i + 1} of {cfg.iters}")
             compute.append(_timed(compute_step, backend.synchronize))
-        bytes_per_step = sum(n for _, n in ddp_calls) + counter.bytes / cfg.iters
-        calls_per_step = len(ddp_calls) + counter.calls / cfg.iters
+            if cfg.prune_below and i + 1 == cfg.prune_after < cfg.iters:
+                watchdog.step(f"judging the first {i + 1} timed steps' speed")
+                pruned = _slower_than_asked(cfg, times, backend, counter)
+                if pruned:
+                    break
+        n = len(times)   # cfg.iters, or fewer when pruned
+        bytes_per_step = sum(b for _, b in ddp_calls) + counter.bytes / n
+        calls_per_step = len(ddp_calls) + counter.calls / n
         watchdog.step("gathering the model state")
         params = full_params(model)
     digest = state_digest(params)
@@ -365,16 +394,19 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
     # Each step's loss (warm-up steps included), this rank's batch: the job's is the ranks' mean.
     mine = [float(x) for x in losses]
     rows = backend.allgather_floats([h, bytes_per_step, *times, *compute, *marks, *mine])
-    check_digests([row[0] for row in rows], cfg.iters)
-    n = cfg.iters
+    check_digests([row[0] for row in rows], n)
     step_s = summarize([row[2:2 + n] for row in rows])
     compute_s = summarize([row[2 + n:2 + 2 * n] for row in rows])
     out = {"step": step_s, "compute": compute_s, "state_digest": digest,
+           # each timed step's slowest rank, in order (--tune judges a run's first steps by them)
+           "steps_us": [max(col) * 1e6 for col in zip(*(row[2:2 + n] for row in rows))],
            "bytes_per_step": max(row[1] for row in rows), "calls_per_step": calls_per_step,
            "parameters": sum(t.numel() for t in params), "calls": calls,
            "hosts": backend.host_names(),
            "losses": [sum(col) / len(col) for col in zip(*(row[len(row) - len(mine):] for row in rows))]
-           if mine else []}
+           if mine else [], "iters": n}
+    if pruned:
+        out["pruned"] = pruned
     if trace is not None:
         out["trace"] = trace
     if cfg.timeline:   # the rank whose communication ended last (it sets the step)
@@ -535,13 +567,15 @@ def train_record(cfg, world: int, out: dict, env: dict, measured_bps: int | None
         "samples_per_s": per_rank * world, "samples_per_s_per_rank": per_rank,
         **({"tokens_per_s": per_rank * world * spec.seq_len} if spec.model == "gpt" else {}),
         "step_us": step_us, "step_min_us": step["time_min_us"], "step_max_us": step["time_max_us"],
-        "step_p99_us": step["time_p99_us"],
+        "step_p99_us": step["time_p99_us"], "step_times_us": out.get("steps_us", []),
         "compute_us": compute_us, "compute_min_us": compute["time_min_us"],
         "compute_max_us": compute["time_max_us"],
         # Exposed: what the step takes beyond its own compute; 0 when noise puts it below.
         "exposed_pct": max(0.0, 100.0 * (step_us - compute_us) / step_us) if step_us > 0 else 0.0,
         "bytes_per_step": out["bytes_per_step"], "calls_per_step": out["calls_per_step"],
-        "state_digest": out["state_digest"], "iters": cfg.iters, "warmup_iters": cfg.warmup_iters,
+        "state_digest": out["state_digest"], "iters": out.get("iters", cfg.iters), "warmup_iters": cfg.warmup_iters,
+        # Stopped early as a --tune candidate slower than the search asked (train/search.py).
+        **({"pruned": out["pruned"]} if out.get("pruned") else {}),
         # The options every run states (so a --tune candidate's record says what it ran).
         "comm_hook": cfg.comm_hook, "threads": cfg.threads or torch.get_num_threads(),
         **({"grad_as_bucket_view": cfg.grad_as_bucket_view, "static_graph": cfg.static_graph}

@@ -14,6 +14,10 @@ against what is left of the budget; what does not fit is skipped and named. In r
 runs again every REFERENCE_EVERY candidates, and each candidate's first run is judged against the
 default's latest.
 
+Inside a run: a candidate's first run is handed a floor (prune_threshold): when its samples/s
+over its first PRUNE_AFTER_STEPS timed steps is below it, the run stops there (train/rank.py) and
+the candidate is pruned: never recommended, not run again. The default is never handed one.
+
 Right after the default's first run, its rounding-only twin (train/guard.py: the same
 configuration at another thread count) runs once, not timed against anything: its loss and
 parameters against the default's are the noise floor every candidate is judged with.
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..flagvalues import parse_num
 from ..launch.child import failure_line, run_child, scratch_dir
 from ..report.outputs import run_dir, save_verdict
 from ..tune.sweep import Setting, interleaved, setting_env
@@ -41,6 +46,45 @@ PRUNE_MARGIN = 0.05
 # against the default's latest run: a shared machine's load drifts over a long round (a 2x swing in
 # minutes was seen), and a reference near in time keeps that drift out of the pruning.
 REFERENCE_EVERY = 5
+# In-run pruning: after this many timed steps a candidate's first run may be stopped, when its
+# samples/s over them is below the default's latest run's over its own first as many steps (like
+# with like: the first steps after warm-up may run slower than the rest on every configuration) by
+# more than IN_RUN_MARGIN plus twice the spread the default's runs have shown over those steps
+# (default_noise). A few steps' median is noisier than a whole run's, so the margin is five times
+# the whole-run PRUNE_MARGIN: what it stops, the whole-run rule would have pruned after the run.
+PRUNE_AFTER_STEPS = 3
+IN_RUN_MARGIN = 0.25
+
+
+def first_steps_rate(rec: dict, k: int = PRUNE_AFTER_STEPS) -> float:
+    """A run's samples/s over its first k timed steps (each its slowest rank's time; their median,
+    as the run's own samples_per_s and the child's judgement take it: train/rank.steps_rate)."""
+    steps = rec.get("step_times_us") or []
+    if len(steps) < k:
+        return rec["samples_per_s"]   # a record without the steps: its whole run's
+    step_s = statistics.median(steps[:k]) * 1e-6
+    return rec["batch_size"] * rec["world_size"] / step_s if step_s > 0 else float("inf")
+
+
+def default_noise(default_runs: list[dict]) -> float:
+    """How far the default's runs so far spread over their first steps: (fastest - slowest) / their
+    median samples/s; 0 with one run (nothing to measure a spread from: the margin alone stands)."""
+    rates = [first_steps_rate(r) for r in default_runs]
+    if len(rates) < 2:
+        return 0.0
+    return (max(rates) - min(rates)) / statistics.median(rates)
+
+
+def prune_threshold(default_runs: list[dict], iters: int) -> float:
+    """The samples/s below which a candidate's first run stops after PRUNE_AFTER_STEPS timed steps:
+    the default's latest run's over as many steps x (1 - IN_RUN_MARGIN - 2 x default_noise). 0
+    (never stop) while the default has no run, when stopping would not save at least as many
+    steps as it judged (a run of fewer than twice PRUNE_AFTER_STEPS), and when the default's own
+    spread leaves no room."""
+    if not default_runs or iters < 2 * PRUNE_AFTER_STEPS:
+        return 0.0
+    keep = 1 - IN_RUN_MARGIN - 2 * default_noise(default_runs)
+    return first_steps_rate(default_runs[-1]) * keep if keep > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -107,16 +151,6 @@ def knob_candidates(backend: str, base, shell: ShellSettings) -> list[Candidate]
     return [Candidate((), s.env, s.env[0][0]) for s in settings(knobs)[1:]]
 
 
-def _num(text: str, name: str, conv):
-    try:
-        v = conv(text)
-    except (TypeError, ValueError, OverflowError):
-        raise UsageError(f"--candidates {name}={text}: not a number") from None
-    if not 0 <= v < float("inf"):
-        raise UsageError(f"--candidates {name}={text}: must be a finite number, not negative")
-    return v
-
-
 _FIELDS = {"bucket-mb": "bucket_mb", "comm-hook": "comm_hook", "threads": "threads",
            "grad-as-bucket-view": "grad_as_bucket_view", "static-graph": "static_graph",
            "reshard-after-forward": "reshard_after_forward", "prefetch": "prefetch",
@@ -144,7 +178,7 @@ def parse_candidates(text: str, base, backend: str) -> list[Candidate]:
                 elif f == "reduce_dtype":
                     opts[f] = value.strip()
                 else:
-                    opts[f] = _num(value, f"--{name}", float if f == "bucket_mb" else int)
+                    opts[f] = parse_num(value, f"--candidates {name}", float if f == "bucket_mb" else int)
             elif name.isupper() and value and any(k.name == name and k.backend == backend for k in KNOBS):
                 env[name] = value.strip()
             else:
@@ -171,6 +205,7 @@ class Search:
     skipped: dict = field(default_factory=dict)     # index -> why
     floor: guard.Floor = guard.NO_FLOOR              # the rounding-only twin's figures
     cut_repeats: set = field(default_factory=set)   # indices whose later repeats the budget cut
+    stopped: set = field(default_factory=set)       # indices pruned inside their first run
 
 
 def _say(text: str = "") -> None:
@@ -197,19 +232,22 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
 
     def estimate(i: int) -> float:
         own = s.took.get(i)
-        every = [t for ts in s.took.values() for t in ts]
+        every = [t for j, ts in s.took.items() if j not in s.stopped for t in ts]   # whole runs
         return own[-1] if own else (statistics.median(every) if every else 0.0)
 
     runs_started = [0]
 
-    def launch(cand: Candidate, label: str, tmp: Path):
-        """One plain `train` of the candidate's configuration: (the child's run, seconds, where its
-        final parameters are)."""
+    def launch(cand: Candidate, label: str, tmp: Path, prune_below: float = 0.0):
+        """One plain `train` of the candidate's configuration, stopped after PRUNE_AFTER_STEPS timed
+        steps when slower than prune_below samples/s: (the child's run, seconds, where its final
+        parameters are)."""
         n = runs_started[0]   # each run's files its own
         runs_started[0] += 1
         json_path, state_path = tmp / f"run{n}.jsonl", tmp / f"run{n}.pt"
         t0 = time.monotonic()
-        run = run_child(TrainRun.of(cand.config(base), backend, json_path, state_path, shell, what_if=False).argv(),
+        cfg = replace(cand.config(base), prune_below=prune_below,
+                      prune_after=PRUNE_AFTER_STEPS if prune_below else 0)
+        run = run_child(TrainRun.of(cfg, backend, json_path, state_path, shell, what_if=False).argv(),
                         setting_env(Setting(cand.env)), json_path,
                         out_dir / "logs" / f"run{n}.log" if out_dir else None, log_header=f"# {label}\n")
         return run, time.monotonic() - t0, state_path
@@ -261,13 +299,18 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
                 s.runs[0][0].get("threads") == cand.config(base).threads:
             s.skipped[i] = "the same threads as the default's"
             return
-        run, took, state_path = launch(cand, label, tmp)
+        # The default is never stopped; a candidate's first run, once the default has a speed.
+        below = prune_threshold(s.runs.get(0, []), base.iters) if i and rep == 0 else 0.0
+        run, took, state_path = launch(cand, label, tmp, below)
         s.took.setdefault(i, []).append(took)
         runs_here = len(s.took[i])
         tag = f"[{label}]" + (f" (run {runs_here})" if runs_here > 1 else "")
         if run.code != 0 or not run.wrote:
             s.failed[i] = failure_line(run.stderr, run.code)
             _say(f"{tag}: FAILED after {took:.0f} s: {s.failed[i]}")
+            return
+        if i and (first := next(r for r in run.records if not r.get("predicted"))).get("pruned"):
+            stopped_early(i, first, tag, took)
             return
         rec = compared(run, state_path)
         rec["repeat"] = rep
@@ -283,6 +326,21 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
                 s.pruned[i] = f"{gain:.2f}x the default after its first run: not run again"
             elif not guard.within(rec, tolerance, s.floor):
                 s.pruned[i] = "outside the loss tolerance and the noise floor after its first run: not run again"
+
+    def stopped_early(i: int, rec: dict, tag: str, took: float) -> None:
+        """A first run the child stopped after its first steps: pruned, shown, never run again (no
+        guard figures: its parameters and losses are of fewer steps than the exact run's)."""
+        p, latest = rec["pruned"], first_steps_rate(s.runs[0][-1])
+        ratio = p["samples_per_s"] / latest
+        p.update(default_samples_per_s=latest, vs_default=ratio)
+        s.pruned[i] = f"pruned after {p['after_steps']} steps ({ratio:.2f}x the default's samples/s)"
+        s.stopped.add(i)
+        rec["repeat"] = 0
+        s.runs[i] = [rec]
+        _say(f"{tag}: {p['samples_per_s']:.2f} samples/s over its first {p['after_steps']} timed steps, "
+             f"{ratio:.2f}x the default's latest run over as many, below {p['below']:.2f} "
+             f"(1 - {IN_RUN_MARGIN:g} - 2 x the default's spread {default_noise(s.runs[0]):.1%} of it): "
+             f"stopped and pruned, {took:.0f} s")
 
     with scratch_dir("wirespeed-train-tune-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -309,7 +367,7 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
         # count: the mean of the middle two), so one run more or fewer does not favour any.
         rec["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
         rec["samples_per_s"] = statistics.median(rec["samples_per_s_runs"])
-        for key in ("param_drift", "loss_rel_diff"):   # the worst of its runs
+        for key in ("param_drift", "loss_rel_diff") if i not in s.stopped else ():   # the worst of its runs
             rec[key] = max(r[key] for r in runs)
         _with_ceiling(rec, ceiling)
         summary.append((i, rec))

@@ -13,8 +13,7 @@ from pathlib import Path
 from ..errors import EXIT_MISMATCH
 from ..knobs import for_children
 from ..launch.child import failure_line, run_child, scratch_dir
-from ..report.outputs import run_dir
-from ..report.records import write_jsonl
+from ..report.outputs import run_dir, save_verdict
 from .hooks import option_argv
 
 # Backends may add a reduction's terms in different orders (float reassociation: ~1e-7 of a
@@ -86,6 +85,8 @@ class TrainRun:
                 "-n", str(cfg.iters), "-T", f"{cfg.timeout_s:g}", "--json", self.json_path,
                 "--state-out", self.state_path, "--no-save"] + (["--timeline"] if cfg.timeline else [])
         argv += option_argv(cfg)
+        if cfg.prune_below:   # float's repr: the child reads back the very threshold
+            argv += ["--prune-below", f"{cfg.prune_below!r}@{cfg.prune_after}"]
         if cfg.trace:
             argv += ["--trace", cfg.trace]
         for flag in ("measured_link_rate", "what_if_hosts", "what_if_rate"):
@@ -414,11 +415,6 @@ def _report(records, failures, mismatched, one=None, predicted=()) -> None:
 
 
 def _save(records, shell: ShellSettings) -> None:
-    if not records:
-        return
-    if shell.json_path:
-        write_jsonl(shell.json_path, records)
-    out = run_dir(shell.save_dir, "train", time.strftime("%Y%m%d-%H%M%S"))
-    if out:
-        write_jsonl(out / "records.jsonl", records)
-        _say(f"# saved records in {out}/")
+    if records:
+        save_verdict(shell.json_path, run_dir(shell.save_dir, "train", time.strftime("%Y%m%d-%H%M%S")),
+                     records, None, _say)

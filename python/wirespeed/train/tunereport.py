@@ -29,6 +29,8 @@ def _verdict(i: int, rec: dict, first: dict, tol: float, s) -> str:
     gain = rec["samples_per_s"] / first["samples_per_s"]
     if i == 0:
         return "the default (exact)"
+    if i in s.stopped:
+        return f"{s.pruned[i]}: never recommended"
     if not guard.within(rec, tol, s.floor):
         return f"{'faster' if gain > 1 else 'slower'}, changes training by {guard.changed_by(rec):.1%}: never recommended"
     by_floor = guard.only_by_floor(rec, tol, s.floor)
@@ -104,9 +106,12 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
             _clear_win(s.runs[i], rec, first)
         if ok and (best is None or rec["samples_per_s"] > by_index[best]["samples_per_s"]):
             best = i
+        # A run stopped after its first steps has no guard figures (fewer steps than the exact run).
+        guard_cols = f"{'-':>9} {'-':>8}" if i in s.stopped else \
+            f"{rec['loss_rel_diff']:>9.2%} {rec['param_drift']:>8.2%}"
         lines.append(f"{s.plan[i].label(base):<{width}} {len(s.runs[i]):>4} {rec['samples_per_s']:>10.2f} "
                      f"{gain:>7.2f}x {rec['exposed_pct']:>7.0f}% {rec.get(wire_key, 0) / 1e6:>9.2f} "
-                     f"{rec['loss_rel_diff']:>9.2%} {rec['param_drift']:>8.2%}  {rec['verdict']}"
+                     f"{guard_cols}  {rec['verdict']}"
                      + (" [compression]" if s.plan[i].compression(base) else ""))
     for what, items in (("failed", s.failed), ("skipped", s.skipped)):
         for i, why in items.items():
@@ -126,7 +131,9 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
                    config={"label": cand.label(base), "flags": cand.flags(base), "env": dict(cand.env),
                            "family": cand.family or "default", "compression": cand.compression(base),
                            "comm_hook": cfg.comm_hook, "bucket_mb": cfg.bucket_mb, "threads": cfg.threads}
-                   , loss_tolerance=tol, noise_floor=s.floor.record(tol), runs=len(s.runs[i]))
+                   , loss_tolerance=tol, noise_floor=s.floor.record(tol), runs=len(s.runs[i]),
+                   # null: ran its course; else why not (after_steps etc. where stopped inside its run)
+                   pruned={**(rec.get("pruned") or {}), "why": s.pruned[i]} if i in s.pruned else None)
         records.append(rec)
     if best is None:
         lines.append("# recommended: keep the default; no configuration within the tolerance or the noise floor beat it "
