@@ -77,15 +77,40 @@ def leader_partners(n: int, i: int) -> set[int]:
     from i - 2^k) and all_gather (to i - 2^k, from i + 2^k), the dissemination barrier (to
     i + 2^k, from i - 2^k) and reduce_scatter's exchange among leaders, for 2^k < n. The other
     collectives' leader partners fall inside it: recursive doubling's i XOR 2^k is i + 2^k or
-    i - 2^k, the ring's neighbours are i +- 1, the broadcast tree's parent and children (from
-    host 0: setup's broadcast) and setup's probe (leaders 0 and 1) differ by a power of two. The
+    i - 2^k at a power of two of leaders (otherwise its fold's partners are added), the ring's
+    neighbours are i +- 1, the broadcast tree's parent and children (from host 0: setup's
+    broadcast) and setup's probe (leaders 0 and 1) differ by a power of two. The
     one place to change when a collective's partners change."""
     out: set[int] = set()
     d = 1
     while d < n:
         out |= {(i + d) % n, (i - d) % n}
         d *= 2
+    out |= _doubling_partners(n, i)
     out.discard(i)
+    return out
+
+
+def _doubling_partners(n: int, i: int) -> set[int]:
+    """Position i's partners in recursive doubling among n (algo/doubling.rs), which the
+    all_to_all's agreement on its largest piece runs among the leaders at any n (hosts/hier.rs
+    `agree`): with q = n minus the largest power of two <= n, positions 2j < 2q hand over to
+    2j + 1, and the rest are renumbered 0..2^m for the rounds; at a power of two these are
+    i XOR 2^k, inside the +-2^k above."""
+    pow2 = 1 << (n.bit_length() - 1)
+    q = n - pow2
+
+    def real(v: int) -> int:
+        return 2 * v + 1 if v < q else v + q
+
+    if i < 2 * q and i % 2 == 0:
+        return {i + 1}
+    out = {i - 1} if i < 2 * q else set()
+    v = i // 2 if i < 2 * q else i - q
+    d = 1
+    while d < pow2:
+        out.add(real(v ^ d))
+        d *= 2
     return out
 
 

@@ -290,7 +290,8 @@ impl Group {
     /// Whether this all_to_all goes through the host leaders (`Tuning::a2a_through_leaders`).
     /// A rank knows only its own pieces' lengths and every rank must choose alike, so the ranks
     /// first agree on the largest piece anywhere: a one-number max all_reduce, hierarchical
-    /// (hier.rs), so it adds no peer the leaders' path does not have. One host: no question.
+    /// with doubling among the leaders (`hier::agree`), so it adds no peer the leaders' path
+    /// does not have. One host: no question.
     fn a2a_through_leaders(&mut self, send: &[Buf], recv: &[Buf]) -> Result<bool> {
         let hosts = self.route.lay.hosts.len();
         if hosts < 2 {
@@ -299,7 +300,7 @@ impl Group {
         let mine = send.iter().chain(recv).map(|b| b.1).max().unwrap_or(0) as u64;
         let mut largest = mine.to_le_bytes();
         let tag = self.tag(Kind::AllToAll, Some(DType::U64), Some(ReduceOp::Max), 0);
-        hier::all_reduce(&mut self.route, &self.tuning, &mut self.scratch, tag, &mut largest, DType::U64, ReduceOp::Max)?;
+        hier::agree(&mut self.route, &mut self.scratch, tag, &mut largest, DType::U64, ReduceOp::Max)?;
         Ok(self.tuning.a2a_through_leaders(u64::from_le_bytes(largest) as usize, hosts))
     }
 
