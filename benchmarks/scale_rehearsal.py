@@ -9,8 +9,9 @@ over loopback, a client connection per rank), with its own host id given to its 
 (WIRESPEED_HOSTID): ranks of one host id share memory as on a real host, ranks of different ids
 talk TCP over loopback. Ranks fill hosts in blocks (0..K-1 on host 0, ...), or with `--cyclic`
 are dealt to them round-robin. Then every rank runs,
-each result checked element by element: all_reduce, all_gather, reduce_scatter and all_to_all
-of a small (4 KiB) and a mid (`--mid-kib`, 64 KiB) buffer, and a barrier (`--ops` chooses).
+each result checked element by element: all_reduce, all_gather, reduce_scatter, all_to_all, and
+gather and scatter to and from the last rank, of a small (4 KiB) and a mid (`--mid-kib`, 64 KiB)
+buffer, and a barrier (`--ops` chooses).
 
     python benchmarks/scale_rehearsal.py --ranks 1024 --hosts 128 --nstreams 1 --ops all_reduce
 
@@ -50,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 SMALL = 4096
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "barrier")
 F32, SUM = 0, 0  # the core's dtype and op codes (dtype.rs)
 
 from scale_setup import _status  # noqa: E402  (threads, VmRSS, VmHWM of this process)
@@ -168,6 +169,20 @@ class Rank(threading.Thread):
                 g.all_to_all(sb, rb, (send, out), True)
                 self._check(f"all_to_all {nbytes} B", out,
                             (torch.arange(n, dtype=torch.float32) * 1000 + r).repeat_interleave(each))
+            root = n - 1  # a rank that leads no host when hosts hold 2 ranks or more
+            if "gather" in self.ops:
+                send = torch.full((each,), float(r))
+                out = torch.empty(n * each if r == root else 0)
+                rb = [(out.data_ptr() + p * each * 4, each * 4) for p in range(n)] if r == root else []
+                g.gather((send.data_ptr(), each * 4), rb, root, (send, out), True)
+                if r == root:
+                    self._check(f"gather {nbytes} B", out, torch.arange(n, dtype=torch.float32).repeat_interleave(each))
+            if "scatter" in self.ops:
+                send = torch.arange(n if r == root else 0, dtype=torch.float32).repeat_interleave(each)
+                out = torch.empty(each)
+                sb = [(send.data_ptr() + p * each * 4, each * 4) for p in range(n)] if r == root else []
+                g.scatter(sb, (out.data_ptr(), each * 4), root, (send, out), True)
+                self._check(f"scatter {nbytes} B", out, torch.full((each,), float(r)))
         if "barrier" in self.ops:
             g.barrier(True)
         self.rec["streams_all"] = g.tcp_streams()

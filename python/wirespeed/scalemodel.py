@@ -79,8 +79,9 @@ def leader_partners(n: int, i: int) -> set[int]:
     collectives' leader partners fall inside it: recursive doubling's i XOR 2^k is i + 2^k or
     i - 2^k at a power of two of leaders (otherwise its fold's partners are added), the ring's
     neighbours are i +- 1, the broadcast tree's parent and children (from host 0: setup's
-    broadcast) and setup's probe (leaders 0 and 1) differ by a power of two. The
-    one place to change when a collective's partners change."""
+    broadcast; gather's and scatter's, algo/leaders_gs.rs, from any root: i - low and i + 2^k
+    modulo n) and setup's probe (leaders 0 and 1) differ by a power of two. The one place to
+    change when a collective's partners change."""
     out: set[int] = set()
     d = 1
     while d < n:
@@ -117,7 +118,8 @@ def _doubling_partners(n: int, i: int) -> set[int]:
 def collective_peers(host_of: list[int], rank: int) -> list[int]:
     """The remote ranks `rank` holds TCP streams with after setup and every collective across
     hosts at the sizes the rehearsal runs (4 and 64 KiB: all_reduce hierarchical; all_gather,
-    reduce_scatter and all_to_all through the leaders below their thresholds) and a barrier: a
+    reduce_scatter and all_to_all through the leaders below their thresholds, gather and scatter
+    through them at any size) and a barrier: a
     non-leader none (its collectives go to its leader over shared memory), a leader its
     `leader_partners`. Where the flat ring runs instead (WIRESPEED_ALGO=ring, all_gather and
     reduce_scatter from WIRESPEED_GATHER_RING_MIN on 3+ hosts) a rank adds its ring neighbours;

@@ -39,7 +39,7 @@ def _rehearse(tmp_path, *args) -> dict:
 @pytest.mark.timeout(300)
 def test_16_ranks_on_4_hosts_run_every_collective_right_with_the_modelled_store_and_sockets(tmp_path):
     rec = _rehearse(tmp_path, "--ranks", "16", "--hosts", "4")
-    assert rec["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
+    assert rec["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "barrier"]
     assert rec["max_streams_per_rank"] == rec["max_streams_model"], rec
 
 
@@ -56,7 +56,7 @@ def test_ranks_dealt_round_robin_over_hosts_meet_through_the_leaders_records_too
 @pytest.mark.timeout(300)
 def test_64_ranks_on_16_hosts_set_up_with_the_store_load_the_model_gives(tmp_path):
     rec = _rehearse(tmp_path, "--ranks", "64", "--hosts", "16", "--nstreams", "1")
-    assert rec["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
+    assert rec["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "barrier"]
     # a small all_reduce across hosts: only the host leaders' doubling partners
     assert rec["streams_all_reduce_rank"]["max"] <= max(rec["streams_all_reduce_model"], rec["streams_setup_rank"]["max"]), rec
     # after every op: a leader's log partners (7 of 15 other leaders), a non-leader none

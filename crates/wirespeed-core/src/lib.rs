@@ -69,7 +69,7 @@ pub mod net {
 /// network, the groups themselves, the kernels. No binding may use them.
 #[cfg(feature = "testing")]
 pub mod testing {
-    pub use crate::algo::{direct, doubling, leaders, leaders_a2a, ring, tree};
+    pub use crate::algo::{direct, doubling, leaders, leaders_a2a, leaders_gs, ring, tree};
     pub use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
     pub use crate::hosts::{fds, HostLayout};
     /// The multi-host group and its setup.

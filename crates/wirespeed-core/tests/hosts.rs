@@ -540,6 +540,57 @@ fn small_gathers_cross_hosts_through_the_leaders_only() {
     }
 }
 
+/// gather and scatter across 3 and 4 hosts, in blocks and dealt round robin, from every root:
+/// exact results with pieces of different lengths (zeros among them), and they go through the
+/// host leaders (algo/leaders_gs.rs), so a rank that leads no host holds no TCP connection
+/// afterwards, the roots included, and a leader holds them with other leaders only (a direct
+/// gather connects the root to every remote rank).
+#[test]
+fn gather_and_scatter_cross_hosts_through_the_leaders_only() {
+    let layouts: &[&[&str]] = &[&["a", "a", "b", "b", "c", "c"], &["a", "b", "c", "a", "b", "c", "a"], &["a", "a", "a", "b", "c", "c", "d", "d"]];
+    for ids in layouts.iter().copied() {
+        let w = ids.len();
+        let len = |r: usize, root: usize| (r * 5 + root * 3) % 7 * 100;
+        let body = move |from: usize, to: usize, n: usize| -> Vec<u8> { (0..n).map(|i| (from * 40 + to * 7 + i) as u8).collect() };
+        let lay = HostLayout::new(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let leaders: Vec<usize> = lay.hosts.iter().map(|h| h[0]).collect();
+        let out = with_hosts(ids, move |c| {
+            let me = c.rank;
+            let mut per_root = Vec::new();
+            for root in 0..w {
+                let mine = body(me, root, len(me, root));
+                let mut got: Vec<Vec<u8>> = (0..w).map(|j| vec![0xEE; len(j, root)]).collect();
+                let r: Vec<_> = got.iter_mut().map(|v| (v.as_mut_ptr() as usize, v.len())).collect();
+                // SAFETY: `mine` and every `got` vector outlive the call, distinct Vecs (the
+                // root's outputs; the others pass none).
+                unsafe { c.gather((mine.as_ptr() as usize, mine.len()), if me == root { &r } else { &[] }, root) }.unwrap_or_else(|e| panic!("{ids:?} rank {me} gather to {root}: {e}"));
+                let ins: Vec<Vec<u8>> = (0..w).map(|j| body(root, j, len(j, root) + 3)).collect();
+                let s: Vec<_> = ins.iter().map(|v| (v.as_ptr() as usize, v.len())).collect();
+                let mut sc = vec![0xEE; len(me, root) + 3];
+                // SAFETY: `sc` and every `ins` vector outlive the call, distinct Vecs.
+                unsafe { c.scatter(if me == root { &s } else { &[] }, (sc.as_mut_ptr() as usize, sc.len()), root) }.unwrap_or_else(|e| panic!("{ids:?} rank {me} scatter from {root}: {e}"));
+                per_root.push((if me == root { got } else { Vec::new() }, sc));
+            }
+            (per_root, c.connected())
+        });
+        for (me, (per_root, connected)) in out.into_iter().enumerate() {
+            for (root, (got, sc)) in per_root.into_iter().enumerate() {
+                if me == root {
+                    for (j, g) in got.iter().enumerate() {
+                        assert!(*g == body(j, root, len(j, root)), "{ids:?}: gather to {root}: piece of {j}");
+                    }
+                }
+                assert!(sc == body(root, me, len(me, root) + 3), "{ids:?}: scatter from {root} to {me}");
+            }
+            if leaders.contains(&me) {
+                assert!(connected.iter().all(|r| leaders.contains(r)), "{ids:?}: leader {me} connected to {connected:?}");
+            } else {
+                assert_eq!(connected, Vec::<usize>::new(), "{ids:?}: rank {me} leads no host, yet holds TCP connections");
+            }
+        }
+    }
+}
+
 /// Across two hosts from `GATHER_RING_MIN` bytes per chunk (no ring there), all_gather and
 /// reduce_scatter stay a direct exchange, whose scratch is bounded: exact results, and a rank
 /// that leads no host did reach the other host's ranks itself.

@@ -5,12 +5,13 @@
 //! collective part of a group's setup (docs/scale.md). And point-to-point patterns at 64 and 256
 //! ranks with the connection step modelled (`SimConfig::connect_us`): all pairs, rings both
 //! ways, random pairs; none may deadlock, each rank connects to the peers it used. The leaders'
-//! all_gather, reduce_scatter, barrier and reduce (algo/leaders.rs) at 64-1,024 hosts: a rank
+//! all_gather, reduce_scatter, barrier and reduce (algo/leaders.rs), all_to_all
+//! (algo/leaders_a2a.rs), gather and scatter (algo/leaders_gs.rs) at 64-1,024 hosts: a rank
 //! talks to its leader, a leader to its host and O(log hosts) leaders.
 //! `cargo test -p wirespeed-core --test sim_peers -- --nocapture` prints them.
 use std::collections::BTreeSet;
 use wirespeed_core::testing::direct::{self, Region};
-use wirespeed_core::testing::{doubling, leaders, leaders_a2a, ring, tree};
+use wirespeed_core::testing::{doubling, leaders, leaders_a2a, leaders_gs, ring, tree};
 use wirespeed_core::testing::sim::{self, SimConfig, SimRank};
 use wirespeed_core::testing::{Handle, Transport};
 use wirespeed_core::{DType, ReduceOp, Result};
@@ -230,6 +231,66 @@ fn the_leaders_all_to_all_talks_to_a_logarithmic_number_of_peers() {
         println!("all_to_all through leaders, {nh} hosts x {per}: most peers of a leader {lead} (bound {bound}), of another rank {other} ({us:.0} us); full mesh {}", nh * per - 1);
         assert!(lead <= bound, "{lead} > {bound}");
         assert_eq!(other, 1);
+    }
+}
+
+/// Each rank's peers in the leaders' gather and scatter (algo/leaders_gs.rs) over `nh` hosts of
+/// `per` ranks (in blocks), from root 0 (a leader) and root 1 (not one): [gather 0, scatter 0,
+/// gather 1, scatter 1], 4 bytes a rank, each result checked; and the virtual time of the four.
+fn leaders_gs_peers(nh: usize, per: usize) -> (Vec<[usize; 4]>, f64) {
+    let cfg = SimConfig { latency_us: 25.0, bandwidth: 1250.0, flow_cap: None, timeout_us: 60e6, connect_us: 0.0 };
+    let n = nh * per;
+    let hosts: Vec<Vec<usize>> = (0..nh).map(|h| (h * per..(h + 1) * per).collect()).collect();
+    let (res, rep) = sim::run(n, cfg, &[], |t| {
+        let me = t.rank();
+        let mut c = Counted { t, peers: BTreeSet::new() };
+        let mut scratch = Vec::new();
+        let mut counts = [0usize; 4];
+        for (k, root) in [0, 1].into_iter().enumerate() {
+            let mine = (me as u32).to_le_bytes();
+            let mut all = vec![0u8; 4 * n];
+            let recv: Vec<Region> = if me == root { (0..n).map(|j| Region { ptr: all[4 * j..].as_mut_ptr(), len: 4 }).collect() } else { Vec::new() };
+            // SAFETY: `mine` and `all` outlive the call; `recv` cuts `all` into disjoint 4-byte runs.
+            unsafe { leaders_gs::gather(&mut c, &hosts, 1 + k as u64, Region { ptr: mine.as_ptr() as *mut u8, len: 4 }, &recv, root, &mut scratch)? };
+            if me == root {
+                assert!((0..n).all(|j| all[4 * j..4 * j + 4] == (j as u32).to_le_bytes()), "gather on root {root}");
+            }
+            counts[2 * k] = std::mem::take(&mut c.peers).len();
+            let mut out = [0u8; 4];
+            let send: Vec<Region> = if me == root { (0..n).map(|j| Region { ptr: all[4 * j..].as_mut_ptr(), len: 4 }).collect() } else { Vec::new() };
+            // SAFETY: as for the gather; `out` is 4 bytes of our own.
+            unsafe { leaders_gs::scatter(&mut c, &hosts, 3 + k as u64, &send, Region { ptr: out.as_mut_ptr(), len: 4 }, root, &mut scratch)? };
+            assert_eq!(out, (me as u32).to_le_bytes(), "scatter from {root} on rank {me}");
+            counts[2 * k + 1] = std::mem::take(&mut c.peers).len();
+        }
+        Ok(counts)
+    });
+    (res.into_iter().enumerate().map(|(r, x)| x.unwrap_or_else(|e| panic!("{nh} hosts x {per}: rank {r}: {e}"))).collect(), rep.elapsed_us)
+}
+
+/// gather and scatter across hosts through the leaders: a non-leader talks to its leader only
+/// (the root too, when it leads no host); a leader to its host's other ranks and its parent and
+/// children in the binomial tree over the leaders: at most ceil(log2 H) leaders, exactly that
+/// many at the root's leader (its children), where a direct gather makes the root talk to all
+/// n - 1 ranks.
+#[test]
+fn the_leaders_gather_and_scatter_talk_to_a_logarithmic_number_of_peers() {
+    // 100: a number of hosts that is not a power of two.
+    for nh in [64, 100, 256, 1024] {
+        let per = 2;
+        let (peers, us) = leaders_gs_peers(nh, per);
+        let log = (nh as f64).log2().ceil() as usize;
+        let bound = log + per - 1;
+        let lead = peers.iter().step_by(per).flat_map(|p| p.iter().copied()).max().unwrap();
+        println!("gather and scatter through leaders, {nh} hosts x {per}: most peers of a leader {lead} (bound {bound}), of another rank 1 ({us:.0} us for the four); direct: the root talks to {}", nh * per - 1);
+        for (r, p) in peers.iter().enumerate() {
+            if r % per == 0 {
+                assert!(p.iter().all(|&x| x <= bound), "{nh} x {per}: leader {r}: {p:?} > {bound}");
+            } else {
+                assert_eq!(*p, [1; 4], "{nh} x {per}: rank {r} talks to its leader only");
+            }
+        }
+        assert_eq!(peers[0], [bound; 4], "{nh} x {per}: the root's leader: its children and its host");
     }
 }
 

@@ -165,7 +165,7 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>],
 ///
 /// # Safety
 /// For len > 0, `std::ptr::copy_nonoverlapping`'s contract.
-unsafe fn copy(from: *const u8, to: *mut u8, len: usize) {
+pub(super) unsafe fn copy(from: *const u8, to: *mut u8, len: usize) {
     if len > 0 {
         // SAFETY: this fn's contract.
         unsafe { std::ptr::copy_nonoverlapping(from, to, len) };

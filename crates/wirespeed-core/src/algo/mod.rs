@@ -7,10 +7,12 @@
 //! - tree.rs: binomial broadcast and reduce;
 //! - leaders_a2a.rs: all_to_all across hosts through the host leaders (Bruck's exchange among
 //!   them: O(log hosts) partners each);
-//! - direct.rs: every pair at once: all_gather, all_to_all, reduce_scatter, gather, scatter,
-//!   and the dissemination barrier;
+//! - direct.rs: every pair at once: all_gather, all_to_all, reduce_scatter, gather, scatter
+//!   (on one host), and the dissemination barrier;
 //! - leaders.rs: all_gather, reduce_scatter, barrier and reduce across hosts through the host
-//!   leaders (a rank talks to its leader, a leader to O(log hosts) leaders).
+//!   leaders (a rank talks to its leader, a leader to O(log hosts) leaders);
+//! - leaders_gs.rs: gather and scatter across hosts through the host leaders (a binomial tree
+//!   over them, rooted at the root's leader).
 //!
 //! Conventions: `members` lists the global ranks taking part (this rank among them) in a fixed
 //! order every member agrees on; `avg_world` is what avg divides by (the whole group's size,
@@ -32,6 +34,7 @@ pub mod direct;
 pub mod doubling;
 pub mod leaders;
 pub mod leaders_a2a;
+pub mod leaders_gs;
 pub mod ring;
 pub mod tree;
 

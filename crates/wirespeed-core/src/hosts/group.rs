@@ -109,7 +109,8 @@ pub struct Group {
 }
 
 /// all_gather's and reduce_scatter's algorithms (`Group::gather_algo`), numbered as their tags'
-/// root field carries them.
+/// root field carries them; gather's and scatter's (`Group::rooted_algo`: direct or leaders),
+/// which their tags' op field carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gather {
     Direct = 0,
@@ -304,6 +305,24 @@ impl Group {
         Ok(self.tuning.a2a_through_leaders(u64::from_le_bytes(largest) as usize, hosts))
     }
 
+    /// How gather and scatter cross hosts: through the host leaders whenever there are two hosts
+    /// or more, whatever the sizes. Only the root knows every piece's length (a rank knows its
+    /// own), so a size rule would need an agreement first, a round of its own on every call;
+    /// and the bytes the root's host link carries are the same either way (every other host's
+    /// pieces, once), where the direct exchange makes the root talk to every rank. The price is
+    /// a copy at each hop and the leaders' scratch: a leader stages its subtree's pieces, the
+    /// root's leader (and a root that leads no host) the whole output. One host: direct.
+    fn rooted_algo(&self) -> Gather {
+        if self.route.lay.hosts.len() > 1 { Gather::Leaders } else { Gather::Direct }
+    }
+
+    /// gather's and scatter's tag: its root field holds the root, so the algorithm (`Gather`'s
+    /// number) goes in the op field, which they leave empty: ranks that chose differently meet
+    /// a Mismatch, not mixed data.
+    fn rooted_tag(&mut self, kind: Kind, root: usize, algo: Gather) -> u64 {
+        (self.tag(kind, None, None, root) & !(0xffu64 << 40)) | ((algo as u64) << 40)
+    }
+
     fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
         bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
     }
@@ -455,19 +474,30 @@ impl Collectives for Group {
         // inside `guarded` as it asks.
         self.guarded(|c| unsafe { c.broadcast_impl(buf, root) })
     }
-    // SAFETY: sound on Collectives' contract alone: `send` and the root's `recv` go to one direct
-    // exchange within this call, under `guarded`.
+    // SAFETY: sound on Collectives' contract alone: `send` and the root's `recv` go to the leaders'
+    // gather or one direct exchange within this call, under `guarded`.
     unsafe fn gather(&mut self, send: Buf, recv: &[Buf], root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
             check_list(self.world, recv.len(), "gather outputs on the root")?;
         }
         self.guarded(|c| {
-            let tag = c.tag(Kind::Gather, None, None, root);
+            let algo = c.rooted_algo();
+            let tag = c.rooted_tag(Kind::Gather, root, algo);
+            let own = Region { ptr: send.0 as *mut u8, len: send.1 };
+            if algo == Gather::Leaders {
+                let hosts = c.route.lay.hosts.clone();
+                let outs: Vec<Region> = recv.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+                // SAFETY: `Collectives`' contract (api.rs) is leaders_gs::gather's: `send`
+                // readable and, on the root, every recv[j] writable and ours (recv[root] being
+                // `send` or disjoint from it) until this returns; the scratch is the group's; on
+                // an error `guarded` shuts the connections.
+                return unsafe { crate::algo::leaders_gs::gather(&mut c.route, &hosts, tag, own, &outs, root, &mut c.scratch) };
+            }
             let members: Vec<usize> = (0..c.world).collect();
             // Every rank sends to the root only; the root receives from all (its own piece copied).
             let mut sends = vec![None; c.world];
-            sends[root] = Some(Region { ptr: send.0 as *mut u8, len: send.1 });
+            sends[root] = Some(own);
             let recvs = if c.rank == root { Group::regions(recv) } else { vec![None; c.world] };
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `send` readable and,
             // on the root, every recv[j] writable and ours (recv[root] being `send` or disjoint
@@ -475,20 +505,31 @@ impl Collectives for Group {
             unsafe { crate::algo::direct::exchange(&mut c.route, &members, tag, &sends, &recvs) }
         })
     }
-    // SAFETY: sound on Collectives' contract alone: the root's `send` and `recv` go to one direct
-    // exchange within this call, under `guarded`.
+    // SAFETY: sound on Collectives' contract alone: the root's `send` and `recv` go to the leaders'
+    // scatter or one direct exchange within this call, under `guarded`.
     unsafe fn scatter(&mut self, send: &[Buf], recv: Buf, root: usize) -> Result<()> {
         check_rank(self.world, root, "root")?;
         if self.rank == root {
             check_list(self.world, send.len(), "scatter inputs on the root")?;
         }
         self.guarded(|c| {
-            let tag = c.tag(Kind::Scatter, None, None, root);
+            let algo = c.rooted_algo();
+            let tag = c.rooted_tag(Kind::Scatter, root, algo);
+            let own = Region { ptr: recv.0 as *mut u8, len: recv.1 };
+            if algo == Gather::Leaders {
+                let hosts = c.route.lay.hosts.clone();
+                let ins: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+                // SAFETY: `Collectives`' contract (api.rs) is leaders_gs::scatter's: `recv`
+                // writable and ours and, on the root, every send[j] readable (send[root] being
+                // `recv` or disjoint from it) until this returns; the scratch is the group's; on
+                // an error `guarded` shuts the connections.
+                return unsafe { crate::algo::leaders_gs::scatter(&mut c.route, &hosts, tag, &ins, own, root, &mut c.scratch) };
+            }
             let members: Vec<usize> = (0..c.world).collect();
             // The root sends to all (its own piece copied); every rank receives from the root only.
             let sends = if c.rank == root { Group::regions(send) } else { vec![None; c.world] };
             let mut recvs = vec![None; c.world];
-            recvs[root] = Some(Region { ptr: recv.0 as *mut u8, len: recv.1 });
+            recvs[root] = Some(own);
             // SAFETY: `Collectives`' contract (api.rs) is direct::exchange's: `recv` writable and
             // ours and, on the root, every send[j] readable (send[root] being `recv` or disjoint
             // from it); every other entry is None. On an error `guarded` shuts the connections.

@@ -41,8 +41,15 @@
 //!   Bruck's exchange among leaders, back) when the largest piece anywhere is at most
 //!   `Tuning::a2a_leaders_max` (the ranks agree on it first: `Group::a2a_through_leaders`);
 //!   larger, a direct exchange (algo/direct.rs), its data being pairwise.
-//! - gather, scatter: the direct exchange with only the root's pieces (algo/direct.rs): the root
-//!   receives or sends one message per rank.
+//! - gather, scatter: through the host leaders (algo/leaders_gs.rs): each rank hands its leader
+//!   its length and piece over shared memory, a binomial tree over the leaders rooted at the
+//!   root's leader carries each subtree's pieces up with their length table, and the root's
+//!   leader hands the root everything (scatter: the same paths backwards). A rank talks to its
+//!   leader only, a leader to its host's ranks and at most ceil(log2 hosts) leaders (its tree
+//!   parent and children): 11 peers at 1,024 hosts x 2 in the simulator (tests/sim_peers.rs),
+//!   where the direct exchange makes the root talk to every rank. At any size
+//!   (`Group::rooted_algo` says why); the direct exchange with only the root's pieces
+//!   (algo/direct.rs) on one host.
 //!
 //! Every message of a collective carries a tag made of the collective, dtype, op, root and a
 //! sequence number, so ranks that call different collectives (or the same one with a different
