@@ -73,9 +73,10 @@ fn case(ids: &[usize], seed: u64, in_place: bool) {
     }
 }
 
-#[test]
-fn leaders_all_to_all_is_exact_on_every_layout() {
-    let layouts: Vec<Vec<usize>> = vec![
+/// The host ids of the layouts every leaders' test runs: uneven, cyclic, 5, 7 and 9 hosts, one
+/// rank per host, one host, ids out of order.
+fn layouts() -> Vec<Vec<usize>> {
+    vec![
         vec![0, 0, 0, 1, 2, 2],                   // uneven: 3, 1, 2
         vec![0, 1, 2, 0, 2, 0],                   // uneven and cyclic
         vec![0, 1, 2, 3, 4, 0, 1, 2, 3, 4],       // cyclic, 5 hosts
@@ -85,7 +86,12 @@ fn leaders_all_to_all_is_exact_on_every_layout() {
         vec![0, 1],
         vec![0, 0, 1, 1, 1, 1, 2, 3, 3, 4, 5, 5, 6, 7, 7, 7, 8], // 9 hosts, 1 to 4 ranks
         vec![3, 2, 1, 0, 3, 2, 1, 0, 1, 1],       // cyclic, uneven, ids not in order
-    ];
+    ]
+}
+
+#[test]
+fn leaders_all_to_all_is_exact_on_every_layout() {
+    let layouts = layouts();
     for ids in &layouts {
         for seed in 0..3 {
             case(ids, seed, seed == 1);
@@ -176,17 +182,7 @@ fn gs_case(ids: &[usize], seed: u64, in_place: bool) {
 /// cyclic, 5 and 7 hosts, one rank per host, one host; pieces of drawn lengths, zeros among them.
 #[test]
 fn leaders_gather_and_scatter_are_exact_from_every_root_on_every_layout() {
-    let layouts: Vec<Vec<usize>> = vec![
-        vec![0, 0, 0, 1, 2, 2],                         // uneven: 3, 1, 2
-        vec![0, 1, 2, 0, 2, 0],                         // uneven and cyclic
-        vec![0, 1, 2, 3, 4, 0, 1, 2, 3, 4],             // cyclic, 5 hosts
-        vec![0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6], // 7 hosts of 2
-        vec![0, 1, 2],                                  // one rank per host
-        vec![0, 0, 0, 0],                               // one host
-        vec![0, 1],
-        vec![0, 0, 1, 1, 1, 1, 2, 3, 3, 4, 5, 5, 6, 7, 7, 7, 8], // 9 hosts, 1 to 4 ranks
-        vec![3, 2, 1, 0, 3, 2, 1, 0, 1, 1],             // cyclic, uneven, ids not in order
-    ];
+    let layouts = layouts();
     for ids in &layouts {
         for seed in 0..3 {
             gs_case(ids, seed, seed == 1);
