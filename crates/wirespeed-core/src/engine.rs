@@ -266,13 +266,14 @@ impl Engine {
 
     /// Queue an op to progress in the background; returns its id for `wait`/`is_done`.
     ///
+    /// Ownership: `owner` keeps the op's memory valid (the engine drops it only when nobody can
+    /// touch the memory any more, and never if the op failed: module note, "Ownership"), or the
+    /// caller does, and must then keep it for the engine's life if the op fails (`retain`).
+    ///
     /// # Safety
-    /// The owner contract, `run`'s too. Every address in `op` meets `Collectives`' buffer
-    /// contract (api.rs) until the op is complete (`wait` returned Ok, or `is_done` said true),
-    /// the memory being kept valid either by `owner` (the engine drops it only when nobody can
-    /// touch the memory any more, and never if the op failed: module note, "Ownership") or by
-    /// the caller, who must then keep it for the engine's life if the op fails (`retain`).
-    /// Until then nothing but the engine writes the memory, nor reads an output.
+    /// The owner contract above, `run`'s too: every address in `op` meets `Collectives`'
+    /// buffer contract (api.rs) until the op is complete (`wait` Ok, or `is_done` true); until
+    /// then nothing but the engine writes the memory or reads an output.
     pub unsafe fn submit(&self, op: Op, owner: Owner) -> u64 {
         let id = self.enqueue(op, owner);
         if self.wake_worker {

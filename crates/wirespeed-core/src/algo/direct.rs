@@ -38,10 +38,9 @@ impl Region {
 /// neither sent nor received. This member's own send[p] is copied to recv[p].
 ///
 /// # Safety
-/// Every region is valid for its length until this returns (send regions readable, receive
-/// regions writable and touched by nobody else); receive regions do not overlap each other or
-/// any send region (except send[p] == recv[p], the in-place case). After an error return the
-/// caller shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
+/// Until this returns (after an error: until the caller shuts the transport, algo/mod.rs) every
+/// region is valid for its length, sends readable, receives writable and ours; a receive overlaps
+/// no other region, except send[p] == recv[p] (in place).
 pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Option<Region>], recv: &[Option<Region>]) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;
@@ -82,10 +81,9 @@ pub unsafe fn exchange<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag:
 /// member's chunk for member j, `count` elements each.
 ///
 /// # Safety
-/// send regions and `out` are valid for count elements each until this returns (send readable,
-/// `out` writable and touched by nobody else), aligned for `dtype`; `out` overlaps no send region
-/// other than send[p], and that one only at the same address. After an error return the caller
-/// shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
+/// Until this returns (after an error: until the caller shuts the transport, algo/mod.rs) send
+/// regions and `out` hold `count` elements aligned for `dtype`, sends readable, `out` writable and
+/// ours, overlapping no send region but send[p], and that one only at the same address.
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let k = members.len();
     let p = position(members, t.rank())?;

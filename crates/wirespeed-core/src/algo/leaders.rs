@@ -80,10 +80,9 @@ fn distances(n: usize) -> Vec<usize> {
 /// (in place). `scratch_buf` holds the leaders' blocks.
 ///
 /// # Safety
-/// `direct::exchange`'s contract: `send` readable and every recv region writable, touched by
-/// nobody else, until this returns; receive regions disjoint from each other and from `send`
-/// unless recv[rank] is `send`. After an error return the caller shuts the transport down before
-/// the regions (and the scratch) go (algo/mod.rs, "Buffers and errors").
+/// `direct::exchange`'s: `send` readable, every recv region writable and ours, receives disjoint
+/// from each other and from `send` unless recv[rank] is `send`, until this returns (after an
+/// error: until the caller shuts the transport, before the regions and the scratch go).
 pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag: u64, send: Region, recv: &[Region], scratch_buf: &mut Vec<u8>) -> Result<()> {
     let me = t.rank();
     let (h, l) = locate(hosts, me)?;
@@ -177,11 +176,9 @@ pub(super) unsafe fn copy(from: *const u8, to: *mut u8, len: usize) {
 /// `count` elements each; avg divides once by `avg_world`.
 ///
 /// # Safety
-/// `direct::reduce_scatter`'s contract: send regions and `out` valid for count elements until
-/// this returns (send readable, `out` writable and touched by nobody else), aligned for `dtype`;
-/// `out` overlaps no send region other than send[rank], and that one only at the same address.
-/// After an error return the caller shuts the transport down before the regions (and the
-/// scratch) go (algo/mod.rs, "Buffers and errors").
+/// `direct::reduce_scatter`'s: send regions and `out` hold `count` elements aligned for `dtype`,
+/// sends readable, `out` writable and ours, overlapping no send region but send[rank] at its own
+/// address, until this returns (after an error: until the caller shuts the transport, algo/mod.rs).
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag: u64, send: &[Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let me = t.rank();
     let (h, l) = locate(hosts, me)?;

@@ -142,10 +142,9 @@ unsafe fn bytes<'a>(r: Region) -> &'a [u8] {
 /// `hosts` (the module's opening). Lengths may differ per pair; each rank gives only its own.
 ///
 /// # Safety
-/// Every region is valid for its length until this returns (send regions readable, receive
-/// regions writable and touched by nobody else); receive regions do not overlap each other or
-/// any send region, except send[rank] == recv[rank] (in place). After an error return the
-/// caller shuts the transport down before the regions go (algo/mod.rs, "Buffers and errors").
+/// Until this returns (after an error: until the caller shuts the transport, algo/mod.rs) every
+/// region is valid for its length, sends readable, receives writable and ours; a receive overlaps
+/// no other region, except send[rank] == recv[rank] (in place).
 pub unsafe fn all_to_all<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag: u64, send: &[Region], recv: &[Region]) -> Result<()> {
     let world = t.world();
     let me = t.rank();

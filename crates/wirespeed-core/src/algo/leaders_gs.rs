@@ -186,10 +186,9 @@ unsafe fn deliver(root: usize, ranks: &[usize], off: &[usize], p: *const u8, sen
 /// region per rank, recv[root] may be `send` itself; other ranks pass no regions).
 ///
 /// # Safety
-/// `send` readable and, on the root, every recv region writable and touched by nobody else,
-/// until this returns; receive regions disjoint from each other and from `send` unless
-/// recv[root] is `send`. After an error return the caller shuts the transport down before the
-/// regions (and the scratch) go (algo/mod.rs, "Buffers and errors").
+/// Until this returns (after an error: until the caller shuts the transport, algo/mod.rs) `send`
+/// is readable and, on the root, every recv region writable and ours; receives are disjoint from
+/// each other and from `send`, unless recv[root] is `send`.
 pub unsafe fn gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag: u64, send: Region, recv: &[Region], root: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let me = t.rank();
     let (h, l) = locate(hosts, me)?;
@@ -303,10 +302,9 @@ pub unsafe fn gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag
 /// itself; other ranks pass no regions).
 ///
 /// # Safety
-/// `recv` writable and touched by nobody else and, on the root, every send region readable,
-/// until this returns; `recv` disjoint from every send region unless it is send[root]. After an
-/// error return the caller shuts the transport down before the regions (and the scratch) go
-/// (algo/mod.rs, "Buffers and errors").
+/// Until this returns (after an error: until the caller shuts the transport, algo/mod.rs) `recv`
+/// is writable and ours and, on the root, every send region readable; `recv` is disjoint from
+/// every send region unless it is send[root].
 pub unsafe fn scatter<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag: u64, send: &[Region], recv: Region, root: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let me = t.rank();
     let (h, l) = locate(hosts, me)?;

@@ -186,11 +186,9 @@ pub fn all_reduce<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64,
 /// runs (a send reading memory that `done` rewrites); it is always one already posted.
 ///
 /// # Safety
-/// Every region `src` and `dst` give is valid for its length until this returns or, after an
-/// error, until the caller shuts the transport down; a `dst` region is touched by nobody else
-/// from its item's posting (RECV_AHEAD items before it is waited) until `done` for it; a `src`
-/// region is complete before its item's send is posted (for j > 0: once `done(j-1, i)` ran) and
-/// not written while that send may still read it.
+/// Every `src`/`dst` region stays valid until this returns (after an error: until the transport is
+/// shut); a `dst` is ours from its item's posting (RECV_AHEAD early) until its `done`; a `src` is
+/// complete before its send is posted (j > 0: after `done(j-1, i)`), unwritten while read.
 unsafe fn steps<T: Transport + ?Sized>(
     t: &mut T,
     ring: Ring,
@@ -324,10 +322,9 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, members: &[usize], ta
 /// consecutive steps) and RECV_AHEAD pieces.
 ///
 /// # Safety
-/// `direct::reduce_scatter`'s contract: send regions and `out` valid for `count` elements until
-/// this returns (send readable, `out` writable and ours), element-aligned; `out` overlaps no send
-/// region but send[p], and that one only at the same address; after an error the caller shuts
-/// the transport down.
+/// `direct::reduce_scatter`'s: send regions and `out` hold `count` elements, element-aligned,
+/// sends readable, `out` writable and ours, overlapping no send region but send[p] at its own
+/// address, until this returns (after an error: until the caller shuts the transport).
 pub unsafe fn reduce_scatter<T: Transport + ?Sized>(t: &mut T, members: &[usize], tag: u64, send: &[super::direct::Region], out: *mut u8, count: usize, dtype: DType, op: ReduceOp, avg_world: usize, scratch_buf: &mut Vec<u8>) -> Result<()> {
     let ring = Ring::of(members, t.rank())?;
     let (k, p) = (ring.k, ring.p);

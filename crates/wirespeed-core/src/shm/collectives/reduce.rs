@@ -15,10 +15,9 @@ impl Comm {
     /// whether a final sync is due (left to the caller, which may have more to do first).
     ///
     /// # Safety
-    /// `send` holds one range per rank, each readable; `out` is writable for `count` elements
-    /// of `dtype` and ours alone, overlapping no send range except send[rank] at the same
-    /// address; all aligned for `dtype`. They stay so until the call returns and, when it says a
-    /// sync is due, until the caller's sync after it (peers read unstaged ranges in place).
+    /// `send`: a readable range per rank; `out`: `count` writable elements of `dtype`, ours,
+    /// overlapped by no send range but send[rank] at its address; all aligned; so until return
+    /// and, when a sync is due, until the caller's sync (peers read unstaged ranges in place).
     pub(super) unsafe fn reduce_to_me(&mut self, h: DescHeader, send: &[Buf], out: usize, count: usize, dtype: DType, op: ReduceOp, mode: Mode) -> Result<(usize, bool)> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the sync this returns as due.

@@ -12,10 +12,9 @@ impl Comm {
     /// Describe (and, when staging, copy) what this rank contributes to each destination.
     ///
     /// # Safety
-    /// Every non-empty `send[j]` is readable for its length, and written by nobody, for the
-    /// call: staging copies it. One that is not staged is published (MODE_ADDR) for rank j to
-    /// read in place, so the caller keeps it so until the op's closing sync (`exchange`,
-    /// `reduce_to_me`'s `sync_due`).
+    /// Every non-empty `send[j]` readable and unwritten for the call (staging copies it); one
+    /// left unstaged (MODE_ADDR), which rank j reads in place, stays so until the op's closing
+    /// sync (`exchange`, `reduce_to_me`'s `sync_due`).
     pub(super) unsafe fn pieces(&mut self, send: &[Buf], mode: Mode) -> Vec<Piece> {
         let parity = ((self.seq) % 2) as usize;
         let mut uniq: Vec<Buf> = Vec::new();
@@ -119,10 +118,9 @@ impl Comm {
     /// recv[j] = what rank j contributes to this rank (its send[rank]), through the descriptors.
     ///
     /// # Safety
-    /// `send` and `recv` hold one range per rank and meet `Collectives`' contract (api.rs) for
-    /// the call: every send[j] readable, every recv[j] writable and ours alone, recv[rank] either
-    /// send[rank] itself or disjoint from it. Ranges read in place by peers are safe to reuse on
-    /// return: the closing sync (`any_direct`) waits for every reader.
+    /// `Collectives`' contract (api.rs) for the call: a range per rank, every send[j] readable,
+    /// every recv[j] writable and ours, recv[rank] send[rank] or disjoint from it. Ranges peers
+    /// read in place are free on return: the closing sync (`any_direct`) waits for every reader.
     pub(super) unsafe fn exchange(&mut self, h: DescHeader, send: &[Buf], recv: &[Buf], mode: Mode) -> Result<()> {
         // SAFETY: this fn's contract: `send` is readable, and what is published in place stays
         // so until the closing sync below.
