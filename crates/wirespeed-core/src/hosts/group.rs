@@ -323,8 +323,17 @@ impl Group {
         (self.tag(kind, None, None, root) & !(0xffu64 << 40)) | ((algo as u64) << 40)
     }
 
+    /// A caller's range as the algorithms take it.
+    fn region((a, l): Buf) -> Region {
+        Region { ptr: a as *mut u8, len: l }
+    }
+
+    fn spans(bufs: &[Buf]) -> Vec<Region> {
+        bufs.iter().map(|&b| Group::region(b)).collect()
+    }
+
     fn regions(bufs: &[Buf]) -> Vec<Option<Region>> {
-        bufs.iter().map(|&(a, l)| Some(Region { ptr: a as *mut u8, len: l })).collect()
+        bufs.iter().map(|&b| Some(Group::region(b))).collect()
     }
 }
 
@@ -353,7 +362,7 @@ impl Collectives for Group {
             // a Mismatch, not mixed data.
             let algo = c.gather_algo(count * dtype.size());
             let tag = c.tag(Kind::ReduceScatter, Some(dtype), Some(op), algo as usize);
-            let regions: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+            let regions = Group::spans(send);
             let world = c.world;
             match algo {
                 Gather::Ring => {
@@ -412,8 +421,8 @@ impl Collectives for Group {
             // everywhere, also when the pieces differ.
             let algo = c.gather_algo(recv.iter().map(|r| r.1).max().unwrap_or(0));
             let tag = c.tag(Kind::AllGather, None, None, algo as usize);
-            let own = Region { ptr: send.0 as *mut u8, len: send.1 };
-            let outs: Vec<Region> = recv.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+            let own = Group::region(send);
+            let outs = Group::spans(recv);
             match algo {
                 Gather::Ring => {
                     let members = c.ring_order();
@@ -454,7 +463,7 @@ impl Collectives for Group {
             let tag = c.tag(Kind::AllToAll, None, None, leaders as usize);
             if leaders {
                 let hosts = c.route.lay.hosts.clone();
-                let (s, r): (Vec<Region>, Vec<Region>) = send.iter().zip(recv).map(|(&(a, l), &(b, m))| (Region { ptr: a as *mut u8, len: l }, Region { ptr: b as *mut u8, len: m })).unzip();
+                let (s, r) = (Group::spans(send), Group::spans(recv));
                 // SAFETY: `Collectives`' contract (api.rs) is leaders_a2a::all_to_all's: every
                 // send[j] readable, every recv[j] writable and ours (recv[rank] being send[rank]
                 // or disjoint from it) until this returns; on an error `guarded` shuts the
@@ -484,10 +493,10 @@ impl Collectives for Group {
         self.guarded(|c| {
             let algo = c.rooted_algo();
             let tag = c.rooted_tag(Kind::Gather, root, algo);
-            let own = Region { ptr: send.0 as *mut u8, len: send.1 };
+            let own = Group::region(send);
             if algo == Gather::Leaders {
                 let hosts = c.route.lay.hosts.clone();
-                let outs: Vec<Region> = recv.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+                let outs = Group::spans(recv);
                 // SAFETY: `Collectives`' contract (api.rs) is leaders_gs::gather's: `send`
                 // readable and, on the root, every recv[j] writable and ours (recv[root] being
                 // `send` or disjoint from it) until this returns; the scratch is the group's; on
@@ -515,10 +524,10 @@ impl Collectives for Group {
         self.guarded(|c| {
             let algo = c.rooted_algo();
             let tag = c.rooted_tag(Kind::Scatter, root, algo);
-            let own = Region { ptr: recv.0 as *mut u8, len: recv.1 };
+            let own = Group::region(recv);
             if algo == Gather::Leaders {
                 let hosts = c.route.lay.hosts.clone();
-                let ins: Vec<Region> = send.iter().map(|&(a, l)| Region { ptr: a as *mut u8, len: l }).collect();
+                let ins = Group::spans(send);
                 // SAFETY: `Collectives`' contract (api.rs) is leaders_gs::scatter's: `recv`
                 // writable and ours and, on the root, every send[j] readable (send[root] being
                 // `recv` or disjoint from it) until this returns; the scratch is the group's; on
