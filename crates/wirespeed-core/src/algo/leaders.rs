@@ -160,6 +160,17 @@ pub unsafe fn all_gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>],
     t.wait_all(&sends)
 }
 
+/// A table of lengths as the leaders' bundles carry it (leaders_a2a.rs, leaders_gs.rs): each a
+/// u64, little-endian.
+pub(super) fn encode(lens: &[u64]) -> Vec<u8> {
+    lens.iter().flat_map(|l| l.to_le_bytes()).collect()
+}
+
+/// The lengths of a table `encode` wrote (whole 8-byte slots; a trailing remainder is ignored).
+pub(super) fn decode(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
 /// Copy `len` bytes (none when 0, whatever the pointers).
 ///
 /// # Safety

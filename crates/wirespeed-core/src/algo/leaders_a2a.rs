@@ -32,6 +32,7 @@
 //! into each round's bundle, out at the end): the path for small pieces; large all_to_all stays
 //! a direct exchange (algo/direct.rs), its data being pairwise anyway.
 use super::direct::Region;
+use super::leaders::{decode, encode};
 use crate::error::{Error, Result};
 use crate::transport::{Handle, Transport};
 
@@ -74,14 +75,6 @@ fn layout(hosts: &[Vec<usize>], world: usize) -> Result<(Vec<usize>, Vec<usize>)
         return Err(Error::Unsupported(format!("host layout {hosts:?} does not list ranks 0..{world} once each")));
     }
     Ok((host_of, local_of))
-}
-
-fn encode(lens: &[u64]) -> Vec<u8> {
-    lens.iter().flat_map(|l| l.to_le_bytes()).collect()
-}
-
-fn decode(b: &[u8]) -> Vec<u64> {
-    b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
 /// A bundle on its way out: its two messages, kept alive until both sends are waited.

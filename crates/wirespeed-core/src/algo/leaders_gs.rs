@@ -37,7 +37,7 @@
 //! scratch grows only between the table and the payload, when nothing is posted into it.
 //! Receives are posted before the sends they wait with; each peer's messages match in order.
 use super::direct::Region;
-use super::leaders::{copy, locate};
+use super::leaders::{copy, decode, encode, locate};
 use super::scratch;
 use crate::error::{Error, Result};
 use crate::transport::{Handle, Transport};
@@ -89,26 +89,6 @@ impl Tree {
     }
 }
 
-/// Write `v` as 8 bytes little-endian at `at`.
-///
-/// # Safety
-/// `at` is writable for 8 bytes and nobody else touches them.
-unsafe fn put(at: *mut u8, v: u64) {
-    // SAFETY: this fn's contract; the source is a local array.
-    unsafe { copy(v.to_le_bytes().as_ptr(), at, 8) }
-}
-
-/// The 8 bytes little-endian at `at`.
-///
-/// # Safety
-/// `at` is readable for 8 bytes and nobody writes them meanwhile.
-unsafe fn get(at: *const u8) -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: this fn's contract; the destination is a local array.
-    unsafe { copy(at, b.as_mut_ptr(), 8) };
-    u64::from_le_bytes(b)
-}
-
 /// The byte offset of each slot in a payload of these lengths, and the total after the last; a
 /// table that does not fit in memory is a Mismatch (`from` names who sent it).
 fn offsets(lens: &[u64], from: usize) -> Result<Vec<usize>> {
@@ -129,26 +109,17 @@ fn recv_table<T: Transport + ?Sized>(t: &mut T, from: usize, tag: u64, slots: us
     // shutdown after an error).
     let r = unsafe { t.post_recv(from, s, 8 * slots, tag)? };
     t.wait(r)?;
-    let mut lens = Vec::with_capacity(slots);
-    for i in 0..slots {
-        // SAFETY: slot i's 8 bytes lie in the scratch, the receive into it complete.
-        lens.push(unsafe { get(s.add(8 * i)) });
-    }
-    Ok(lens)
+    Ok(decode(&scratch_buf[..8 * slots]))
 }
 
 /// The scratch sized for a table of lens.len() slots and then the payload (off's total), the
 /// table written: (table, payload).
 fn table(lens: &[u64], off: &[usize], scratch_buf: &mut Vec<u8>) -> (*mut u8, *mut u8) {
     let hb = 8 * lens.len();
-    let s = scratch(scratch_buf, hb + off[lens.len()]).as_mut_ptr();
-    for (i, &l) in lens.iter().enumerate() {
-        // SAFETY: slot i's 8 bytes lie in the table part of the scratch, which nothing has
-        // posted (it was just sized).
-        unsafe { put(s.add(8 * i), l) };
-    }
-    // SAFETY: the payload starts right after the table, inside the scratch.
-    (s, unsafe { s.add(hb) })
+    let buf = scratch(scratch_buf, hb + off[lens.len()]);
+    buf[..hb].copy_from_slice(&encode(lens));
+    let (table, payload) = buf.split_at_mut(hb);
+    (table.as_mut_ptr(), payload.as_mut_ptr())
 }
 
 /// The root's length check: slot i holds rank ranks[i]'s piece, lens[i] bytes, which must be
@@ -219,9 +190,9 @@ pub unsafe fn gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag
             return Ok(());
         }
         // 1. Our length, then our piece.
-        let s = scratch(scratch_buf, 8).as_mut_ptr();
-        // SAFETY: 8 bytes of the scratch, ours.
-        unsafe { put(s, send.len as u64) };
+        let buf = scratch(scratch_buf, 8);
+        buf.copy_from_slice(&(send.len as u64).to_le_bytes());
+        let s = buf.as_mut_ptr();
         // SAFETY: the 8 bytes just written, only read until waited below.
         let a = unsafe { t.post_send(lead, s, 8, tag)? };
         // SAFETY: `send` is readable for its length until this returns (this fn's contract).
@@ -247,11 +218,10 @@ pub unsafe fn gather<T: Transport + ?Sized>(t: &mut T, hosts: &[Vec<usize>], tag
     }
     t.wait_all(&hs)?;
     // Every slot was received (waited above) but ours and the root's (the root sends nothing).
-    let mut lens = vec![0u64; ranks.len()];
-    for (i, len) in lens.iter_mut().enumerate().skip(1) {
-        if ranks[i] != root {
-            // SAFETY: slot i's 8 bytes lie in the table, the receive into them complete.
-            *len = unsafe { get(s.add(8 * i)) };
+    let mut lens = decode(&scratch_buf[..8 * ranks.len()]);
+    for (i, len) in lens.iter_mut().enumerate() {
+        if i == 0 || ranks[i] == root {
+            *len = 0; // slots nothing was received into: ours (set below) and the root's
         }
     }
     if me != root {
