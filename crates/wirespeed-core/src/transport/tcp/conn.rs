@@ -31,16 +31,22 @@ impl Conn {
 
     /// Streams open to the peer: 0 until a pending connection is attached.
     pub fn nstreams(&self) -> usize {
-        self.inner.streams().len()
+        self.inner.made()
     }
 
-    /// Whether the streams are made (always, but for a `pending` connection not yet attached).
+    /// Streams the connection may have (`pending`'s count): `nstreams` once all are attached.
+    pub fn capacity(&self) -> usize {
+        self.inner.nstreams
+    }
+
+    /// Whether any stream is made (always, but for a `pending` connection not yet attached).
     pub fn is_attached(&self) -> bool {
         self.inner.attached()
     }
 
     /// A handle that attaches the streams of this connection once they are made (by a dial
     /// driven by the reactor, or by the listener), from any thread, without keeping it alive.
+    /// It may attach them in several batches, up to the connection's capacity.
     pub fn attacher(&self) -> Attacher {
         Attacher(Arc::downgrade(&self.inner))
     }
@@ -89,11 +95,11 @@ impl Conn {
                 q.chunks.push_back(TxChunk { head, ptr, len: clen, sent: 0, req: req.clone() });
             }
             // Idle streams get no socket event: wake as many as there are new chunks, of the
-            // active ones. Streams not made yet are not kicked: `attach` makes them (before it
-            // takes this lock to pull), so checked under the lock, either they are here or
-            // `attach` will find the chunks.
-            let attached = c.attached();
-            for (i, idle) in q.idle.iter_mut().enumerate().take(n).filter(|_| attached) {
+            // active ones. Streams not made yet are not kicked: `attach` makes them (and counts
+            // them in `made`) before it takes this lock to pull, so read under the lock, either
+            // they are counted or `attach` will find the chunks.
+            let made = c.made();
+            for (i, idle) in q.idle.iter_mut().enumerate().take(n.min(made)) {
                 if kick.len() == nchunks {
                     break;
                 }
@@ -108,7 +114,7 @@ impl Conn {
         // and a stream that found the queue empty marked itself idle under the queue's lock,
         // so either it saw these chunks or it is in `kick`.
         for s in kick {
-            let st = &c.streams()[s];
+            let st = c.stream(s);
             let mut tx = st.tx.lock().unwrap();
             c.flush(st, &mut tx);
         }
@@ -140,7 +146,7 @@ impl Conn {
         };
         // Resume streams that were waiting for a receive: a blocking lock, see isend.
         for s in parked {
-            let st = &c.streams()[s];
+            let st = c.stream(s);
             let mut rx = st.rx.lock().unwrap();
             c.read(st, &mut rx);
         }
@@ -218,8 +224,9 @@ pub(super) fn make_conn(reactor: &Arc<Reactor>, cfg: &NetConfig, socks: Vec<TcpS
 pub struct Attacher(Weak<ConnInner>);
 
 impl Attacher {
-    /// Give the connection its streams, all past their handshake: they are registered with the
-    /// reactor, and what was posted meanwhile starts moving. An error fails the connection.
+    /// Give the connection streams past their handshake, all of them or the next batch (up to
+    /// its capacity): they are registered with the reactor, and start pulling what is queued and
+    /// reading what comes. An error fails the connection.
     pub fn attach(&self, socks: Vec<TcpStream>) -> Result<()> {
         let Some(c) = self.0.upgrade() else { return Ok(()) };
         let r = attach(&c, socks);
@@ -238,12 +245,13 @@ impl Attacher {
 }
 
 impl Conn {
-    /// A connection to `peer` (its address, for errors) whose `nstreams` streams are made later
-    /// (`Attacher::attach`). Sends and receives may be posted at once: they wait, and move when
-    /// the streams come.
+    /// A connection to `peer` (its address, for errors) of up to `nstreams` streams, made later
+    /// (`Attacher::attach`, in one or more batches). Sends and receives may be posted at once:
+    /// they wait, and move when the first streams come.
     pub fn pending(reactor: &Arc<Reactor>, cfg: &NetConfig, peer: String, nstreams: usize) -> Conn {
         let inner = Arc::new(ConnInner {
-            streams: OnceLock::new(),
+            slots: (0..nstreams).map(|_| OnceLock::new()).collect(),
+            made: AtomicUsize::new(0),
             nstreams,
             cfg: *cfg,
             closing: Mutex::new(false),
@@ -268,17 +276,22 @@ impl Conn {
 }
 
 fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
-    if socks.len() != c.nstreams {
-        return Err(Error::Stranger(format!("{} came with {} streams where {} were expected", c.peer_name(), socks.len(), c.nstreams)));
-    }
     // Held throughout: `close` either runs before (and the streams are shut here) or waits and
-    // finds them registered, to forget.
+    // finds them registered, to forget; and two batches never take the same slots.
     let closing = c.closing.lock().unwrap();
-    if *closing || c.attached() {
+    let first = c.made();
+    // A connection closed, or failed (a timeout, the group broken, a batch that could not be
+    // registered), shuts what comes.
+    let dead = *closing || c.failed.load(Acquire);
+    if dead || first + socks.len() > c.nstreams || socks.is_empty() {
         for s in &socks {
             let _ = s.shutdown(Shutdown::Both);
         }
-        return if *closing { Ok(()) } else { Err(Error::Stranger(format!("{} connected twice", c.peer_name()))) };
+        return if dead {
+            Ok(())
+        } else {
+            Err(Error::Stranger(format!("{} came with {} streams where {} of {} remained", c.peer_name(), socks.len(), c.nstreams - first, c.nstreams)))
+        };
     }
     for s in &socks {
         tune_socket(s, &c.cfg);
@@ -287,8 +300,8 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
     let reactor = &c.reactor;
     let streams: Vec<Arc<Stream>> = socks
         .into_iter()
-        .enumerate()
-        .map(|(idx, sock)| {
+        .zip(first..)
+        .map(|(sock, idx)| {
             Arc::new(Stream {
                 sock,
                 idx,
@@ -300,6 +313,13 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
             })
         })
         .collect();
+    // In their slots before the reactor can see them: a stream that parks names its slot, which
+    // a receive posted meanwhile resumes (`Conn::stream`).
+    for s in &streams {
+        if c.slots[s.idx].set(s.clone()).is_err() {
+            unreachable!("slots past `made` are filled once, under `closing`, by a live connection");
+        }
+    }
     let mut regs = Vec::new();
     for s in &streams {
         let t = &reactor.threads[s.reactor];
@@ -310,23 +330,23 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
             for &(th, tok, fd) in &regs {
                 reactor.forget(th, tok, fd);
             }
+            // The caller (`Attacher::attach`) fails the connection: these slots are never used.
             return Err(Error::Unsupported(format!("cannot register a socket with epoll: {e}")));
         }
         regs.push((s.reactor, s.token, fd));
     }
-    if c.streams.set(streams).is_err() {
-        unreachable!("set once, under `closing`");
-    }
+    c.made.store(first + streams.len(), Release);
     drop(closing);
-    // A connection that failed while pending (a timeout, the group broken) shuts what came.
+    // A connection that failed meanwhile shuts what came (`fail` saw only the streams made).
     if c.failed.load(Acquire) {
-        for s in c.streams() {
+        for s in &streams {
             let _ = s.sock.shutdown(Shutdown::Both);
         }
     }
-    // What was posted before the streams came: every stream pulls from the queue (all are idle),
-    // and bytes that arrived before registration (edge-triggered: no event for them) are read.
-    for s in c.streams() {
+    // What was posted before these streams came: each pulls from the queue (new streams are
+    // idle), and bytes that arrived before registration (edge-triggered: no event for them) are
+    // read.
+    for s in &streams {
         let mut tx = s.tx.lock().unwrap();
         c.flush(s, &mut tx);
         drop(tx);

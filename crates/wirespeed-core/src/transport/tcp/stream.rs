@@ -139,11 +139,15 @@ pub(super) struct RecvSide {
 }
 
 pub(super) struct ConnInner {
-    /// The streams, once they are made: at once for a `Conn` made of a finished handshake, on
-    /// first use for one made `pending` (a group's lazy connections, docs/transport.md). Until
-    /// then sends wait in `sendq` and receives in `recv`, as they would for a stream that is busy.
-    pub(super) streams: OnceLock<Vec<Arc<Stream>>>,
-    /// How many streams the connection has, or will have once attached.
+    /// The streams, slot i holding stream i once it is made: all at once for a `Conn` made of a
+    /// finished handshake; for one made `pending` (a group's lazy connections, docs/transport.md)
+    /// on first use, in one or more batches (`attach`: a group opens one stream first and the
+    /// rest when the pair's traffic needs them). Until the first comes, sends wait in `sendq` and
+    /// receives in `recv`, as they would for a stream that is busy.
+    pub(super) slots: Box<[OnceLock<Arc<Stream>>]>,
+    /// Slots filled, a prefix of `slots`: stored (Release) after the batch's slots are set.
+    pub(super) made: AtomicUsize,
+    /// How many streams the connection may have: the slots.
     pub(super) nstreams: usize,
     pub(super) cfg: NetConfig,
     /// Set by `close`: streams attached later are shut at once (`attach` and `close` take it).
@@ -224,12 +228,22 @@ impl ConnInner {
     }
 
     pub(super) fn attached(&self) -> bool {
-        self.streams.get().is_some()
+        self.made() > 0
     }
 
-    /// The streams made so far: none before a pending connection is attached.
-    pub(super) fn streams(&self) -> &[Arc<Stream>] {
-        self.streams.get().map_or(&[], |v| v.as_slice())
+    /// Streams made so far.
+    pub(super) fn made(&self) -> usize {
+        self.made.load(Acquire)
+    }
+
+    /// The streams made so far, in slot order: none before a pending connection is attached.
+    pub(super) fn streams(&self) -> impl Iterator<Item = &Arc<Stream>> {
+        self.slots[..self.made()].iter().map(|s| s.get().expect("slots below `made` are set"))
+    }
+
+    /// Stream `i`, which is made (`i < made()`).
+    pub(super) fn stream(&self, i: usize) -> &Arc<Stream> {
+        self.slots[i].get().expect("a stream that is made")
     }
 
     pub(super) fn notify(&self) {
@@ -442,7 +456,9 @@ impl ConnInner {
                 RxState::Head { buf, have } => match (&s.sock).read(&mut buf[*have..]) {
                     Ok(0) if *have == 0 => {
                         *rx = RxState::Closed;
-                        if self.closed_streams.fetch_add(1, AcqRel) + 1 == self.nstreams {
+                        // Against the streams made: a peer that closes before this side's
+                        // later streams come has closed every one there is.
+                        if self.closed_streams.fetch_add(1, AcqRel) + 1 >= self.made() {
                             return self.fail(self.lost("was closed".into()));
                         }
                         return;

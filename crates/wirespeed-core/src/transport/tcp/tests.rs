@@ -568,3 +568,95 @@ fn a_close_that_breaks_a_group_tells_the_peer_why() {
         }
     }
 }
+
+/// Streams of one pending pair made by the reactor's dial (key `key`, `n` streams) and accepted
+/// through a route: the dialler's and the acceptor's halves.
+fn dial_batch(r: &Arc<Reactor>, cfg: &NetConfig, l: &Listener, rx: &std::sync::mpsc::Receiver<Vec<TcpStream>>, key: [u8; 32], n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    dial::spawn(r, cfg, l.local_addr(), key, n, Duration::ZERO, Duration::from_secs(5), Box::new(|| true), Box::new(|_| {}), Box::new(move |res| {
+        let _ = done_tx.send(res);
+    }))
+    .unwrap();
+    let theirs = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    (done_rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap(), theirs)
+}
+
+/// A connection grows: one stream first, then the rest attached in a second batch while
+/// messages are queued and moving both ways; every byte arrives whole and in order, and a batch
+/// past the capacity is refused.
+#[test]
+fn a_conn_attached_in_batches_carries_every_message_across_the_growth() {
+    let cfg = NetConfig::default();
+    let r = Reactor::new(&cfg).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let route: Handoff = Box::new(move |_k, socks, _from| {
+        let _ = tx.lock().unwrap().send(socks);
+    });
+    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
+    let a = Conn::pending(&r, &cfg, l.local_addr().to_string(), 4);
+    let b = Conn::pending(&r, &cfg, "peer".into(), 4);
+    let (mine, theirs) = dial_batch(&r, &cfg, &l, &rx, [1u8; 32], 1);
+    a.attacher().attach(mine).unwrap();
+    b.attacher().attach(theirs).unwrap();
+    assert_eq!((a.nstreams(), b.nstreams(), a.capacity()), (1, 1, 4));
+    let sizes = [3 << 20, 5, (1 << 20) + 3, 70_000, 4 << 20];
+    let xs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+    let ys: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, 100 + i as u8)).collect();
+    let mut xo: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    let mut yo: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    let mut reqs = Vec::new();
+    for i in 0..sizes.len() {
+        // SAFETY: every buffer outlives its request (all waited below) and nothing else touches it.
+        unsafe {
+            reqs.push(a.isend(xs[i].as_ptr(), sizes[i], i as u64).unwrap());
+            reqs.push(b.irecv(xo[i].as_mut_ptr(), sizes[i], i as u64).unwrap());
+            reqs.push(b.isend(ys[i].as_ptr(), sizes[i], 50 + i as u64).unwrap());
+            reqs.push(a.irecv(yo[i].as_mut_ptr(), sizes[i], 50 + i as u64).unwrap());
+        }
+        if i == 1 {
+            // The rest of the streams, while the first messages are still on the one stream.
+            let (mine, theirs) = dial_batch(&r, &cfg, &l, &rx, [2u8; 32], 3);
+            b.attacher().attach(theirs).unwrap();
+            a.attacher().attach(mine).unwrap();
+        }
+    }
+    for q in &reqs {
+        q.wait(Duration::from_secs(20)).unwrap();
+    }
+    assert_eq!(xo, xs);
+    assert_eq!(yo, ys);
+    assert_eq!((a.nstreams(), b.nstreams()), (4, 4));
+    // A batch past the capacity is refused (a peer that sends more streams than the pair
+    // agreed is not trusted: the connection fails).
+    let (mine, _theirs) = dial_batch(&r, &cfg, &l, &rx, [3u8; 32], 1);
+    let e = a.attacher().attach(mine).unwrap_err();
+    assert!(e.to_string().contains("1 streams where 0 of 4 remained"), "{e}");
+}
+
+/// A peer that closes while only the first of its streams are made has closed every stream
+/// there is: the connection is lost at once, not when the last slot would have closed.
+#[test]
+fn a_peer_closing_a_part_grown_conn_is_lost_at_once() {
+    let cfg = NetConfig::default();
+    let r = Reactor::new(&cfg).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let route: Handoff = Box::new(move |_k, socks, _from| {
+        let _ = tx.lock().unwrap().send(socks);
+    });
+    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
+    let a = Conn::pending(&r, &cfg, l.local_addr().to_string(), 6);
+    let b = Conn::pending(&r, &cfg, "peer".into(), 6);
+    let (mine, theirs) = dial_batch(&r, &cfg, &l, &rx, [1u8; 32], 2);
+    a.attacher().attach(mine).unwrap();
+    b.attacher().attach(theirs).unwrap();
+    let mut buf = vec![0u8; 64];
+    // SAFETY: `buf` outlives the request, waited below.
+    let q = unsafe { a.irecv(buf.as_mut_ptr(), buf.len(), 1) }.unwrap();
+    let t = Instant::now();
+    b.close();
+    let e = q.wait(Duration::from_secs(20)).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5), "lost after {:?}", t.elapsed());
+    assert!(e.to_string().contains("closed"), "{e}");
+}
