@@ -20,7 +20,11 @@ so the process's hard open-file limit bounds what runs. The rehearsal estimates 
 (the leaders' `scalemodel.collective_peers`; the full mesh, N x (N - K) descriptors and more,
 only where the all_to_all's pieces exceed the leaders' threshold) and says so in one line when
 the hard limit is below it. After all ops, `max_streams_model` is the streams the leaders' paths leave
-(`scalemodel.streams_after_collectives`), `max_streams_full_mesh` those of every remote pair.
+(`scalemodel.streams_after_collectives`): a pair connected on first use opens one stream, and all
+of its streams from a message of `scalemodel.grow_at` bytes on (384 KiB at 12 streams), so the
+model needs the largest message two leaders exchanged (`largest_leader_message`:
+`scalemodel.leaders_largest_message`). `max_streams_all_opened` is the same partners with every
+stream open, `max_streams_full_mesh` every remote pair's.
 
 Reported per rank (min / median / max) and per job, beside wirespeed.scalemodel's figures:
 setup seconds (the rendezvous, from each rank's start), the store's keys and bytes read and
@@ -271,6 +275,7 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
                  "load_avg": os.getloadavg()[0], "cpus": os.cpu_count(),
                  "setup_cpu_s": setup_cpu_s, "setup_cpu_ms_per_rank": setup_cpu_s / ranks * 1e3}
     if len(recs) == ranks:
+        largest = sm.leaders_largest_message(hosts, k, mid_kib * 1024)
         st = [r["store"] for r in recs]
         model = [sm.store_load(lay, r["rank"]) for r in recs]
         out.update(
@@ -289,10 +294,13 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
             streams_setup_rank=_spread([r["streams_setup"] for r in recs]),
             streams_all_reduce_rank=_spread([r["streams_all_reduce"] for r in recs]),
             max_streams_per_rank=max(r["streams_all"] for r in recs),
-            max_streams_model=max(sm.streams_after_collectives(lay, r, nstreams) for r in range(ranks)),
+            # A pair opens one stream, and all of them from a message of grow_at bytes on.
+            largest_leader_message=largest,
+            max_streams_model=max(sm.streams_after_collectives(lay, r, nstreams, largest) for r in range(ranks)),
+            max_streams_all_opened=max(sm.streams_after_collectives(lay, r, nstreams) for r in range(ranks)),
             max_streams_full_mesh=max(sm.tcp_sockets(lay, r, nstreams) for r in range(ranks)),
-            streams_all_reduce_model=max(sm.tcp_sockets_to(lay, r, sm.small_all_reduce_peers(lay, r), nstreams)
-                                         for r in range(ranks)),
+            streams_all_reduce_model=max(sm.tcp_sockets_to(lay, r, sm.small_all_reduce_peers(lay, r), nstreams,
+                                                         mid_kib * 1024) for r in range(ranks)),
             threads_per_rank=(after["Threads"] - before["Threads"] - ranks) / ranks,  # the rank threads aside
             rss_before_mb=before["VmRSS"] / 1024, rss_after_mb=after["VmRSS"] / 1024,
             rss_per_rank_mb=(after["VmRSS"] - before["VmRSS"]) / 1024 / ranks,
@@ -329,8 +337,9 @@ def report(o: dict) -> str:
             f"bytes read {o['store_bytes_read_rank']['median']:.0f} (max {o['store_bytes_read_rank']['max']})",
             f"  TCP streams per rank: after setup max {o['streams_setup_rank']['max']}, after the all_reduces max "
             f"{o['streams_all_reduce_rank']['max']} (model {o['streams_all_reduce_model']}), after all max "
-            f"{o['max_streams_per_rank']} (model, through the leaders: {o['max_streams_model']}; every remote pair: "
-            f"{o['max_streams_full_mesh']})",
+            f"{o['max_streams_per_rank']} (model, through the leaders: {o['max_streams_model']}, their largest message "
+            f"{o['largest_leader_message']:,} B; all their streams opened: {o['max_streams_all_opened']}; every remote "
+            f"pair: {o['max_streams_full_mesh']})",
             f"  open files: {o['open_files_job']:,} for the job, max per rank ~{o['max_open_files_per_rank']} "
             f"({o['open_files_other_per_rank']:.1f} besides streams); limit {o['open_files_limit']:,}, "
             f"need estimated {o['open_files_need']:,}",

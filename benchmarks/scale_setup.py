@@ -19,9 +19,11 @@ namespace shares), so imports on 2 cores do not count as setup. Then per rank:
 - the store's load as wirespeed's rendezvous counted it (rendezvous.last_setup()).
 Connections are made on first use (WIRESPEED_CONNECT=lazy, the default), so after the all_reduce
 a rank holds streams only with the peers that all_reduce used (wirespeed.scalemodel's
-`small_all_reduce_peers`), and after the all_to_all with every remote rank (`Layout::pair_streams`'
-count, `tcp_sockets`); both are compared rank by rank and any difference is printed as a failure.
-`--connect eager` runs the ranks with WIRESPEED_CONNECT=eager: every pair at setup, as before. Then lines are fitted to the rest and the model's error on
+`small_all_reduce_peers`), and after the all_to_all with every remote rank; and a pair opens one
+stream for messages this small (all of `Layout::pair_streams`' only from `scalemodel.grow_at`
+bytes on: `scalemodel.opened`). Both counts are compared rank by rank with the model's and any
+difference is printed as a failure. `--connect eager` runs the ranks with
+WIRESPEED_CONNECT=eager: every pair at setup with all its streams (`tcp_sockets`), as before. Then lines are fitted to the rest and the model's error on
 the measured points and its figures at 64, 256 and 1,024 hosts x 8 ranks are printed.
 
 The machine this was written on has 2 cores shared with other people's jobs; 32 rank processes on
@@ -42,6 +44,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 NSTREAMS = 12
+# The first all_reduce's buffer (the all_to_all's is smaller): below scalemodel.grow_at, so a lazy
+# pair opens one stream.
+ALL_REDUCE_BYTES = 4096
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +139,7 @@ def worker(outdir: str) -> int:
     t0 = time.monotonic()
     dist.init_process_group("wirespeed", timeout=datetime.timedelta(seconds=float(os.environ["SCALE_TIMEOUT"])))
     t_init = time.monotonic()
-    t = torch.full((1024,), float(rank + 1))
+    t = torch.full((ALL_REDUCE_BYTES // 4,), float(rank + 1))
     dist.all_reduce(t)
     t1 = time.monotonic()
     ok = bool((t == world * (world + 1) / 2).all())
@@ -254,8 +259,12 @@ def summarize(cases: dict) -> None:
     for (h, k), recs in sorted(cases.items()):
         lay = blocked(h, k)
         for r in recs:
-            every = tcp_sockets(lay, r["rank"], NSTREAMS)
-            used = every if r.get("connect") == "eager" else tcp_sockets_to(lay, r["rank"], small_all_reduce_peers(lay, r["rank"]), NSTREAMS)
+            remote = [p for p in range(h * k) if lay[p] != lay[r["rank"]]]
+            if r.get("connect") == "eager":
+                every = used = tcp_sockets(lay, r["rank"], NSTREAMS)
+            else:  # messages of at most ALL_REDUCE_BYTES: one stream a pair
+                every = tcp_sockets_to(lay, r["rank"], remote, NSTREAMS, ALL_REDUCE_BYTES)
+                used = tcp_sockets_to(lay, r["rank"], small_all_reduce_peers(lay, r["rank"]), NSTREAMS, ALL_REDUCE_BYTES)
             if r["sockets"]["streams"] != used:
                 mismatches.append((h, k, r["rank"], "after the all_reduce", r["sockets"]["streams"], used))
             if r["sockets_a2a"]["streams"] != every:
@@ -277,7 +286,7 @@ def summarize(cases: dict) -> None:
               f" | {rng(lambda r: r['store']['keys_read']):>11} {max(r['store']['keys_written'] for r in recs):>3}"
               f" {max(r['store']['requests'] for r in recs):>5} | {sum(r['store']['keys_read'] for r in recs):>7} {max(r['sockstat']['inuse'] for r in recs):>8}")
         assert sum(r["store"]["keys_read"] for r in recs) == job_store_reads(h, k)
-    print(f"\n# streams per rank against the peers used (after the all_reduce: its peers' Layout::pair_streams; after the all_to_all: every pair's; {NSTREAMS} streams), store keys against "
+    print(f"\n# streams per rank against the peers used (after the all_reduce: its peers'; after the all_to_all: every remote rank's; one stream a pair for messages this small, every one of Layout::pair_streams' {NSTREAMS} when eager), store keys against "
           f"rendezvous.py's requests: {'all equal' if not mismatches else 'DIFFER: ' + repr(mismatches[:6])}")
     if not all(r["ok"] for recs in cases.values() for r in recs):
         print("# WRONG: some rank's all_reduce was wrong")
@@ -334,7 +343,7 @@ def summarize(cases: dict) -> None:
         s_ = max(tcp_sockets_blocked(h, 8, r, NSTREAMS) for r in range(8))
         # after the first small all_reduce, connections on first use: a leader's log2(h) partners
         lay = blocked(h, 8)
-        s1 = tcp_sockets_to(lay, 0, small_all_reduce_peers(lay, 0), NSTREAMS)
+        s1 = tcp_sockets_to(lay, 0, small_all_reduce_peers(lay, 0), NSTREAMS, ALL_REDUCE_BYTES)
         fds = s_ + 1 + 7 + 2 + 64  # listener, pidfds, setup's own, margin (hosts/fds.rs)
         jr = job_store_reads(h, 8)
         r0 = store_load(lay, 0).read  # rank 0 reads every host record and the addresses of every host

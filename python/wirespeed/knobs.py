@@ -21,6 +21,7 @@ from __future__ import annotations
 CORE = {
     "WIRESPEED_ALGO": "the collective algorithm (one host: oneshot, rsag; across hosts: hier, ring, doubling)",
     "WIRESPEED_NSTREAMS": "TCP streams per connection",
+    "WIRESPEED_GROW_BYTES": "message size from which a pair of ranks on different hosts opens all its streams (one before; 0: all at once)",
     "WIRESPEED_CHUNK_BYTES": "bytes per TCP chunk",
     "WIRESPEED_IO_THREADS": "TCP reactor threads",
     "WIRESPEED_SOCKBUF": "socket buffer bytes per stream",

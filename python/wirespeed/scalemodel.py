@@ -4,7 +4,10 @@ fitted lines. benchmarks/scale_setup.py measures and fits; docs/scale.md has the
 
 The exact parts mirror the core and rendezvous.py, so a change there shows here as a test failure
 (tests/netem/test_scale_sockets.py counts the sockets of real ranks against these):
-- `pair_streams` is `Layout::pair_streams` (crates/wirespeed-core/src/hosts/mod.rs);
+- `pair_streams` is `Layout::pair_streams` (crates/wirespeed-core/src/hosts/mod.rs): the most
+  streams a pair may open. A pair connected on first use opens one, and the rest on its first
+  message of `grow_at` bytes or more (hosts/mesh.rs): `opened` says which, from the largest
+  message the pair carried;
 - `small_all_reduce_peers` is what the planner (plan.rs) and hosts/hier.rs make of a small
   all_reduce: connections are made on first use (hosts/mesh.rs), so a rank holds streams only
   with the peers its collectives used, and `tcp_sockets` (every remote pair) is the bound the
@@ -33,6 +36,27 @@ def _locals(host_of: list[int]) -> list[int]:
         out.append(seen.get(h, 0))
         seen[h] = out[-1] + 1
     return out
+
+
+# transport/tcp/mod.rs MIN_SPLIT: the smallest chunk the engine cuts a message into.
+MIN_SPLIT = 32 << 10
+
+
+def grow_at(cap: int, grow: int | None = None) -> int:
+    """`tcp::grow_at`: the least bytes of a message that open all `cap` streams of a pair
+    (WIRESPEED_GROW_BYTES where given as `grow`; by default one chunk per stream)."""
+    if cap <= 1:
+        return 0
+    return MIN_SPLIT * cap if grow is None else grow
+
+
+def opened(cap: int, largest: int | None, grow: int | None = None) -> int:
+    """Streams a pair that may have `cap` holds once connected on first use, after messages of at
+    most `largest` bytes (None: all of them, as eager connections and the open-file budget
+    count)."""
+    if cap == 0 or largest is None:
+        return cap
+    return cap if largest >= grow_at(cap, grow) else 1
 
 
 def pair_streams(host_of: list[int], local_of: list[int], a: int, b: int, nstreams: int) -> int:
@@ -132,15 +156,36 @@ def collective_peers(host_of: list[int], rank: int) -> list[int]:
     return sorted(leaders[j] for j in leader_partners(len(leaders), leaders.index(rank)))
 
 
-def streams_after_collectives(host_of: list[int], rank: int, nstreams: int = 12) -> int:
-    """The TCP streams `rank` holds after `collective_peers`' collectives."""
-    return tcp_sockets_to(host_of, rank, collective_peers(host_of, rank), nstreams)
+def streams_after_collectives(host_of: list[int], rank: int, nstreams: int = 12, largest: int | None = None) -> int:
+    """The TCP streams `rank` holds after `collective_peers`' collectives, whose largest message
+    between two leaders is `largest` bytes (`opened`; None: every stream of every partner)."""
+    return tcp_sockets_to(host_of, rank, collective_peers(host_of, rank), nstreams, largest)
 
 
-def tcp_sockets_to(host_of: list[int], rank: int, peers: Iterable[int], nstreams: int = 12) -> int:
-    """The TCP stream sockets `rank` holds once it has used (or been used by) exactly `peers`."""
+def leaders_largest_message(hosts: int, per_host: int, nbytes: int) -> int:
+    """The largest message two host leaders exchange in the rehearsal's collectives across
+    `hosts` hosts of `per_host` ranks, when each rank's buffer is `nbytes` (its all_reduce
+    buffer, all_gather output, reduce_scatter input, all_to_all send, gather output): the
+    all_reduce's whole buffer (doubling among the leaders; the ring's pieces are smaller), the
+    other collectives' bundles at most a rank's buffer (they move host blocks of the output), and
+    the all_to_all's Bruck rounds (algo/leaders_a2a.rs), whose round d moves the blocks of the
+    destination hosts at an offset with bit d set, each block per_host^2 pieces of
+    nbytes / ranks: half the hosts' blocks, per_host times a rank's buffer over two."""
+    ranks = hosts * per_host
+    piece = max(nbytes // 4 // ranks, 1) * 4
+    a2a, d = 0, 1
+    while d < hosts:
+        a2a = max(a2a, sum(1 for i in range(1, hosts) if i & d) * per_host * per_host * piece)
+        d *= 2
+    return max(nbytes, a2a)
+
+
+def tcp_sockets_to(host_of: list[int], rank: int, peers: Iterable[int], nstreams: int = 12,
+                   largest: int | None = None) -> int:
+    """The TCP stream sockets `rank` holds once it has used (or been used by) exactly `peers`,
+    with messages of at most `largest` bytes (`opened`; None: every stream of every pair)."""
     local_of = _locals(host_of)
-    return sum(pair_streams(host_of, local_of, rank, p, nstreams) for p in peers)
+    return sum(opened(pair_streams(host_of, local_of, rank, p, nstreams), largest) for p in peers)
 
 
 def tcp_sockets_blocked(hosts: int, per_host: int, rank: int, nstreams: int = 12) -> int:

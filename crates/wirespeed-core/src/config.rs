@@ -13,7 +13,7 @@
 //!   WIRESPEED_A2A_LEADERS_MAX;
 //! - the TCP engine's (`transport::tcp::NetConfig`): WIRESPEED_NSTREAMS, WIRESPEED_CHUNK_BYTES,
 //!   WIRESPEED_IO_THREADS, WIRESPEED_SOCKBUF, WIRESPEED_NET_SPIN_US, WIRESPEED_NOTSENT_LOWAT,
-//!   WIRESPEED_JOB_SECRET;
+//!   WIRESPEED_JOB_SECRET, WIRESPEED_GROW_BYTES;
 //! - when a multi-host group connects its ranks: WIRESPEED_CONNECT (`lazy_connect`);
 //! - the shared-memory waits' WIRESPEED_SPIN_US and the engine's WIRESPEED_WORKER;
 //! - where a rank is: WIRESPEED_HOSTID (its host id), and the variables
@@ -188,6 +188,10 @@ pub fn net(var: Vars) -> Result<NetConfig> {
         spin: Duration::from_micros(ranged(var, "WIRESPEED_NET_SPIN_US", d.spin.as_micros() as usize, 0, 1_000_000)? as u64),
         notsent_lowat: ranged(var, "WIRESPEED_NOTSENT_LOWAT", d.notsent_lowat, 0, 1 << 30)?,
         secret: var("WIRESPEED_JOB_SECRET").and_then(|t| Secret::from_text(&t)),
+        grow_bytes: match var("WIRESPEED_GROW_BYTES") {
+            None => None,
+            Some(_) => Some(bytes(var, "WIRESPEED_GROW_BYTES", 384 << 10)?),
+        },
     })
 }
 
@@ -248,6 +252,7 @@ mod tests {
             ("WIRESPEED_GATHER_RING_MIN", "12345"),
             ("WIRESPEED_A2A_LEADERS_MAX", "777"),
             ("WIRESPEED_NSTREAMS", "3"),
+            ("WIRESPEED_GROW_BYTES", "0"),
             ("WIRESPEED_NET_SPIN_US", "7"),
             ("WIRESPEED_SPIN_US", "20"),
             ("WIRESPEED_WORKER", "0"),
@@ -259,7 +264,10 @@ mod tests {
         assert_eq!((c.tuning.shm_all_reduce, c.tuning.net_all_reduce, c.tuning.slot_bytes, c.tuning.pair_stage_max), (Some(ShmAlgo::Rsag), None, 8192, 0));
         assert_eq!((c.tuning.gather_ring_min, c.tuning.a2a_leaders_max), (12345, 777));
         let n = c.net.clone().unwrap();
-        assert_eq!((n.nstreams, n.spin), (3, Duration::from_micros(7)));
+        assert_eq!((n.nstreams, n.spin, n.grow_bytes), (3, Duration::from_micros(7), Some(0)));
+        assert_eq!(Config::from_vars(&vars(&[])).unwrap().net.unwrap().grow_bytes, None);
+        let bad = Config::from_vars(&vars(&[("WIRESPEED_GROW_BYTES", "1M")])).unwrap().net.unwrap_err();
+        assert!(bad.to_string().contains("WIRESPEED_GROW_BYTES=\"1M\" is not a byte count"), "{bad}");
         assert_eq!((c.spin_us, c.wake_worker, c.host_id()), (Some(20), false, "h1".to_string()));
         assert_eq!((c.listen_var("WIRESPEED_IFNAME"), c.listen_var("MASTER_PORT")), (Some("lo".into()), Some("1234".into())));
         assert_eq!(c.listen_var("WIRESPEED_ALGO"), None);

@@ -57,17 +57,32 @@ fn all_reduce_across_hosts_is_exact_for_every_layout_size_and_op() {
 /// A byte from every rank to every other, point to point: every remote pair is connected after
 /// it (connections are made on first use), whatever path the collectives take.
 fn touch_every_pair(c: &mut wirespeed_core::testing::hosts::Group) {
+    // 1 MiB: past the size that opens all of a pair's streams (a pair starts with one, mesh.rs).
+    const LEN: usize = 1 << 20;
     let (me, w) = (c.rank, c.world);
-    let out = vec![me as u8; w];
-    let mut inb = vec![0u8; w];
+    let out: Vec<u8> = (0..LEN).map(|i| (me * 7 + i) as u8).collect();
+    let mut inb = vec![0u8; LEN];
     // SAFETY: `out` outlives every ticket, all waited below, and is not written.
-    let ts: Vec<_> = (0..w).filter(|&j| j != me).map(|j| unsafe { c.send_post(j, out.as_ptr() as usize + j, 1, 77) }.unwrap()).collect();
+    let ts: Vec<_> = (0..w).filter(|&j| j != me).map(|j| unsafe { c.send_post(j, out.as_ptr() as usize, LEN, 77) }.unwrap()).collect();
     for j in (0..w).filter(|&j| j != me) {
-        // SAFETY: one byte of `inb`, alive and written only by this call.
-        unsafe { c.recv(j, inb.as_mut_ptr() as usize + j, 1, 77) }.unwrap();
-        assert_eq!(inb[j], j as u8);
+        // SAFETY: `inb`, alive and written only by this call.
+        unsafe { c.recv(j, inb.as_mut_ptr() as usize, LEN, 77) }.unwrap();
+        assert!(inb.iter().enumerate().all(|(i, &b)| b == (j * 7 + i) as u8), "from {j}");
     }
     ts.into_iter().for_each(|t| t.wait().unwrap());
+}
+
+/// Rank `c`'s streams to each rank once they stop changing toward `want` (a grown pair's last
+/// streams attach on the engine's thread, possibly after the message that asked for them).
+fn streams_settled(c: &wirespeed_core::testing::hosts::Group, want: impl Fn(usize) -> usize) -> Vec<usize> {
+    let t = std::time::Instant::now();
+    loop {
+        let got: Vec<usize> = (0..c.world).map(|r| c.streams_to(r)).collect();
+        if got.iter().enumerate().all(|(r, &n)| n == want(r)) || t.elapsed() > Duration::from_secs(10) {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// all_to_all across hosts with small pieces goes through the host leaders: exact on uneven and
@@ -145,9 +160,9 @@ fn every_other_collective_and_p2p_across_hosts() {
                 // with every stream; 0-3, 1-4 and 2-5 are neither and have one; ranks of one
                 // host none.
                 let full = config().net.unwrap().nstreams;
-                for r in 0..w {
-                    let want = if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { full };
-                    assert_eq!(c.streams_to(r), want, "streams between {me} and {r}");
+                let want = |r: usize| if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { full };
+                for (r, got) in streams_settled(c, want).into_iter().enumerate() {
+                    assert_eq!(got, want(r), "streams between {me} and {r}");
                 }
             }
             let mut bcast = Vec::new();
@@ -228,7 +243,7 @@ fn the_tightest_ranks_open_file_limit_sets_every_pairs_streams() {
         // Every pair first, so every remote pair is connected (on first use, the default)
         // before the streams are counted.
         touch_every_pair(c);
-        let streams: Vec<usize> = (0..6).map(|r| c.streams_to(r)).collect();
+        let streams = streams_settled(c, |r| if r / 2 == me / 2 { 0 } else if (r + 3) % 6 == me { 1 } else { 5 });
         let n = 300_001usize;
         let mut v: Vec<i64> = input(me, n);
         // SAFETY: `v` holds n i64s and outlives the call.

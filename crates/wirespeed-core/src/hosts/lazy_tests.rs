@@ -283,11 +283,12 @@ fn a_lower_rank_slower_than_the_wait_is_dialled_by_the_higher_one() {
             exchange(1, m, &[0], &[], 30_000).map(|_| 0)
         }
     });
-    // Rank 1's dial made the connection while rank 0 was still away.
-    assert_eq!(*out[0].0.as_ref().unwrap(), NSTREAMS);
+    // Rank 1's dial made the connection while rank 0 was still away: one stream, its message
+    // being below the pair's growth size.
+    assert_eq!(*out[0].0.as_ref().unwrap(), 1);
     out[1].0.as_ref().unwrap();
     for (r, (_, m)) in out.iter().enumerate() {
-        assert_eq!(m.streams_to(1 - r), NSTREAMS, "rank {r}");
+        assert_eq!(m.streams_to(1 - r), 1, "rank {r}");
         assert_eq!(m.refused() + m.crossings_refused(), 0, "rank {r}");
     }
 }
@@ -355,5 +356,66 @@ fn the_ring_runs_over_the_mesh_alone() {
     for ((v, refused), _) in out {
         assert!(v.iter().enumerate().all(|(i, &x)| x == i as i32 * 6), "wrong sum");
         assert!(refused, "a handle waited twice must be refused");
+    }
+}
+
+/// Poll until rank `r`'s streams to `p` are `n` (a grown pair's last streams attach on the
+/// reactor's thread, possibly just after the message that asked for them completed).
+fn streams_become(m: &Mesh, p: usize, n: usize) -> usize {
+    let t = Instant::now();
+    while m.streams_to(p) != n && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    m.streams_to(p)
+}
+
+/// A pair starts with one stream while its messages are below the growth size, and opens the
+/// rest on its first larger message, whichever rank posts it first, with the addresses the
+/// rendezvous gives (only the lower rank can dial) and with every address (the first dials may
+/// cross): every message checked, nothing refused aloud.
+#[test]
+fn a_pair_opens_one_stream_for_small_messages_and_the_rest_for_a_large_one() {
+    let grow = crate::transport::tcp::grow_at(None, NSTREAMS);
+    for partial in [true, false] {
+        for round in 0..4 {
+            let mut ms = meshes_full(2, Connect::Lazy, Duration::from_secs(20), NetConfig::default(), partial);
+            ms.iter_mut().for_each(|m| m.set_lower_dial_after(Duration::ZERO));
+            let out = on_every_rank(ms, move |r, m| {
+                let p = 1 - r;
+                exchange(r, m, &[p], &[p], grow - 1)?;
+                exchange(r, m, &[p], &[p], 3000)?;
+                let small = m.streams_to(p);
+                // The large message goes one way only, from either rank: its receiver sees its
+                // size too, and the rank that made the connection grows it.
+                let sender = round % 2;
+                for i in 0..3 {
+                    let len = grow + i * 100_003;
+                    if r == sender { exchange(r, m, &[p], &[], len)? } else { exchange(r, m, &[], &[p], len)? }
+                }
+                exchange(r, m, &[p], &[p], 2 << 20)?;
+                Ok::<_, Error>(small)
+            });
+            for (r, (res, m)) in out.iter().enumerate() {
+                let small = res.as_ref().unwrap_or_else(|e| panic!("partial {partial} round {round} rank {r}: {e}"));
+                assert_eq!(*small, 1, "partial {partial} round {round}: rank {r} before any large message");
+                assert_eq!(streams_become(m, 1 - r, NSTREAMS), NSTREAMS, "partial {partial} round {round}: rank {r} after");
+                assert_eq!(m.refused(), 0, "partial {partial} round {round}: rank {r}");
+            }
+        }
+    }
+}
+
+/// A first message at the growth size dials every stream at once; WIRESPEED_GROW_BYTES=0 opens
+/// every stream on any first message.
+#[test]
+fn a_large_first_message_or_growth_size_0_opens_every_stream_at_once() {
+    let grow = crate::transport::tcp::grow_at(None, NSTREAMS);
+    for (cfg, len) in [(NetConfig::default(), grow), (NetConfig { grow_bytes: Some(0), ..NetConfig::default() }, 10)] {
+        let ms = meshes_full(2, Connect::Lazy, Duration::from_secs(20), cfg, true);
+        let out = on_every_rank(ms, move |r, m| exchange(r, m, &[1 - r], &[1 - r], len));
+        for (r, (res, m)) in out.iter().enumerate() {
+            res.as_ref().unwrap();
+            assert_eq!(streams_become(m, 1 - r, NSTREAMS), NSTREAMS, "rank {r}, {len} bytes");
+        }
     }
 }

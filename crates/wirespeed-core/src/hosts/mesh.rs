@@ -24,6 +24,15 @@
 //! the waiting `Conn` on the reactor's thread (`route`). No step waits for a thread of the
 //! application, here or at the peer.
 //!
+//! Streams opened by use (lazy mode). A pair's first dial opens one stream when the post that
+//! caused it is below the pair's growth size (`tcp::grow_at`: 384 KiB at 12 streams), else all
+//! of the pair's. On the first post of that size or more over a pair of one stream, the rank
+//! that made the connection dials the rest (`grow`; a key of magic `WSG+`), once, and the peer's
+//! vetting takes them only from that rank and only as many as complete the pair. Either rank
+//! of a pair sees every message's size (a receive is posted with its length), so the rank that
+//! dials grows the pair whichever sends. A host leader's small collectives then cost it one
+//! socket per partner leader instead of every stream (docs/transport.md "Streams opened by use").
+//!
 //! Messages between a pair are matched in order; every receive states its exact length and tag,
 //! and a message of another length or tag is a `Mismatch` (a rank that called another
 //! collective), never silent data.
@@ -41,25 +50,37 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 const KEY_MAGIC: [u8; 4] = *b"WSG1";
+/// A key's magic for the rest of a grown pair's streams (lazy mode: `Mesh::grow`).
+const KEY_MAGIC_MORE: [u8; 4] = *b"WSG+";
+
+/// What a dial's key says: the job token, from, to, world, the streams of this dial, and whether
+/// they are the rest of a pair's streams (`KEY_MAGIC_MORE`) rather than its first.
+type Hello = ([u8; 16], usize, usize, usize, usize, bool);
 
 fn key(token: &[u8; 16], from: usize, to: usize, world: usize, nstreams: usize) -> [u8; 32] {
+    key_of(token, from, to, world, nstreams, false)
+}
+
+fn key_of(token: &[u8; 16], from: usize, to: usize, world: usize, nstreams: usize, more: bool) -> [u8; 32] {
     let mut k = [0u8; 32];
     k[0..16].copy_from_slice(token);
     k[16..20].copy_from_slice(&(from as u32).to_le_bytes());
     k[20..24].copy_from_slice(&(to as u32).to_le_bytes());
     k[24..26].copy_from_slice(&(world as u16).to_le_bytes());
     k[26..28].copy_from_slice(&(nstreams as u16).to_le_bytes());
-    k[28..32].copy_from_slice(&KEY_MAGIC);
+    k[28..32].copy_from_slice(if more { &KEY_MAGIC_MORE } else { &KEY_MAGIC });
     k
 }
 
-fn parse_key(k: &[u8; 32]) -> Option<([u8; 16], usize, usize, usize, usize)> {
-    if k[28..32] != KEY_MAGIC {
-        return None;
-    }
+fn parse_key(k: &[u8; 32]) -> Option<Hello> {
+    let more = match &k[28..32] {
+        m if *m == KEY_MAGIC => false,
+        m if *m == KEY_MAGIC_MORE => true,
+        _ => return None,
+    };
     let w32 = |i: usize| u32::from_le_bytes(k[i..i + 4].try_into().unwrap()) as usize;
     let w16 = |i: usize| u16::from_le_bytes(k[i..i + 2].try_into().unwrap()) as usize;
-    Some((k[0..16].try_into().unwrap(), w32(16), w32(20), w16(24), w16(26)))
+    Some((k[0..16].try_into().unwrap(), w32(16), w32(20), w16(24), w16(26), more))
 }
 
 /// Which dialers this rank still expects; `sealed` once setup is over.
@@ -93,8 +114,23 @@ enum State {
     Up { dialled: bool },
 }
 
+/// Where the rest of a pair's streams stand, in lazy mode (`Mesh::grow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum More {
+    /// Not asked for: the pair has the streams of its first dial.
+    No,
+    /// Dialled here, or vetted here from the peer, and on their way.
+    Asked,
+    /// Attached (or the first dial brought them all).
+    Done,
+}
+
 struct Link {
     state: State,
+    /// The rest of the pair's streams.
+    more: More,
+    /// Streams of the connection's first dial, once vetted or dialled (0 before).
+    first: usize,
     /// The `Conn` waiting for the streams, once `Mesh::connect` made it.
     attacher: Option<Attacher>,
     /// Streams accepted before `Mesh::connect` made the `Conn` (a fast peer's first send).
@@ -114,13 +150,35 @@ struct Links {
 }
 
 impl Links {
-    /// The lazy vetting of a dial from rank `from` to `me`, with the pair's lock: the lower rank
-    /// of the pair decides which of two crossing dials is kept, so exactly one connection is made.
-    fn vet(&self, me: usize, from: usize) -> std::result::Result<(), String> {
+    /// The lazy vetting of a dial of `n` streams from rank `from` to `me`, whose pair has `cap`,
+    /// with the pair's lock: the lower rank of the pair decides which of two crossing dials is
+    /// kept, so exactly one connection is made. A first dial brings one stream or all `cap`; the
+    /// rest of them (`more`) come only from the rank that made the connection, once.
+    fn vet(&self, me: usize, from: usize, n: usize, cap: usize, more: bool) -> std::result::Result<(), String> {
         let mut l = self.links[from].lock().unwrap();
+        if more {
+            let made_there = matches!(l.state, State::Accepting | State::Up { dialled: false });
+            return match l.more {
+                More::No if made_there && l.first + n == cap => {
+                    l.more = More::Asked;
+                    Ok(())
+                }
+                // The batch's other streams (and each stream's proof, with a job secret).
+                More::Asked if made_there && l.first + n == cap => Ok(()),
+                _ => Err(format!("rank {from} sent {n} more streams to a pair of {cap} that has {} and did not ask for them there", l.first)),
+            };
+        }
+        if n != cap && n != 1 {
+            return Err(format!("hello from rank {from} with {n} streams; this rank expects 1 or {cap} from it"));
+        }
+        let accept = |l: &mut Link| {
+            l.state = State::Accepting;
+            l.first = n;
+            l.more = if n == cap { More::Done } else { More::No };
+        };
         match (l.state, me < from) {
             (State::Idle, _) => {
-                l.state = State::Accepting;
+                accept(&mut l);
                 Ok(())
             }
             // The other streams of the connection vetted, and each stream's proof (job secret).
@@ -131,7 +189,7 @@ impl Links {
             // The lower rank dialled: its dial wins; this rank's own dial stops (dial.rs asks
             // `wanted`, which now says no, and the lower rank refuses what is in flight).
             (State::Dialing, false) => {
-                l.state = State::Accepting;
+                accept(&mut l);
                 Ok(())
             }
             (State::Up { .. }, _) => Err(format!("rank {from} is connected already (a duplicate)")),
@@ -150,19 +208,30 @@ impl Links {
         }
     }
 
-    /// An accepted connection from `from`, all streams in: attach it to the waiting `Conn`.
-    fn route(&self, from: usize, socks: Vec<TcpStream>) {
+    /// An accepted connection from `from`, all streams of its dial in (`more`: the rest of the
+    /// pair's streams): attach them to the waiting `Conn`.
+    fn route(&self, from: usize, socks: Vec<TcpStream>, more: bool) {
         let mut l = self.links[from].lock().unwrap();
-        if l.state != State::Accepting || self.closed.load(Acquire) {
+        if self.closed.load(Acquire) {
             return; // dropped: its streams close
         }
-        l.state = State::Up { dialled: false };
+        if more {
+            if l.more != More::Asked {
+                return;
+            }
+            l.more = More::Done;
+        } else {
+            if l.state != State::Accepting {
+                return;
+            }
+            l.state = State::Up { dialled: false };
+        }
         match &l.attacher {
             // An error fails that Conn, whose requests then say why.
             Some(a) => {
                 let _ = a.attach(socks);
             }
-            None => l.early = Some(socks),
+            None => l.early.get_or_insert_with(Vec::new).extend(socks),
         }
     }
 }
@@ -189,13 +258,13 @@ impl MeshListener {
         let expect = Arc::new(Expect { waiting: Mutex::new(dialers.iter().copied().collect()), sealed: AtomicBool::new(false), stranger: Mutex::new(None) });
         let e = expect.clone();
         let links = (mode == Connect::Lazy).then(|| {
-            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, attacher: None, early: None, last_try: None, refused: None })).collect();
+            let links = (0..world).map(|_| Mutex::new(Link { state: State::Idle, more: More::No, first: 0, attacher: None, early: None, last_try: None, refused: None })).collect();
             Arc::new(Links { links, closed: AtomicBool::new(false) })
         });
         let lv = links.clone();
         let streams = streams.to_vec();
         let vet = Box::new(move |k: &[u8; 32]| -> std::result::Result<(), Refusal> {
-            let (t, from, to, w, n) = parse_key(k).ok_or("not a wirespeed group's hello")?;
+            let (t, from, to, w, n, more) = parse_key(k).ok_or("not a wirespeed group's hello")?;
             if t != token {
                 // The token's first half is the job's round alone, its second folds in the secret
                 // (admission.job_token): a rank of this very group whose secret differs is told,
@@ -213,11 +282,11 @@ impl MeshListener {
                 return Err(Refusal { why: format!("rank {from} of this job with another job token: another or no WIRESPEED_JOB_SECRET"), told: Told::OtherToken });
             }
             let want = streams.get(from).copied().unwrap_or(0);
-            if to != rank || w != world || n != want {
-                return Err(format!("hello from rank {from} for rank {to} of {w} with {n} streams; this is rank {rank} of {world}, expecting {want} streams from it").into());
+            if let (Some(links), true) = (&lv, to == rank && w == world && want > 0) {
+                return links.vet(rank, from, n, want, more).map_err(Refusal::from);
             }
-            if let Some(links) = &lv {
-                return links.vet(rank, from).map_err(Refusal::from);
+            if to != rank || w != world || n != want || more {
+                return Err(format!("hello from rank {from} for rank {to} of {w} with {n} streams; this is rank {rank} of {world}, expecting {want} streams from it").into());
             }
             if e.sealed.load(Acquire) || !e.waiting.lock().unwrap().contains(&from) {
                 return Err(format!("rank {from} is not expected here (a duplicate, or after setup)").into());
@@ -227,8 +296,8 @@ impl MeshListener {
         let route = links.as_ref().map(|l| {
             let l = Arc::downgrade(l);
             Box::new(move |k: &[u8; 32], socks: Vec<TcpStream>, _from: SocketAddr| {
-                if let (Some(links), Some((_, from, ..))) = (l.upgrade(), parse_key(k)) {
-                    links.route(from, socks);
+                if let (Some(links), Some((_, from, .., more))) = (l.upgrade(), parse_key(k)) {
+                    links.route(from, socks, more);
                 }
             }) as crate::transport::tcp::Handoff
         });
@@ -336,6 +405,15 @@ struct Lazy {
     /// How long a first post toward a lower rank waits for that rank's dial before this rank
     /// dials it itself (`LOWER_DIAL_AFTER`, at most a quarter of the timeout).
     lower_after: Duration,
+    /// WIRESPEED_GROW_BYTES (`NetConfig::grow_bytes`).
+    grow_at: Option<usize>,
+}
+
+impl Lazy {
+    /// The least bytes of a message that open all of a pair's `cap` streams (`tcp::grow_at`).
+    fn grow_at(&self, cap: usize) -> usize {
+        crate::transport::tcp::grow_at(self.grow_at, cap)
+    }
 }
 
 /// A higher rank's wait for the lower rank's dial before it dials that rank itself. A lower rank
@@ -466,14 +544,17 @@ impl Mesh {
             parsed[r] = addr;
         }
         let note = Note { links: Some(links.clone()), refused: listener.inner.clone_refused() };
-        let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token, lower_after: LOWER_DIAL_AFTER.min(timeout / 4) };
+        let grow_at = listener.cfg.grow_bytes;
+        let lazy = Lazy { links, addrs: parsed, streams: streams.to_vec(), token, lower_after: LOWER_DIAL_AFTER.min(timeout / 4), grow_at };
         Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), note, posted: Vec::new() })
     }
 
-    /// Lazy mode: the first post toward `r` dials it (unless `r` dialled first, or this rank does
-    /// not hold its address: then `r` dials on its own first post toward this rank). Returns at
-    /// once: the reactor makes the connection, and the post waits in the `Conn` meanwhile.
-    fn touch(&self, r: usize) -> Result<()> {
+    /// Lazy mode: the first post toward `r` (of `len` bytes) dials it (unless `r` dialled first,
+    /// or this rank does not hold its address: then `r` dials on its own first post toward this
+    /// rank), with one stream if `len` is below the pair's growth size (`tcp::grow_at`), else with
+    /// all of the pair's. Returns at once: the reactor makes the connection, and the post waits
+    /// in the `Conn` meanwhile.
+    fn touch(&self, r: usize, len: usize) -> Result<()> {
         let Some(lz) = &self.lazy else { return Ok(()) };
         let (Some(addr), Some(l)) = (lz.addrs.get(r).copied().flatten(), lz.links.links.get(r)) else { return Ok(()) };
         let mut g = l.lock().unwrap();
@@ -484,7 +565,10 @@ impl Mesh {
         let attacher = g.attacher.clone().expect("made in Mesh::lazy");
         let me = self.rank;
         let world = self.conns.len();
-        let n = lz.streams[r];
+        let cap = lz.streams[r];
+        let n = if len < lz.grow_at(cap) { 1 } else { cap };
+        g.first = n;
+        g.more = if n == cap { More::Done } else { More::No };
         let weak: Weak<Links> = Arc::downgrade(&lz.links);
         let wanted = {
             let weak = weak.clone();
@@ -521,6 +605,72 @@ impl Mesh {
         })
     }
 
+    /// Lazy mode: a post of `len` bytes toward `r`, whose connection has fewer streams than the
+    /// pair's: from the growth size on, the rank that made the connection dials the rest of its
+    /// streams, once (the pair's other rank sees the same sizes: every message is posted on both
+    /// sides with its length). Returns at once; the streams join the connection when made, and
+    /// take chunks from what is queued then. A dial that fails leaves the pair on the streams
+    /// it has (a dead peer fails those anyway).
+    fn grow(&self, r: usize, len: usize) -> Result<()> {
+        let Some(lz) = &self.lazy else { return Ok(()) };
+        let cap = lz.streams[r];
+        if len < lz.grow_at(cap) {
+            return Ok(());
+        }
+        let (Some(addr), Some(l)) = (lz.addrs.get(r).copied().flatten(), lz.links.links.get(r)) else { return Ok(()) };
+        let mut g = l.lock().unwrap();
+        if g.state != (State::Up { dialled: true }) || g.more != More::No {
+            return Ok(());
+        }
+        g.more = More::Asked;
+        let attacher = g.attacher.clone().expect("made in Mesh::lazy");
+        let n = cap - g.first;
+        let weak: Weak<Links> = Arc::downgrade(&lz.links);
+        let wanted = {
+            let weak = weak.clone();
+            Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().more == More::Asked)) as dial::Wanted
+        };
+        let tried = {
+            let weak = weak.clone();
+            Box::new(move |e: &str| {
+                if let Some(ls) = weak.upgrade() {
+                    ls.links[r].lock().unwrap().last_try = Some(e.to_string());
+                }
+            }) as dial::Tried
+        };
+        let done = Box::new(move |res: Result<Vec<TcpStream>>| {
+            let Some(ls) = weak.upgrade() else { return };
+            let mut g = ls.links[r].lock().unwrap();
+            match res {
+                Ok(socks) if g.more == More::Asked => {
+                    g.more = More::Done;
+                    let _ = attacher.attach(socks);
+                }
+                Ok(_) => {} // shut down meanwhile: these streams close
+                Err(e) => g.last_try = Some(format!("the rest of the pair's streams: {e}")),
+            }
+        }) as dial::DialDone;
+        let key = key_of(&lz.token, self.rank, r, self.conns.len(), n, true);
+        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key, n, Duration::ZERO, self.timeout, wanted, tried, done).map_err(|e| dial_error(e, self.rank, r))
+    }
+
+    /// Every stream of the connection with `r`: asked for where this rank made it (or makes it
+    /// now), and waited for until they are all attached, or the group's timeout. The rank at the
+    /// other end calls it too (the stream probe, probe.rs, on both of its ranks): a rank that
+    /// did not make the connection cannot open its streams, only wait for them.
+    pub fn open_all(&self, r: usize) -> Result<()> {
+        let c = self.conn(r, usize::MAX)?;
+        let deadline = Instant::now() + self.timeout;
+        while c.nstreams() < c.capacity() {
+            if Instant::now() >= deadline {
+                let why = self.lazy.as_ref().and_then(|lz| lz.links.links[r].lock().unwrap().last_try.clone()).map_or(String::new(), |e| format!(" (the last try: {e})"));
+                return Err(Error::Timeout { what: format!("the {} streams of the connection with rank {r}, {} made{why}", c.capacity(), c.nstreams()), secs: self.timeout.as_secs_f64() });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
     /// Dial a lower rank after `d` of waiting for its dial (`LOWER_DIAL_AFTER` otherwise): the
     /// crossing tests dial at once from both sides.
     #[cfg(test)]
@@ -553,7 +703,7 @@ impl Mesh {
 
     /// Send on at most `k` streams to rank `r` (`Conn::set_active`).
     pub fn set_active(&self, r: usize, k: usize) -> Result<()> {
-        self.conn(r)?.set_active(k);
+        self.conn(r, 0)?.set_active(k);
         Ok(())
     }
 
@@ -564,11 +714,16 @@ impl Mesh {
         }
     }
 
-    fn conn(&self, r: usize) -> Result<&Conn> {
+    /// The connection with `r`, for a post of `len` bytes: dialled on first use (`touch`), grown
+    /// from the growth size on (`grow`).
+    fn conn(&self, r: usize, len: usize) -> Result<&Conn> {
         let c = self.conns.get(r).and_then(|c| c.as_ref()).ok_or_else(|| Error::Unsupported(format!("rank {r} is not reached over TCP")))?;
-        // A connection with its streams needs no dial: skip the link's lock on every post after.
+        // A connection with all its streams needs no dial: skip the link's lock on every post
+        // after (and on every small post while it has fewer).
         if !c.is_attached() {
-            self.touch(r)?;
+            self.touch(r, len)?;
+        } else if c.nstreams() < c.capacity() {
+            self.grow(r, len)?;
         }
         Ok(c)
     }
@@ -592,7 +747,7 @@ impl Mesh {
         let timeout = self.timeout;
         // SAFETY: this fn's contract is Conn::isend's; `shutdown` (closing every connection)
         // ends the engine's reads of the buffer.
-        let req = unsafe { self.conn(to)?.isend(ptr, len, tag)? };
+        let req = unsafe { self.conn(to, len)?.isend(ptr, len, tag)? };
         Ok(TcpSend { req, to, timeout, note: self.note() })
     }
 
@@ -605,7 +760,7 @@ impl Mesh {
         let (me, timeout) = (self.rank, self.timeout);
         // SAFETY: this fn's contract is Conn::irecv's; `shutdown` ends the engine's writes into
         // the buffer.
-        let req = unsafe { self.conn(from)?.irecv(dst, len, tag)? };
+        let req = unsafe { self.conn(from, len)?.irecv(dst, len, tag)? };
         Ok(RecvTicket { req, from, me, len, timeout, note: self.note() })
     }
 
@@ -697,9 +852,37 @@ mod tests {
     fn keys_round_trip_and_other_magic_is_not_a_key() {
         let t = [9u8; 16];
         let k = key(&t, 3, 5, 8, 4);
-        assert_eq!(parse_key(&k), Some((t, 3, 5, 8, 4)));
+        assert_eq!(parse_key(&k), Some((t, 3, 5, 8, 4, false)));
+        assert_eq!(parse_key(&key_of(&t, 3, 5, 8, 2, true)), Some((t, 3, 5, 8, 2, true)));
         let mut bad = k;
         bad[31] ^= 1;
         assert_eq!(parse_key(&bad), None);
+    }
+
+    /// The listener's vetting of a pair's dials (lazy mode): a first dial of one stream or all,
+    /// then the rest once, from the rank that made the connection, in the count that fills it.
+    #[test]
+    fn the_rest_of_a_pairs_streams_are_taken_once_from_the_rank_that_made_it() {
+        let links = || Links { links: (0..3).map(|_| Mutex::new(Link { state: State::Idle, more: More::No, first: 0, attacher: None, early: None, last_try: None, refused: None })).collect(), closed: AtomicBool::new(false) };
+        let ls = links();
+        assert!(ls.vet(1, 0, 3, 4, true).is_err(), "no rest before a first dial");
+        assert!(ls.vet(1, 0, 2, 4, false).is_err(), "a first dial brings 1 or all");
+        ls.vet(1, 0, 1, 4, false).unwrap();
+        assert!(ls.vet(1, 0, 2, 4, true).is_err(), "the rest is 3 here");
+        ls.vet(1, 0, 3, 4, true).unwrap();
+        ls.vet(1, 0, 3, 4, true).unwrap(); // the batch's next stream
+        ls.route(0, Vec::new(), false);
+        ls.route(0, Vec::new(), true);
+        assert_eq!(ls.links[0].lock().unwrap().more, More::Done);
+        assert!(ls.vet(1, 0, 3, 4, true).is_err(), "only once");
+        // A rank that dialled (this rank's own dial made the pair) takes no rest from the peer.
+        let ls = links();
+        ls.links[2].lock().unwrap().state = State::Up { dialled: true };
+        ls.links[2].lock().unwrap().first = 1;
+        assert!(ls.vet(1, 2, 3, 4, true).is_err());
+        // A first dial of all streams leaves nothing to add.
+        let ls = links();
+        ls.vet(1, 0, 4, 4, false).unwrap();
+        assert!(ls.vet(1, 0, 0, 4, true).is_err());
     }
 }

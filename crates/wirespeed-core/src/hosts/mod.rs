@@ -9,7 +9,9 @@
 //! it carries direct exchanges, which already spread over many pairs. Sockets per rank are then
 //! about (hosts + 2) x nstreams + remote ranks, instead of nstreams x remote ranks (at 64 hosts
 //! x 8 ranks and 12 streams: 1,244 instead of 6,048). Before any is opened, fds.rs budgets them
-//! against every rank's open-file limit and may give the bandwidth pairs fewer streams.
+//! against every rank's open-file limit and may give the bandwidth pairs fewer streams. These
+//! are the most a pair opens: connected on first use, a pair opens one stream and the rest only
+//! on its first message large enough to use them (mesh.rs, "Streams opened by use").
 //!
 //! The group's algorithms (algo/, hier.rs, probe.rs) run over its `Route` (route.rs), the one
 //! `Transport` of the group: shared memory to peers of its host, the mesh's own `Transport` to

@@ -175,6 +175,9 @@ fn lead(c: &mut Route, peer: usize, opened: usize, forced: bool) -> Result<Strea
             }
             let t = Instant::now();
             send_ctl(c, peer, k, bytes)?;
+            // A pair opens its streams as its messages need them (mesh.rs): the steps measure
+            // all of them, made before the first step.
+            c.mesh.open_all(peer)?;
             c.mesh.set_active(peer, k)?;
             exchange(c, peer, &send, &mut recv, bytes, t)
         };
@@ -229,6 +232,7 @@ fn follow(c: &mut Route, lead: usize) -> Result<()> {
             send.resize(bytes, 0);
             recv.resize(MSGS * bytes, 0);
         }
+        c.mesh.open_all(lead)?;
         c.mesh.set_active(lead, k)?;
         exchange(c, lead, &send, &mut recv, bytes, Instant::now())?;
     }

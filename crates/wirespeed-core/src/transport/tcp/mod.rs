@@ -121,6 +121,24 @@ pub struct NetConfig {
     /// The job secret both ends of every connection must prove (WIRESPEED_JOB_SECRET); None:
     /// the key alone admits (auth.rs says what that does not protect).
     pub secret: Option<Secret>,
+    /// A group's lazy connections (hosts/mesh.rs): the least bytes of a message that opens all of
+    /// a pair's streams, where the pair starts with one (WIRESPEED_GROW_BYTES; 0: all at first
+    /// use). None: `grow_at`'s default. The NCCL plugin opens all at once and ignores it.
+    pub grow_bytes: Option<usize>,
+}
+
+/// The least bytes of a message that open all `cap` streams of a group's pair (`grow` where set,
+/// 0 meaning at once). By default, the message that `cap` streams would carry as one chunk each
+/// (`MIN_SPLIT` x `cap`: 384 KiB at 12): a smaller one is cut into fewer chunks than there are
+/// streams, so the streams past its chunks would not carry it anyway. A pair that only ever
+/// carries smaller messages (the host leaders' small collectives, algo/leaders*.rs) keeps one
+/// stream, so a leader's partners cost it one socket each (docs/scale.md); one that carries a
+/// bandwidth collective's pieces gets them all.
+pub fn grow_at(grow: Option<usize>, cap: usize) -> usize {
+    if cap <= 1 {
+        return 0;
+    }
+    grow.unwrap_or(MIN_SPLIT * cap)
 }
 
 impl Default for NetConfig {
@@ -153,6 +171,7 @@ impl Default for NetConfig {
             spin: Duration::from_micros(50),
             notsent_lowat: 64 << 10,
             secret: None,
+            grow_bytes: None,
         }
     }
 }
