@@ -27,7 +27,7 @@
 //! Streams opened by use (lazy mode). A pair's first dial opens one stream when the post that
 //! caused it is below the pair's growth size (`tcp::grow_at`: 384 KiB at 12 streams), else all
 //! of the pair's. On the first post of that size or more over a pair of one stream, the rank
-//! that made the connection dials the rest (`grow`; a key of magic `WSG+`), once, and the peer's
+//! that made the connection dials the rest (links.rs `Lazy::dial_rest`; a key of magic `WSG+`), once, and the peer's
 //! vetting takes them only from that rank and only as many as complete the pair. Either rank
 //! of a pair sees every message's size (a receive is posted with its length), so the rank that
 //! dials grows the pair whichever sends. A host leader's small collectives then cost it one
@@ -40,48 +40,16 @@
 //! The mesh is a `Transport` over the ranks it reaches, so hosts/ hands an algorithm's posts to
 //! a peer on another host straight to it; `send` also gives a send its own ticket, for a
 //! `Collectives::send_post` that outlives the op that posted it.
+use super::links::{key, parse_key, Dialing, Lazy, Link, Links, More, State, LOWER_DIAL_AFTER};
 use crate::error::{Error, Result};
-use crate::transport::tcp::{dial, Attacher, Conn, Dialer, NetConfig, Reactor, Refusal, Request, Told};
+use crate::transport::tcp::{Conn, Dialer, NetConfig, Reactor, Refusal, Request, Told};
 use crate::transport::{Handle, Transport};
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const KEY_MAGIC: [u8; 4] = *b"WSG1";
-/// A key's magic for the rest of a grown pair's streams (lazy mode: `Mesh::grow`).
-const KEY_MAGIC_MORE: [u8; 4] = *b"WSG+";
-
-/// What a dial's key says: the job token, from, to, world, the streams of this dial, and whether
-/// they are the rest of a pair's streams (`KEY_MAGIC_MORE`) rather than its first.
-type Hello = ([u8; 16], usize, usize, usize, usize, bool);
-
-fn key(token: &[u8; 16], from: usize, to: usize, world: usize, nstreams: usize) -> [u8; 32] {
-    key_of(token, from, to, world, nstreams, false)
-}
-
-fn key_of(token: &[u8; 16], from: usize, to: usize, world: usize, nstreams: usize, more: bool) -> [u8; 32] {
-    let mut k = [0u8; 32];
-    k[0..16].copy_from_slice(token);
-    k[16..20].copy_from_slice(&(from as u32).to_le_bytes());
-    k[20..24].copy_from_slice(&(to as u32).to_le_bytes());
-    k[24..26].copy_from_slice(&(world as u16).to_le_bytes());
-    k[26..28].copy_from_slice(&(nstreams as u16).to_le_bytes());
-    k[28..32].copy_from_slice(if more { &KEY_MAGIC_MORE } else { &KEY_MAGIC });
-    k
-}
-
-fn parse_key(k: &[u8; 32]) -> Option<Hello> {
-    let more = match &k[28..32] {
-        m if *m == KEY_MAGIC => false,
-        m if *m == KEY_MAGIC_MORE => true,
-        _ => return None,
-    };
-    let w32 = |i: usize| u32::from_le_bytes(k[i..i + 4].try_into().unwrap()) as usize;
-    let w16 = |i: usize| u16::from_le_bytes(k[i..i + 2].try_into().unwrap()) as usize;
-    Some((k[0..16].try_into().unwrap(), w32(16), w32(20), w16(24), w16(26), more))
-}
 
 /// Which dialers this rank still expects; `sealed` once setup is over.
 struct Expect {
@@ -101,140 +69,6 @@ pub enum Connect {
     Lazy,
 }
 
-/// Where the connection with one remote rank stands, in lazy mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// Nothing yet.
-    Idle,
-    /// This rank's dial is under way.
-    Dialing,
-    /// The peer's dial was vetted here; its streams are coming.
-    Accepting,
-    /// The streams are attached (`dialled`: by this rank's dial).
-    Up { dialled: bool },
-}
-
-/// Where the rest of a pair's streams stand, in lazy mode (`Mesh::grow`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum More {
-    /// Not asked for: the pair has the streams of its first dial.
-    No,
-    /// Dialled here, or vetted here from the peer, and on their way.
-    Asked,
-    /// Attached (or the first dial brought them all).
-    Done,
-}
-
-struct Link {
-    state: State,
-    /// The rest of the pair's streams.
-    more: More,
-    /// Streams of the connection's first dial, once vetted or dialled (0 before).
-    first: usize,
-    /// The `Conn` waiting for the streams, once `Mesh::connect` made it.
-    attacher: Option<Attacher>,
-    /// Streams accepted before `Mesh::connect` made the `Conn` (a fast peer's first send).
-    early: Option<Vec<TcpStream>>,
-    /// Why this rank's last try to dial the peer failed, for a wait that times out meanwhile.
-    last_try: Option<String>,
-    /// The peer dialled with another job token before its `Conn` was made: made failed.
-    refused: Option<Error>,
-}
-
-/// Every remote rank's `Link`, shared by the rank's thread (first posts), its listener's vetting
-/// and routing, and its dials' ends (reactor threads).
-struct Links {
-    links: Vec<Mutex<Link>>,
-    /// Set by `Mesh::shutdown`: dials stop, and nothing new attaches.
-    closed: AtomicBool,
-}
-
-impl Links {
-    /// The lazy vetting of a dial of `n` streams from rank `from` to `me`, whose pair has `cap`,
-    /// with the pair's lock: the lower rank of the pair decides which of two crossing dials is
-    /// kept, so exactly one connection is made. A first dial brings one stream or all `cap`; the
-    /// rest of them (`more`) come only from the rank that made the connection, once.
-    fn vet(&self, me: usize, from: usize, n: usize, cap: usize, more: bool) -> std::result::Result<(), String> {
-        let mut l = self.links[from].lock().unwrap();
-        if more {
-            let made_there = matches!(l.state, State::Accepting | State::Up { dialled: false });
-            return match l.more {
-                More::No if made_there && l.first + n == cap => {
-                    l.more = More::Asked;
-                    Ok(())
-                }
-                // The batch's other streams (and each stream's proof, with a job secret).
-                More::Asked if made_there && l.first + n == cap => Ok(()),
-                _ => Err(format!("rank {from} sent {n} more streams to a pair of {cap} that has {} and did not ask for them there", l.first)),
-            };
-        }
-        if n != cap && n != 1 {
-            return Err(format!("hello from rank {from} with {n} streams; this rank expects 1 or {cap} from it"));
-        }
-        let accept = |l: &mut Link| {
-            l.state = State::Accepting;
-            l.first = n;
-            l.more = if n == cap { More::Done } else { More::No };
-        };
-        match (l.state, me < from) {
-            (State::Idle, _) => {
-                accept(&mut l);
-                Ok(())
-            }
-            // The other streams of the connection vetted, and each stream's proof (job secret).
-            (State::Accepting, _) => Ok(()),
-            // This rank is the lower one and dialled first: its dial wins, the peer's is
-            // dropped quietly (its owner sees the refusal and stops once this dial arrives).
-            (State::Dialing | State::Up { dialled: true }, true) => Err(String::new()),
-            // The lower rank dialled: its dial wins; this rank's own dial stops (dial.rs asks
-            // `wanted`, which now says no, and the lower rank refuses what is in flight).
-            (State::Dialing, false) => {
-                accept(&mut l);
-                Ok(())
-            }
-            (State::Up { .. }, _) => Err(format!("rank {from} is connected already (a duplicate)")),
-        }
-    }
-
-    /// Rank `from` of this group dialled with another job token: its `Conn` fails with `e`, so
-    /// this rank's waits on it end now rather than at the timeout (the dialer, told so by the
-    /// refusal, fails at once too). A stranger that read the store could do this; it could as
-    /// well write the store's note that breaks every group (admission.py): no new power.
-    fn refuse_peer(&self, from: usize, e: Error) {
-        let mut l = self.links[from].lock().unwrap();
-        match &l.attacher {
-            Some(a) => a.fail(e),
-            None => l.refused = Some(e),
-        }
-    }
-
-    /// An accepted connection from `from`, all streams of its dial in (`more`: the rest of the
-    /// pair's streams): attach them to the waiting `Conn`.
-    fn route(&self, from: usize, socks: Vec<TcpStream>, more: bool) {
-        let mut l = self.links[from].lock().unwrap();
-        if self.closed.load(Acquire) {
-            return; // dropped: its streams close
-        }
-        if more {
-            if l.more != More::Asked {
-                return;
-            }
-            l.more = More::Done;
-        } else {
-            if l.state != State::Accepting {
-                return;
-            }
-            l.state = State::Up { dialled: false };
-        }
-        match &l.attacher {
-            // An error fails that Conn, whose requests then say why.
-            Some(a) => {
-                let _ = a.attach(socks);
-            }
-            None => l.early.get_or_insert_with(Vec::new).extend(socks),
-        }
-    }
-}
 
 /// This rank's listening socket; the engine's reactor vets every connection made to it.
 pub struct MeshListener {
@@ -397,32 +231,6 @@ enum Posted {
     Recv(RecvTicket),
 }
 
-struct Lazy {
-    links: Arc<Links>,
-    addrs: Vec<Option<SocketAddr>>,
-    streams: Vec<usize>,
-    token: [u8; 16],
-    /// How long a first post toward a lower rank waits for that rank's dial before this rank
-    /// dials it itself (`LOWER_DIAL_AFTER`, at most a quarter of the timeout).
-    lower_after: Duration,
-    /// WIRESPEED_GROW_BYTES (`NetConfig::grow_bytes`).
-    grow_at: Option<usize>,
-}
-
-impl Lazy {
-    /// The least bytes of a message that open all of a pair's `cap` streams (`tcp::grow_at`).
-    fn grow_at(&self, cap: usize) -> usize {
-        crate::transport::tcp::grow_at(self.grow_at, cap)
-    }
-}
-
-/// A higher rank's wait for the lower rank's dial before it dials that rank itself. A lower rank
-/// that is alive and slower than this to reach the pair's first message gets a connection made
-/// the other way (its listener accepts it, mesh vetting as for any crossing); one that died
-/// before its first post is found at once then (nothing listens at its address), rather than at
-/// the group's timeout. Short enough to report a dead peer within seconds, long enough that
-/// ranks which reach a collective together (the usual case) leave the dial to the lower rank.
-const LOWER_DIAL_AFTER: Duration = Duration::from_secs(1);
 
 impl Mesh {
     /// Dial the remote ranks above this one and accept those below; `addrs[r]` is rank r's
@@ -549,109 +357,22 @@ impl Mesh {
         Ok(Mesh { rank, conns, listener, timeout, lazy: Some(lazy), note, posted: Vec::new() })
     }
 
-    /// Lazy mode: the first post toward `r` (of `len` bytes) dials it (unless `r` dialled first,
-    /// or this rank does not hold its address: then `r` dials on its own first post toward this
-    /// rank), with one stream if `len` is below the pair's growth size (`tcp::grow_at`), else with
-    /// all of the pair's. Returns at once: the reactor makes the connection, and the post waits
-    /// in the `Conn` meanwhile.
+
+
+    /// What a lazy dial needs from this mesh (links.rs).
+    fn dialing(&self) -> Dialing<'_> {
+        Dialing { reactor: &self.listener.reactor, cfg: &self.listener.cfg, me: self.rank, world: self.conns.len(), timeout: self.timeout }
+    }
+
+    /// Lazy mode: the first post toward `r`, of `len` bytes, dials it (`Lazy::dial_first`).
     fn touch(&self, r: usize, len: usize) -> Result<()> {
-        let Some(lz) = &self.lazy else { return Ok(()) };
-        let (Some(addr), Some(l)) = (lz.addrs.get(r).copied().flatten(), lz.links.links.get(r)) else { return Ok(()) };
-        let mut g = l.lock().unwrap();
-        if g.state != State::Idle {
-            return Ok(());
-        }
-        g.state = State::Dialing;
-        let attacher = g.attacher.clone().expect("made in Mesh::lazy");
-        let me = self.rank;
-        let world = self.conns.len();
-        let cap = lz.streams[r];
-        let n = if len < lz.grow_at(cap) { 1 } else { cap };
-        g.first = n;
-        g.more = if n == cap { More::Done } else { More::No };
-        let weak: Weak<Links> = Arc::downgrade(&lz.links);
-        let wanted = {
-            let weak = weak.clone();
-            Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().state == State::Dialing)) as dial::Wanted
-        };
-        let tried = {
-            let weak = weak.clone();
-            Box::new(move |e: &str| {
-                if let Some(ls) = weak.upgrade() {
-                    ls.links[r].lock().unwrap().last_try = Some(e.to_string());
-                }
-            }) as dial::Tried
-        };
-        let done = Box::new(move |res: Result<Vec<TcpStream>>| {
-            let Some(ls) = weak.upgrade() else { return };
-            let mut g = ls.links[r].lock().unwrap();
-            if g.state != State::Dialing {
-                return; // the peer's dial won meanwhile: these streams (if any) close
-            }
-            match res {
-                Ok(socks) => {
-                    g.state = State::Up { dialled: true };
-                    let _ = attacher.attach(socks);
-                }
-                Err(e) => attacher.fail(dial_error(e, me, r)),
-            }
-        }) as dial::DialDone;
-        // Toward a lower rank, its own dial is awaited first (LOWER_DIAL_AFTER): that is the
-        // usual way the pair connects, and the crossing rule settles a late one either way.
-        let after = if r < me { lz.lower_after } else { Duration::ZERO };
-        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key(&lz.token, me, r, world, n), n, after, self.timeout, wanted, tried, done).map_err(|e| {
-            g.state = State::Idle;
-            dial_error(e, me, r)
-        })
+        self.lazy.as_ref().map_or(Ok(()), |lz| lz.dial_first(&self.dialing(), r, len))
     }
 
     /// Lazy mode: a post of `len` bytes toward `r`, whose connection has fewer streams than the
-    /// pair's: from the growth size on, the rank that made the connection dials the rest of its
-    /// streams, once (the pair's other rank sees the same sizes: every message is posted on both
-    /// sides with its length). Returns at once; the streams join the connection when made, and
-    /// take chunks from what is queued then. A dial that fails leaves the pair on the streams
-    /// it has (a dead peer fails those anyway).
+    /// pair's, may open the rest (`Lazy::dial_rest`).
     fn grow(&self, r: usize, len: usize) -> Result<()> {
-        let Some(lz) = &self.lazy else { return Ok(()) };
-        let cap = lz.streams[r];
-        if len < lz.grow_at(cap) {
-            return Ok(());
-        }
-        let (Some(addr), Some(l)) = (lz.addrs.get(r).copied().flatten(), lz.links.links.get(r)) else { return Ok(()) };
-        let mut g = l.lock().unwrap();
-        if g.state != (State::Up { dialled: true }) || g.more != More::No {
-            return Ok(());
-        }
-        g.more = More::Asked;
-        let attacher = g.attacher.clone().expect("made in Mesh::lazy");
-        let n = cap - g.first;
-        let weak: Weak<Links> = Arc::downgrade(&lz.links);
-        let wanted = {
-            let weak = weak.clone();
-            Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().more == More::Asked)) as dial::Wanted
-        };
-        let tried = {
-            let weak = weak.clone();
-            Box::new(move |e: &str| {
-                if let Some(ls) = weak.upgrade() {
-                    ls.links[r].lock().unwrap().last_try = Some(e.to_string());
-                }
-            }) as dial::Tried
-        };
-        let done = Box::new(move |res: Result<Vec<TcpStream>>| {
-            let Some(ls) = weak.upgrade() else { return };
-            let mut g = ls.links[r].lock().unwrap();
-            match res {
-                Ok(socks) if g.more == More::Asked => {
-                    g.more = More::Done;
-                    let _ = attacher.attach(socks);
-                }
-                Ok(_) => {} // shut down meanwhile: these streams close
-                Err(e) => g.last_try = Some(format!("the rest of the pair's streams: {e}")),
-            }
-        }) as dial::DialDone;
-        let key = key_of(&lz.token, self.rank, r, self.conns.len(), n, true);
-        dial::spawn(&self.listener.reactor, &self.listener.cfg, addr, key, n, Duration::ZERO, self.timeout, wanted, tried, done).map_err(|e| dial_error(e, self.rank, r))
+        self.lazy.as_ref().map_or(Ok(()), |lz| lz.dial_rest(&self.dialing(), r, len))
     }
 
     /// Every stream of the connection with `r`: asked for where this rank made it (or makes it
@@ -827,62 +548,8 @@ impl Transport for Mesh {
     }
 }
 
-/// A lazy dial's failure, naming both ranks: the peer never accepted (a timeout), its listener
-/// is gone, or it is not this job's rank.
-fn dial_error(e: Error, me: usize, r: usize) -> Error {
-    match e {
-        Error::Timeout { what, secs } => Error::Timeout { what: format!("rank {r} to accept rank {me}'s connection, made on first use: {what}"), secs },
-        Error::Stranger(why) => Error::Stranger(format!("rank {r}: {why}: give every rank the same WIRESPEED_JOB_SECRET (or none)")),
-        Error::PeerLost(why) => Error::PeerAborted { rank: r, reason: format!("rank {me} could not connect to it: {why}") },
-        e => e,
-    }
-}
-
 impl Drop for Mesh {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_round_trip_and_other_magic_is_not_a_key() {
-        let t = [9u8; 16];
-        let k = key(&t, 3, 5, 8, 4);
-        assert_eq!(parse_key(&k), Some((t, 3, 5, 8, 4, false)));
-        assert_eq!(parse_key(&key_of(&t, 3, 5, 8, 2, true)), Some((t, 3, 5, 8, 2, true)));
-        let mut bad = k;
-        bad[31] ^= 1;
-        assert_eq!(parse_key(&bad), None);
-    }
-
-    /// The listener's vetting of a pair's dials (lazy mode): a first dial of one stream or all,
-    /// then the rest once, from the rank that made the connection, in the count that fills it.
-    #[test]
-    fn the_rest_of_a_pairs_streams_are_taken_once_from_the_rank_that_made_it() {
-        let links = || Links { links: (0..3).map(|_| Mutex::new(Link { state: State::Idle, more: More::No, first: 0, attacher: None, early: None, last_try: None, refused: None })).collect(), closed: AtomicBool::new(false) };
-        let ls = links();
-        assert!(ls.vet(1, 0, 3, 4, true).is_err(), "no rest before a first dial");
-        assert!(ls.vet(1, 0, 2, 4, false).is_err(), "a first dial brings 1 or all");
-        ls.vet(1, 0, 1, 4, false).unwrap();
-        assert!(ls.vet(1, 0, 2, 4, true).is_err(), "the rest is 3 here");
-        ls.vet(1, 0, 3, 4, true).unwrap();
-        ls.vet(1, 0, 3, 4, true).unwrap(); // the batch's next stream
-        ls.route(0, Vec::new(), false);
-        ls.route(0, Vec::new(), true);
-        assert_eq!(ls.links[0].lock().unwrap().more, More::Done);
-        assert!(ls.vet(1, 0, 3, 4, true).is_err(), "only once");
-        // A rank that dialled (this rank's own dial made the pair) takes no rest from the peer.
-        let ls = links();
-        ls.links[2].lock().unwrap().state = State::Up { dialled: true };
-        ls.links[2].lock().unwrap().first = 1;
-        assert!(ls.vet(1, 2, 3, 4, true).is_err());
-        // A first dial of all streams leaves nothing to add.
-        let ls = links();
-        ls.vet(1, 0, 4, 4, false).unwrap();
-        assert!(ls.vet(1, 0, 0, 4, true).is_err());
     }
 }

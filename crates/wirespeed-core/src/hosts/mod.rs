@@ -63,6 +63,7 @@ pub mod fds;
 mod group;
 pub mod hier;
 mod layout;
+mod links;
 pub mod mesh;
 pub mod probe;
 mod route;
