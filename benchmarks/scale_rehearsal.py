@@ -84,13 +84,14 @@ def host_of(ranks: int, hosts: int, cyclic: bool) -> list[int]:
     return [r % hosts for r in range(ranks)] if cyclic else [r // (ranks // hosts) for r in range(ranks)]
 
 
-def fd_need(ranks: int, hosts: int, nstreams: int, every_pair: bool) -> int:
+def fd_need(ranks: int, hosts: int, nstreams: int, every_pair: bool, largest: int | None = None) -> int:
     """Open files the rehearsal needs at most: per rank the store's two ends, its listener, memfd,
     pidfds of its host mates, the reactor's (3 per I/O thread, 2 threads at most) and its TCP
     streams (both ends are in this process: each rank counts its own end). `every_pair`: an
     all_to_all whose pieces exceed the leaders' threshold connects every remote pair; otherwise
     the leaders hold their `scalemodel.collective_peers` (every collective here, the barrier
-    included, crosses hosts through the leaders at these sizes) and the other ranks none."""
+    included, crosses hosts through the leaders at these sizes), with the streams their largest
+    message `largest` opens (`scalemodel.opened`; None: all of them), and the other ranks none."""
     from wirespeed.scalemodel import blocked, tcp_sockets, streams_after_collectives
     k = ranks // hosts
     lay = blocked(hosts, k)
@@ -98,7 +99,7 @@ def fd_need(ranks: int, hosts: int, nstreams: int, every_pair: bool) -> int:
     if every_pair:
         streams = sum(tcp_sockets(lay, r, nstreams) for r in range(0, ranks, k)) * k  # ~ every rank
     else:
-        streams = sum(streams_after_collectives(lay, r, nstreams) for r in range(0, ranks, k))
+        streams = sum(streams_after_collectives(lay, r, nstreams, largest) for r in range(0, ranks, k))
     return fixed + streams + 256
 
 
@@ -217,7 +218,8 @@ def rehearse(ranks: int, hosts: int, timeout: float = 120.0, mid_kib: int = 64, 
     # The all_to_all's pieces (the mid buffer cut in N) above the leaders' threshold (plan.rs
     # A2A_LEADERS_MAX) go directly to every rank.
     a2a_max = int(os.environ.get("WIRESPEED_A2A_LEADERS_MAX", 16 << 10))
-    need = fd_need(ranks, hosts, nstreams, "all_to_all" in ops and max(mid_kib * 1024 // 4 // ranks, 1) * 4 > a2a_max)
+    need = fd_need(ranks, hosts, nstreams, "all_to_all" in ops and max(mid_kib * 1024 // 4 // ranks, 1) * 4 > a2a_max,
+                   sm.leaders_largest_message(hosts, ranks // hosts, mid_kib * 1024))
     soft, hard = raise_open_files(need)
     knobs = {"WIRESPEED_IFNAME": "lo", "WIRESPEED_NSTREAMS": str(nstreams)}
     # What a rank's own process would publish: the room of this process before any rank starts.

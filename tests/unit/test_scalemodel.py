@@ -80,3 +80,21 @@ def test_after_every_collective_a_leader_holds_its_log_partners_and_no_other_ran
     # cyclic: leaders are the first rank of each host in host order
     cyc = [r % 3 for r in range(9)]
     assert collective_peers(cyc, 1) == [0, 2] and collective_peers(cyc, 4) == []
+
+
+def test_a_pair_opens_one_stream_below_the_growth_size_and_every_stream_from_it():
+    from wirespeed.scalemodel import grow_at, leaders_largest_message, opened, streams_after_collectives
+    # one chunk of 32 KiB per stream: 384 KiB at 12 streams; a pair of one stream has nothing to open
+    assert grow_at(12) == 393_216 and grow_at(2) == 65_536 and grow_at(1) == 0
+    assert grow_at(12, 0) == 0 and grow_at(12, 1000) == 1000
+    assert opened(12, 393_215) == 1 and opened(12, 393_216) == 12 and opened(12, None) == 12
+    assert opened(1, 10) == 1 and opened(0, 10**9) == 0
+    # 64 hosts x 8, 64 KiB buffers: pieces of 128 B, Bruck's rounds move 32 hosts' blocks of 8 x 8
+    # pieces, 256 KiB; the all_reduce's 64 KiB buffer is smaller
+    assert leaders_largest_message(64, 8, 64 << 10) == 32 * 64 * 128 == 262_144
+    # 3 hosts x 2, 4 KiB: rounds d = 1 and 2 move 1 host's block each (2 x 2 pieces of 680 B)
+    assert leaders_largest_message(3, 2, 4096) == 4096
+    lay = blocked(64, 8)
+    # a leader's 11 partner leaders: one stream each below 384 KiB, 12 each from it
+    assert streams_after_collectives(lay, 0, 12, 262_144) == 11
+    assert streams_after_collectives(lay, 0, 12, 1 << 20) == streams_after_collectives(lay, 0, 12) == 132

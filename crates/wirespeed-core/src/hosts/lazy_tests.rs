@@ -372,19 +372,24 @@ fn streams_become(m: &Mesh, p: usize, n: usize) -> usize {
 /// A pair starts with one stream while its messages are below the growth size, and opens the
 /// rest on its first larger message, whichever rank posts it first, with the addresses the
 /// rendezvous gives (only the lower rank can dial) and with every address (the first dials may
-/// cross): every message checked, nothing refused aloud.
+/// cross), with and without a job secret (each later stream proves it too): every message
+/// checked, nothing refused aloud.
 #[test]
 fn a_pair_opens_one_stream_for_small_messages_and_the_rest_for_a_large_one() {
     let grow = crate::transport::tcp::grow_at(None, NSTREAMS);
-    for partial in [true, false] {
+    let secret = NetConfig { secret: crate::transport::tcp::Secret::from_text("lazy-growth-test-secret-0123456789abcdef"), ..NetConfig::default() };
+    for (partial, cfg) in [(true, NetConfig::default()), (false, NetConfig::default()), (true, secret)] {
         for round in 0..4 {
-            let mut ms = meshes_full(2, Connect::Lazy, Duration::from_secs(20), NetConfig::default(), partial);
+            let mut ms = meshes_full(2, Connect::Lazy, Duration::from_secs(20), cfg, partial);
             ms.iter_mut().for_each(|m| m.set_lower_dial_after(Duration::ZERO));
+            // Both ranks count before either posts the large message (which may grow the pair).
+            let counted = Arc::new(Barrier::new(2));
             let out = on_every_rank(ms, move |r, m| {
                 let p = 1 - r;
-                exchange(r, m, &[p], &[p], grow - 1)?;
-                exchange(r, m, &[p], &[p], 3000)?;
+                let before = exchange(r, m, &[p], &[p], grow - 1).and_then(|_| exchange(r, m, &[p], &[p], 3000));
                 let small = m.streams_to(p);
+                counted.wait(); // reached on an error too (a failed peer fails this rank's exchange)
+                before?;
                 // The large message goes one way only, from either rank: its receiver sees its
                 // size too, and the rank that made the connection grows it.
                 let sender = round % 2;
@@ -397,7 +402,7 @@ fn a_pair_opens_one_stream_for_small_messages_and_the_rest_for_a_large_one() {
             });
             for (r, (res, m)) in out.iter().enumerate() {
                 let small = res.as_ref().unwrap_or_else(|e| panic!("partial {partial} round {round} rank {r}: {e}"));
-                assert_eq!(*small, 1, "partial {partial} round {round}: rank {r} before any large message");
+                assert_eq!(*small, 1, "partial {partial} round {round}: rank {r} before any large message (now {}, refused {}, crossings {})", m.streams_to(1 - r), m.refused(), m.crossings_refused());
                 assert_eq!(streams_become(m, 1 - r, NSTREAMS), NSTREAMS, "partial {partial} round {round}: rank {r} after");
                 assert_eq!(m.refused(), 0, "partial {partial} round {round}: rank {r}");
             }
