@@ -114,7 +114,7 @@ pub fn needs(lay: &HostLayout) -> Vec<Need> {
     let world = lay.host_of.len();
     // deeper[i]: hosts with more than i ranks, i.e. ranks of local index i, one per host.
     let mut deeper = vec![0u64; lay.hosts.iter().map(|h| h.len()).max().unwrap_or(0)];
-    for h in &lay.hosts {
+    for h in lay.hosts.iter() {
         for d in deeper.iter_mut().take(h.len()) {
             *d += 1;
         }

@@ -1,8 +1,13 @@
 //! Where the ranks are: ranks grouped by host, and the TCP streams each pair of ranks gets
 //! (mod.rs's opening says why).
+use std::sync::Arc;
+
 /// Ranks grouped by host, hosts ordered by their lowest rank (so every rank computes the same).
 pub struct HostLayout {
-    pub hosts: Vec<Vec<usize>>,
+    /// Shared, so an algorithm that runs over the group's route can hold the layout while it
+    /// borrows the route (group.rs clones it per call: a count, not 8,192 ranks' worth of
+    /// vectors at 1,024 hosts x 8).
+    pub hosts: Arc<[Vec<usize>]>,
     pub host_of: Vec<usize>,
     pub local_of: Vec<usize>,
 }
@@ -26,7 +31,7 @@ impl HostLayout {
             local_of[r] = hosts[h].len();
             hosts[h].push(r);
         }
-        HostLayout { hosts, host_of, local_of }
+        HostLayout { hosts: hosts.into(), host_of, local_of }
     }
 
     /// TCP streams between ranks `a` and `b` (0 on one host): see the module's opening.
