@@ -227,18 +227,7 @@ impl Lazy {
         g.first = n;
         g.more = if n == cap { More::Done } else { More::No };
         let weak: Weak<Links> = Arc::downgrade(&lz.links);
-        let wanted = {
-            let weak = weak.clone();
-            Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().state == State::Dialing)) as dial::Wanted
-        };
-        let tried = {
-            let weak = weak.clone();
-            Box::new(move |e: &str| {
-                if let Some(ls) = weak.upgrade() {
-                    ls.links[r].lock().unwrap().last_try = Some(e.to_string());
-                }
-            }) as dial::Tried
-        };
+        let (wanted, tried) = (wanted(&weak, r, |l| l.state == State::Dialing), tried(&weak, r));
         let done = Box::new(move |res: Result<Vec<TcpStream>>| {
             let Some(ls) = weak.upgrade() else { return };
             let mut g = ls.links[r].lock().unwrap();
@@ -283,18 +272,7 @@ impl Lazy {
         let attacher = g.attacher.clone().expect("made in Mesh::lazy");
         let n = cap - g.first;
         let weak: Weak<Links> = Arc::downgrade(&lz.links);
-        let wanted = {
-            let weak = weak.clone();
-            Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && ls.links[r].lock().unwrap().more == More::Asked)) as dial::Wanted
-        };
-        let tried = {
-            let weak = weak.clone();
-            Box::new(move |e: &str| {
-                if let Some(ls) = weak.upgrade() {
-                    ls.links[r].lock().unwrap().last_try = Some(e.to_string());
-                }
-            }) as dial::Tried
-        };
+        let (wanted, tried) = (wanted(&weak, r, |l| l.more == More::Asked), tried(&weak, r));
         let done = Box::new(move |res: Result<Vec<TcpStream>>| {
             let Some(ls) = weak.upgrade() else { return };
             let mut g = ls.links[r].lock().unwrap();
@@ -319,6 +297,23 @@ impl Lazy {
 /// the group's timeout. Short enough to report a dead peer within seconds, long enough that
 /// ranks which reach a collective together (the usual case) leave the dial to the lower rank.
 pub(super) const LOWER_DIAL_AFTER: Duration = Duration::from_secs(1);
+
+/// A dial's question to its pair (dial.rs `Wanted`): is the mesh still open, and `r`'s link
+/// still where this dial left it (`still`)? A dial that another ended stops.
+fn wanted(weak: &Weak<Links>, r: usize, still: fn(&Link) -> bool) -> dial::Wanted {
+    let weak = weak.clone();
+    Box::new(move || weak.upgrade().is_some_and(|ls| !ls.closed.load(Acquire) && still(&ls.links[r].lock().unwrap())))
+}
+
+/// A dial's note of each failed try in `r`'s link (dial.rs `Tried`), for the timeout's message.
+fn tried(weak: &Weak<Links>, r: usize) -> dial::Tried {
+    let weak = weak.clone();
+    Box::new(move |e: &str| {
+        if let Some(ls) = weak.upgrade() {
+            ls.links[r].lock().unwrap().last_try = Some(e.to_string());
+        }
+    })
+}
 
 /// A lazy dial's failure, naming both ranks: the peer never accepted (a timeout), its listener
 /// is gone, or it is not this job's rank.

@@ -451,14 +451,7 @@ fn a_reactor_dial_that_is_never_answered_times_out_and_fails_the_pending_conn() 
 #[test]
 fn a_retry_after_a_failed_try_is_neither_refused_nor_mixed_with_it() {
     use std::io::Read;
-    let cfg = NetConfig::default();
-    let r = Reactor::new(&cfg).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
-    let route: Handoff = Box::new(move |_k, socks, _from| {
-        let _ = tx.lock().unwrap().send(socks);
-    });
-    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
+    let (_cfg, _r, l, rx) = routed_listener();
     let key = [4u8; 32];
     // One stream of a try, greeted and echoed: accepted into the listener's bundle.
     let greet = |idx: u32| -> TcpStream {
@@ -569,6 +562,20 @@ fn a_close_that_breaks_a_group_tells_the_peer_why() {
     }
 }
 
+/// A reactor and a listener that routes every accepted connection's streams to the receiver
+/// (as a group's lazy listener does), vetting nothing.
+fn routed_listener() -> (NetConfig, Arc<Reactor>, Listener, std::sync::mpsc::Receiver<Vec<TcpStream>>) {
+    let cfg = NetConfig::default();
+    let r = Reactor::new(&cfg).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let route: Handoff = Box::new(move |_k, socks, _from| {
+        let _ = tx.lock().unwrap().send(socks);
+    });
+    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
+    (cfg, r, l, rx)
+}
+
 /// Streams of one pending pair made by the reactor's dial (key `key`, `n` streams) and accepted
 /// through a route: the dialler's and the acceptor's halves.
 fn dial_batch(r: &Arc<Reactor>, cfg: &NetConfig, l: &Listener, rx: &std::sync::mpsc::Receiver<Vec<TcpStream>>, key: [u8; 32], n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
@@ -581,24 +588,25 @@ fn dial_batch(r: &Arc<Reactor>, cfg: &NetConfig, l: &Listener, rx: &std::sync::m
     (done_rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap(), theirs)
 }
 
+/// Two pending connections of `cap` streams joined by a first batch of `first` (the dialler's
+/// end, the acceptor's end), and what made them, which the caller keeps alive and may dial
+/// more batches with.
+fn part_grown_pair(cap: usize, first: usize) -> (Conn, Conn, (NetConfig, Arc<Reactor>, Listener, std::sync::mpsc::Receiver<Vec<TcpStream>>)) {
+    let (cfg, r, l, rx) = routed_listener();
+    let a = Conn::pending(&r, &cfg, l.local_addr().to_string(), cap);
+    let b = Conn::pending(&r, &cfg, "peer".into(), cap);
+    let (mine, theirs) = dial_batch(&r, &cfg, &l, &rx, [1u8; 32], first);
+    a.attacher().attach(mine).unwrap();
+    b.attacher().attach(theirs).unwrap();
+    (a, b, (cfg, r, l, rx))
+}
+
 /// A connection grows: one stream first, then the rest attached in a second batch while
 /// messages are queued and moving both ways; every byte arrives whole and in order, and a batch
 /// past the capacity is refused.
 #[test]
 fn a_conn_attached_in_batches_carries_every_message_across_the_growth() {
-    let cfg = NetConfig::default();
-    let r = Reactor::new(&cfg).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
-    let route: Handoff = Box::new(move |_k, socks, _from| {
-        let _ = tx.lock().unwrap().send(socks);
-    });
-    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
-    let a = Conn::pending(&r, &cfg, l.local_addr().to_string(), 4);
-    let b = Conn::pending(&r, &cfg, "peer".into(), 4);
-    let (mine, theirs) = dial_batch(&r, &cfg, &l, &rx, [1u8; 32], 1);
-    a.attacher().attach(mine).unwrap();
-    b.attacher().attach(theirs).unwrap();
+    let (a, b, (cfg, r, l, rx)) = part_grown_pair(4, 1);
     assert_eq!((a.nstreams(), b.nstreams(), a.capacity()), (1, 1, 4));
     let sizes = [3 << 20, 5, (1 << 20) + 3, 70_000, 4 << 20];
     let xs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
@@ -638,19 +646,7 @@ fn a_conn_attached_in_batches_carries_every_message_across_the_growth() {
 /// there is: the connection is lost at once, not when the last slot would have closed.
 #[test]
 fn a_peer_closing_a_part_grown_conn_is_lost_at_once() {
-    let cfg = NetConfig::default();
-    let r = Reactor::new(&cfg).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
-    let route: Handoff = Box::new(move |_k, socks, _from| {
-        let _ = tx.lock().unwrap().send(socks);
-    });
-    let l = Listener::bind_routed(&r, &cfg, "127.0.0.1:0".parse().unwrap(), Box::new(|_| Ok(())), "test".into(), None, Some(route)).unwrap();
-    let a = Conn::pending(&r, &cfg, l.local_addr().to_string(), 6);
-    let b = Conn::pending(&r, &cfg, "peer".into(), 6);
-    let (mine, theirs) = dial_batch(&r, &cfg, &l, &rx, [1u8; 32], 2);
-    a.attacher().attach(mine).unwrap();
-    b.attacher().attach(theirs).unwrap();
+    let (a, b, _keep) = part_grown_pair(6, 2);
     let mut buf = vec![0u8; 64];
     // SAFETY: `buf` outlives the request, waited below.
     let q = unsafe { a.irecv(buf.as_mut_ptr(), buf.len(), 1) }.unwrap();
