@@ -104,6 +104,11 @@ impl Links {
             return match l.more {
                 More::No if made_there && l.first + n == cap => {
                     l.more = More::Asked;
+                    // The peer may send on them before they are attached here: the connection
+                    // is not judged by its first streams' closes until they are (`route`).
+                    if let Some(a) = &l.attacher {
+                        a.expect(n);
+                    }
                     Ok(())
                 }
                 // The batch's other streams (and each stream's proof, with a job secret).
@@ -172,7 +177,11 @@ impl Links {
         match &l.attacher {
             // An error fails that Conn, whose requests then say why.
             Some(a) => {
+                let n = socks.len();
                 let _ = a.attach(socks);
+                if more {
+                    a.arrived(n);
+                }
             }
             None => l.early.get_or_insert_with(Vec::new).extend(socks),
         }
@@ -273,6 +282,10 @@ impl Lazy {
         let n = cap - g.first;
         let weak: Weak<Links> = Arc::downgrade(&lz.links);
         let (wanted, tried) = (wanted(&weak, r, |l| l.more == More::Asked), tried(&weak, r));
+        // The peer may send on these as soon as it has them, before this rank attaches them:
+        // the connection is not judged by its first streams' closes until they are in.
+        attacher.expect(n);
+        let promised = attacher.clone();
         let done = Box::new(move |res: Result<Vec<TcpStream>>| {
             let Some(ls) = weak.upgrade() else { return };
             let mut g = ls.links[r].lock().unwrap();
@@ -281,12 +294,16 @@ impl Lazy {
                     g.more = More::Done;
                     let _ = attacher.attach(socks);
                 }
-                Ok(_) => {} // shut down meanwhile: these streams close
+                Ok(_) => {} // not wanted any more (shut down meanwhile): these streams close
                 Err(e) => g.last_try = Some(format!("the rest of the pair's streams: {e}")),
             }
+            attacher.arrived(n);
         }) as dial::DialDone;
         let key = key_of(&lz.token, d.me, r, d.world, n, true);
-        dial::spawn(d.reactor, d.cfg, addr, key, n, Duration::ZERO, d.timeout, wanted, tried, done).map_err(|e| dial_error(e, d.me, r))
+        dial::spawn(d.reactor, d.cfg, addr, key, n, Duration::ZERO, d.timeout, wanted, tried, done).map_err(|e| {
+            promised.arrived(n); // never dialled
+            dial_error(e, d.me, r)
+        })
     }
 }
 

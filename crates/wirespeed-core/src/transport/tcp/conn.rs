@@ -236,6 +236,22 @@ impl Attacher {
         r
     }
 
+    /// `n` more streams are on their way (a dial of the rest of a pair's streams, made or
+    /// accepted): until `arrived(n)` the connection is not judged lost by its streams' closes.
+    pub fn expect(&self, n: usize) {
+        if let Some(c) = self.0.upgrade() {
+            c.coming.fetch_add(n, AcqRel);
+        }
+    }
+
+    /// The `n` streams of an `expect` are attached, or will not come (their dial failed).
+    pub fn arrived(&self, n: usize) {
+        if let Some(c) = self.0.upgrade() {
+            let _ = c.coming.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(n)));
+            c.check_closed();
+        }
+    }
+
     /// Fail the connection (a dial that could not be made): its requests get `e`.
     pub fn fail(&self, e: Error) {
         if let Some(c) = self.0.upgrade() {
@@ -252,6 +268,7 @@ impl Conn {
         let inner = Arc::new(ConnInner {
             slots: (0..nstreams).map(|_| OnceLock::new()).collect(),
             made: AtomicUsize::new(0),
+            coming: AtomicUsize::new(0),
             nstreams,
             cfg: *cfg,
             closing: Mutex::new(false),
@@ -297,6 +314,10 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
         tune_socket(s, &c.cfg);
         s.set_nonblocking(true).map_err(|_| Error::os("fcntl"))?;
     }
+    // Until `made` counts them, a close read on one of them (or on an older stream) must not
+    // judge the connection by the old count.
+    let n = socks.len();
+    c.coming.fetch_add(n, AcqRel);
     let reactor = &c.reactor;
     let streams: Vec<Arc<Stream>> = socks
         .into_iter()
@@ -330,14 +351,17 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
             for &(th, tok, fd) in &regs {
                 reactor.forget(th, tok, fd);
             }
-            // The caller (`Attacher::attach`) fails the connection: these slots are never used.
+            // The caller (`Attacher::attach`) fails the connection, which shuts every stream in a
+            // slot, these too: they are never used.
             return Err(Error::Unsupported(format!("cannot register a socket with epoll: {e}")));
         }
         regs.push((s.reactor, s.token, fd));
     }
     c.made.store(first + streams.len(), Release);
+    c.coming.fetch_sub(n, AcqRel);
     drop(closing);
-    // A connection that failed meanwhile shuts what came (`fail` saw only the streams made).
+    // A connection that failed meanwhile shuts what came (`fail` may have run before the slots
+    // were set).
     if c.failed.load(Acquire) {
         for s in &streams {
             let _ = s.sock.shutdown(Shutdown::Both);
@@ -353,6 +377,8 @@ fn attach(c: &Arc<ConnInner>, socks: Vec<TcpStream>) -> Result<()> {
         let mut rx = s.rx.lock().unwrap();
         c.read(s, &mut rx);
     }
+    // A close read while this batch was being attached was not judged then.
+    c.check_closed();
     c.notify();
     Ok(())
 }

@@ -147,6 +147,11 @@ pub(super) struct ConnInner {
     pub(super) slots: Box<[OnceLock<Arc<Stream>>]>,
     /// Slots filled, a prefix of `slots`: stored (Release) after the batch's slots are set.
     pub(super) made: AtomicUsize,
+    /// Streams on their way that this connection must not be judged without: a batch being
+    /// attached, and the batches its owner said are coming (`Attacher::expect`). Until they are
+    /// in, the peer may hold streams this side has not made yet, whose data a close on the made
+    /// ones can overtake: the connection is not lost by closes while this is above 0.
+    pub(super) coming: AtomicUsize,
     /// How many streams the connection may have: the slots.
     pub(super) nstreams: usize,
     pub(super) cfg: NetConfig,
@@ -236,9 +241,18 @@ impl ConnInner {
         self.made.load(Acquire)
     }
 
-    /// The streams made so far, in slot order: none before a pending connection is attached.
+    /// Every stream in a slot, in slot order: those made, and a batch being attached (which
+    /// `fail` and `close` must reach too: its streams may be registered already).
     pub(super) fn streams(&self) -> impl Iterator<Item = &Arc<Stream>> {
-        self.slots[..self.made()].iter().map(|s| s.get().expect("slots below `made` are set"))
+        self.slots.iter().map_while(|s| s.get())
+    }
+
+    /// Lost when every stream made is closed and none is coming (`coming`).
+    pub(super) fn check_closed(&self) {
+        let closed = self.closed_streams.load(Acquire);
+        if self.coming.load(Acquire) == 0 && closed > 0 && closed >= self.made() {
+            self.fail(self.lost("was closed".into()));
+        }
     }
 
     /// Stream `i`, which is made (`i < made()`).
@@ -456,12 +470,10 @@ impl ConnInner {
                 RxState::Head { buf, have } => match (&s.sock).read(&mut buf[*have..]) {
                     Ok(0) if *have == 0 => {
                         *rx = RxState::Closed;
-                        // Against the streams made: a peer that closes before this side's
-                        // later streams come has closed every one there is.
-                        if self.closed_streams.fetch_add(1, AcqRel) + 1 >= self.made() {
-                            return self.fail(self.lost("was closed".into()));
-                        }
-                        return;
+                        // Against the streams made, unless more are coming: a peer that closes
+                        // before this side asked for more has closed every one there is.
+                        self.closed_streams.fetch_add(1, AcqRel);
+                        return self.check_closed();
                     }
                     Ok(0) => return self.fail(self.lost("was closed in the middle of a frame".into())),
                     Ok(n) => {
