@@ -380,12 +380,12 @@ impl Mesh {
     /// other end calls it too (the stream probe, probe.rs, on both of its ranks): a rank that
     /// did not make the connection cannot open its streams, only wait for them.
     pub fn open_all(&self, r: usize) -> Result<()> {
-        let mut c = self.conn(r, usize::MAX)?;
+        let c = self.conn(r, usize::MAX)?;
         let deadline = Instant::now() + self.timeout;
         while c.nstreams() < c.capacity() {
-            // Asked again each turn: a first dial still under way when this began could not be
-            // grown then.
-            c = self.conn(r, usize::MAX)?;
+            // Asked again each turn (the same connection, dialled or grown as it now stands): a
+            // first dial still under way when this began could not be grown then.
+            self.conn(r, usize::MAX)?;
             if Instant::now() >= deadline {
                 let why = self.lazy.as_ref().and_then(|lz| lz.links.links[r].lock().unwrap().last_try.clone()).map_or(String::new(), |e| format!(" (the last try: {e})"));
                 return Err(Error::Timeout { what: format!("the {} streams of the connection with rank {r}, {} made{why}", c.capacity(), c.nstreams()), secs: self.timeout.as_secs_f64() });
