@@ -232,3 +232,42 @@ def test_in_run_pruning_judges_the_first_steps_against_the_defaults_first_steps(
     assert prune_threshold([], 8) == 0
     assert prune_threshold([first], 5) == 0
     assert prune_threshold([first, dict(first, step_times_us=[5000] * 8)], 8) == 0
+
+
+def test_the_leader_is_tried_with_each_threads_and_bucket_candidate_on_top():
+    from wirespeed.train.nets import NetSpec
+    from wirespeed.train.rank import TrainConfig
+    from wirespeed.train.search import DEFAULT, Candidate, Search, leader, on_top_of_leader
+    base = TrainConfig(NetSpec("resnet50", 8, image_size=64))
+    psgd = Candidate((("comm_hook", "powersgd:1"),), (), "hook")
+    fp16 = Candidate((("comm_hook", "fp16"),), (), "hook")
+    b5, b100 = Candidate((("bucket_mb", 5.0),), (), "bucket"), Candidate((("bucket_mb", 100.0),), (), "bucket")
+    t1, t2 = Candidate((("threads", 1),), (), "threads"), Candidate((("threads", 2),), (), "threads")
+    knob = Candidate((), (("WIRESPEED_NSTREAMS", "4"),), "WIRESPEED_NSTREAMS")
+    plan = [DEFAULT, fp16, psgd, b5, b100, t1, t2, knob]
+
+    def run(gain, drift=0.0):
+        return [{"gain_vs_latest_default": gain, "loss_rel_diff": 0.0, "param_drift": drift}]
+    # as measured on resnet50 at 64 px (2 hosts, 2 Gbit/s uncapped): PowerSGD the fastest; 2 threads
+    # alone far slower (pruned in round 1, tried again on top); 1 thread the default's own (skipped)
+    runs = {0: run(1.0), 1: run(1.06), 2: run(1.36), 3: run(1.06), 4: run(0.80), 6: run(0.58), 7: run(1.01)}
+    s = Search(plan, runs=runs, pruned={4: "0.80x", 6: "0.58x"}, skipped={5: "the same threads as the default's"})
+    assert leader(s, 0.02) == 2
+    labels = [c.label(base) for c in on_top_of_leader(s, 2, base)]
+    assert labels == ["--bucket-mb 5 --comm-hook powersgd:1", "--bucket-mb 100 --comm-hook powersgd:1",
+                      "--comm-hook powersgd:1 --threads 2"]
+    # a faster configuration outside the guard cannot lead, nor a pruned one; none faster: no leader
+    s.runs[2] = run(1.36, drift=0.5)
+    assert leader(s, 0.02) == 1
+    assert leader(Search(plan, runs={0: run(1.0), 1: run(0.9)}), 0.02) == 0
+    assert on_top_of_leader(s, 0, base) == []
+    # the leader already sets a bucket size: only the threads go on top, with its knobs kept
+    combo = Candidate((("comm_hook", "fp16"), ("bucket_mb", 5.0)), (("WIRESPEED_NSTREAMS", "4"),), "combined")
+    s2 = Search(plan + [combo], runs={**runs, 8: run(1.3)}, skipped={5: "same"})
+    assert [(c.label(base)) for c in on_top_of_leader(s2, 8, base)] == \
+        ["--bucket-mb 5 --comm-hook fp16 --threads 2 WIRESPEED_NSTREAMS=4"]
+    # what the plan already holds (the combination of PowerSGD and 5 MB buckets) is not run again
+    both = Candidate((("comm_hook", "powersgd:1"), ("bucket_mb", 5.0)), (), "combined")
+    s3 = Search(plan + [both], runs={**runs, 8: run(1.3)}, pruned={4: "0.80x", 6: "0.58x"}, skipped={5: "same"})
+    assert [c.label(base) for c in on_top_of_leader(s3, 2, base)] == \
+        ["--bucket-mb 100 --comm-hook powersgd:1", "--comm-hook powersgd:1 --threads 2"]

@@ -8,6 +8,11 @@ Order: round 1 runs every candidate once, in the order of the plan (the likelies
 short budget cuts the long shots); a candidate slower than the default's latest run by more than
 PRUNE_MARGIN, or outside the loss tolerance, cannot win and is not run again. Then the winners of
 independent families (a hook, a bucket size, threads, a knob) are combined into one more candidate.
+Then the leader (the fastest configuration within the guard so far) is tried with each threads and
+bucket-size candidate added on top (on_top_of_leader): those two move the balance between compute
+and communication, so their worth changes once a hook has taken most of the bytes off the wire
+(resnet50 on an uncapped emulated 2 Gbit/s link: 2 threads a rank alone 0.59x the default, on top
+of PowerSGD 1.27x that hook alone). One slower than the leader it was built on is not run again.
 Then the further rounds: the default and every candidate still in, again in turn. Before each run,
 the time it should take (the candidate's own last run, else the median run so far) is weighed
 against what is left of the budget; what does not fit is skipped and named. In round 1 the default
@@ -206,6 +211,7 @@ class Search:
     floor: guard.Floor = guard.NO_FLOOR              # the rounding-only twin's figures
     cut_repeats: set = field(default_factory=set)   # indices whose later repeats the budget cut
     stopped: set = field(default_factory=set)       # indices pruned inside their first run
+    built_on: dict = field(default_factory=dict)    # index -> the leader's index it adds to
 
 
 def _say(text: str = "") -> None:
@@ -322,7 +328,11 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
              f"parameters {rec['param_drift']:.2%}), {took:.0f} s")
         rec["gain_vs_latest_default"] = gain
         if i and rep == 0:
-            if gain < 1 - PRUNE_MARGIN:
+            lead = s.runs.get(s.built_on.get(i, 0), [{}])[0].get("gain_vs_latest_default", 1.0)
+            if i in s.built_on and gain < lead * (1 - PRUNE_MARGIN):
+                s.pruned[i] = (f"{gain / lead:.2f}x {s.plan[s.built_on[i]].label(base)} (which it adds to) "
+                               f"after its first run: not run again")
+            elif gain < 1 - PRUNE_MARGIN:
                 s.pruned[i] = f"{gain:.2f}x the default after its first run: not run again"
             elif not guard.within(rec, tolerance, s.floor):
                 s.pruned[i] = "outside the loss tolerance and the noise floor after its first run: not run again"
@@ -358,6 +368,11 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             plan.append(combo)
             one(0, len(s.runs[0]), tmp)
             one(len(plan) - 1, 0, tmp)
+        lead = leader(s, tolerance)
+        for cand in on_top_of_leader(s, lead, base):
+            plan.append(cand)
+            s.built_on[len(plan) - 1] = lead
+            one(len(plan) - 1, 0, tmp)
         for rep, i in interleaved(len(plan), repeat - 1):
             one(i, rep + 1, tmp)
     summary = []
@@ -376,6 +391,42 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
     _say(text)
     save_verdict(shell.json_path, out_dir, records, text, _say)
     return 0
+
+
+def leader(s: Search, tolerance: float) -> int:
+    """The fastest configuration after round 1 (and the combination) against the default's latest
+    run then, within the guard and not pruned; 0 (the default) when none beat it."""
+    best, at = 1.0, 0
+    for i, runs in s.runs.items():
+        r = runs[0]
+        if i and i not in s.pruned and guard.within(r, tolerance, s.floor) and r["gain_vs_latest_default"] > best:
+            best, at = r["gain_vs_latest_default"], i
+    return at
+
+
+ON_TOP_FIELDS = ({"threads"}, {"bucket_mb"})   # a candidate that sets one of these and nothing else
+
+
+def on_top_of_leader(s: Search, lead: int, base) -> list[Candidate]:
+    """The leader with each candidate of the plan that sets only the threads or only the bucket size
+    added on top (built-in or given with --candidates), where the leader does not set that field
+    itself; none when the default leads (round 1 ran them all on it)."""
+    if lead == 0:
+        return []
+    top = s.plan[lead]
+    have = dict(top.options)
+    out, seen = [], {(repr(c.config(base)), c.env) for c in s.plan}   # nothing run twice under two names
+    for j, c in enumerate(s.plan):
+        # skipped: the default's own threads, or no time for it in round 1 (none now either)
+        if j in (0, lead) or j in s.skipped or c.env or set(dict(c.options)) not in ON_TOP_FIELDS or \
+                set(dict(c.options)) & set(have):
+            continue
+        merged = Candidate(tuple({**have, **dict(c.options)}.items()), top.env, "on top")
+        if (repr(merged.config(base)), merged.env) in seen:
+            continue
+        seen.add((repr(merged.config(base)), merged.env))
+        out.append(merged)
+    return out
 
 
 def combine(s: Search, base, tolerance: float) -> Candidate | None:

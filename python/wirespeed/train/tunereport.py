@@ -34,6 +34,8 @@ def _verdict(i: int, rec: dict, first: dict, tol: float, s) -> str:
     if not guard.within(rec, tol, s.floor):
         return f"{'faster' if gain > 1 else 'slower'}, changes training by {guard.changed_by(rec):.1%}: never recommended"
     by_floor = guard.only_by_floor(rec, tol, s.floor)
+    if i in s.pruned and i in s.built_on:
+        return s.pruned[i] + (" (within the noise floor)" if by_floor else "")
     if i in s.pruned:
         return "slower after its first run: not run again" + (" (within the noise floor)" if by_floor else "")
     return ("within the noise floor, not the tolerance" if by_floor else "within tolerance") + \
