@@ -271,3 +271,12 @@ def test_the_leader_is_tried_with_each_threads_and_bucket_candidate_on_top():
     s3 = Search(plan + [both], runs={**runs, 8: run(1.3)}, pruned={4: "0.80x", 6: "0.58x"}, skipped={5: "same"})
     assert [c.label(base) for c in on_top_of_leader(s3, 2, base)] == \
         ["--bucket-mb 100 --comm-hook powersgd:1", "--comm-hook powersgd:1 --threads 2"]
+    # the records name what each was built on
+    from wirespeed.train.tunereport import render
+    rec = {"model": "resnet50", "parallel": "ddp", "world_size": 2, "exposed_pct": 20, "bytes_per_step": 1e6,
+           "loss_rel_diff": 0.0, "param_drift": 0.0}
+    s4 = Search([DEFAULT, psgd] + on_top_of_leader(s3, 2, base)[1:], built_on={2: 1},
+                runs={i: [dict(rec, samples_per_s=10.0 + 5 * i)] for i in range(3)})
+    _, records = render(s4, [(i, dict(r[0])) for i, r in s4.runs.items()], base, "wirespeed", 0.02, ["train"], "t")
+    assert [r["config"]["on_top_of"] for r in records] == [None, None, "--comm-hook powersgd:1"]
+    assert records[2]["config"]["family"] == "on top" and records[2]["recommended"]

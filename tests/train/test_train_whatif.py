@@ -192,3 +192,65 @@ def test_the_gpu_what_ifs_flops_against_hand_computed_values():
     # a CPU's slowdown of the two (hidden below 0) is not carried: nothing hidden, 200 + 100
     g = on_gpu({**pred, "fitted_on": {"hidden_us": -50e3}}, 200e3)
     assert g["step_us"] == pytest.approx(300e3)
+
+
+def test_the_sharded_what_if_against_hand_computed_steps():
+    from wirespeed.train.nets import NetSpec
+    from wirespeed.train.shardedwhatif import Layout, call_us, network_bound_below, simulate, unit_params
+    # a GPT block holds 12h^2 + 13h parameters (qkv, proj, up, down with biases; two norms); the
+    # root the two embeddings, the final norm and the untied head: 2Vh + Sh + 2h
+    blocks, root = unit_params(NetSpec("gpt", 1, layers=32, hidden=2560, heads=32, seq_len=2048, vocab=50257))
+    assert blocks == [12 * 2560 ** 2 + 13 * 2560] * 32
+    assert root == 2 * 50257 * 2560 + 2048 * 2560 + 2 * 2560
+    # 2 hosts of one GPU at 8 Gbit/s (1 GB/s): an all_gather of 2 MB puts half of it on the link
+    two = Layout(2, 1, 8e9, 1e12)
+    assert call_us("all_gather", 2e6, two) == pytest.approx(1000)
+    # 8 GPUs a host, NVLink at 1 GB/s: each GPU takes in 63/64 of the call through it
+    assert call_us("all_gather", 2e6, Layout(8, 8, 1e15, 1e9)) == pytest.approx(63 / 64 * 2e3)
+    # one block of 1e6 parameters, no root, compute 3 ms (1 forward, 2 backward): gather 1 ms,
+    # forward 1-2 ms, gather again 2-3, backward 3-5, reduce_scatter of 4 MB 5-7: nothing overlaps
+    r = simulate([10**6], 0, 3000, two, 4)
+    assert r["step_us"] == pytest.approx(7000) and r["link_busy_us"] == pytest.approx(4000)
+    assert r["exposed_pct"] == pytest.approx(100 * 4000 / 7000)
+    # two blocks, compute 6 ms: block 1's forward gather hides under block 0's forward, block 0's
+    # backward gather under block 1's backward; block 1's reduce_scatter (6-8) delays block 0's (8-10)
+    r = simulate([10**6, 10**6], 0, 6000, two, 4)
+    assert r["step_us"] == pytest.approx(10000) and r["exposed_pct"] == pytest.approx(40)
+    # a link too fast to matter: the compute alone, and the network-bound rate at the threshold
+    assert simulate([10**6] * 4, 10**5, 6000, Layout(2, 1, 1e15, 1e15), 4)["step_us"] == pytest.approx(6000, rel=1e-4)
+    lay = Layout(8, 8, 1e9, 150e9)
+    bound = network_bound_below(blocks, root, 683e3, lay, 2)
+
+    def exposed(rate):
+        return simulate(blocks, root, 683e3, Layout(8, 8, rate, 150e9), 2)["exposed_pct"] / 100
+    assert exposed(bound * 0.99) > NETWORK_BOUND_SHARE >= exposed(bound * 1.01)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--parallel", "fsdp"], "add --what-if-gpu V100, A100 or H100"),
+    (["--what-if-gpu", "V100"], "add --parallel fsdp"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--what-if-rate", "1pbit"], "does not parse"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--gpu-tflops", "100", "--what-if-gpu", "X1"],
+     "needs the GPU's NVLink rate"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--tune"], "runs nothing: drop --tune"),
+])
+def test_what_if_only_flags_are_one_line_errors(capsys, args, needle):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--what-if-only", "--model", "gpt", *args])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and err.count("\n") == 1 and needle in err, err
+    assert out == ""
+
+
+def test_what_if_only_prices_a_few_billion_parameter_gpt_on_64_gpus(capsys):
+    code = main(["train", "--what-if-only", "--model", "gpt", "--layers", "32", "--hidden", "2560",
+                 "--heads", "32", "--seq-len", "2048", "--vocab", "50257", "--batch-size", "1",
+                 "--parallel", "fsdp", "--what-if-gpu", "V100", "--reduce-dtype", "bf16"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2.78 B parameters in 33 FSDP units" in out and "8 hosts x 8 V100 = 64 GPUs" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().endswith("%") and "Gb/s" in ln]
+    assert [r[0] for r in rows] == ["100", "200", "400", "800"]
+    exposed = [float(r[-1].rstrip("%")) for r in rows]
+    assert exposed == sorted(exposed, reverse=True) and exposed[0] > 10 > exposed[-1]
+    assert "# network-bound (exposed above 10% of the step) below " in out

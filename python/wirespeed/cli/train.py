@@ -82,23 +82,29 @@ def split_backends(text) -> list[str]:
     return names
 
 
-def config_from_args(args) -> tuple[list[str], "object"]:
-    """(backends, the TrainConfig of the first), every flag checked: one line, exit 2, on the first
-    that is wrong, before any rank starts."""
-    from ..train.rank import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
-    from ..train.whatif import WHATIF_ITERS
+def spec_from_args(args):
+    """The network the flags describe (train/nets.NetSpec), checked."""
     from ..train.nets import NetSpec, check_spec
     if not args.model:
         raise UsageError("which network? give --model gpt or a torchvision name such as resnet18")
-    if args.parallel not in PARALLEL:
-        raise UsageError(f"--parallel {args.parallel}: choose ddp or fsdp")
-    if args.optimizer not in OPTIMIZERS:
-        raise UsageError(f"--optimizer {args.optimizer}: choose sgd or adamw")
     spec = NetSpec(model=str(args.model), batch_size=_int(args, "--batch-size"),
                    image_size=_int(args, "--image-size"), layers=_int(args, "--layers"),
                    hidden=_int(args, "--hidden"), heads=_int(args, "--heads"),
                    seq_len=_int(args, "--seq-len"), vocab=_int(args, "--vocab"))
     check_spec(spec)
+    return spec
+
+
+def config_from_args(args) -> tuple[list[str], "object"]:
+    """(backends, the TrainConfig of the first), every flag checked: one line, exit 2, on the first
+    that is wrong, before any rank starts."""
+    from ..train.rank import OPTIMIZERS, PARALLEL, TrainConfig, fsdp_missing
+    from ..train.whatif import WHATIF_ITERS
+    if args.parallel not in PARALLEL:
+        raise UsageError(f"--parallel {args.parallel}: choose ddp or fsdp")
+    if args.optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer {args.optimizer}: choose sgd or adamw")
+    spec = spec_from_args(args)
     bucket_mb = parse_num(args.bucket_mb, "--bucket-mb", float)
     if bucket_mb <= 0:
         raise UsageError("--bucket-mb must be positive (DDP's bucket_cap_mb)")
@@ -170,6 +176,8 @@ def whatif_from_args(args, ranks_per_host: int = 1):
 
 def main(args, argv) -> int:
     from ..launch.environment import rank_info
+    if args.what_if_only:
+        return trainopts.run_what_if_only(args, spec_from_args(args))
     backends, cfg = config_from_args(args)
     if args.fast_net:
         if "nccl" not in backends:

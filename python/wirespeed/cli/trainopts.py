@@ -29,6 +29,9 @@ def register(p) -> None:
     add(p, "--gpu-tflops", default=None, help="--what-if-gpu: the GPU's peak TFLOPS (the table's unless given)")
     add(p, "--gpu-mfu", default=None, help="--what-if-gpu: the share of the peak training reaches "
         "(model-FLOPs utilisation; 0.4 unless given)")
+    add(p, "--what-if-only", action="store_true", help="train nothing: the FSDP2 (ZeRO-3) step of "
+        "--model on --what-if-hosts (8) x --ranks-per-host (8) --what-if-gpu GPUs at each "
+        "--what-if-rate (100-800gbit), from the network's shapes (docs/train.md)")
     add(p, "--tune", action="store_true", help="search the wrapper options, comm hooks, threads and "
         "the backend's knobs for a faster configuration that keeps the training (docs/train.md)")
     add(p, "--budget", default="1800", help="--tune: seconds the search may take; what does not fit "
@@ -103,3 +106,25 @@ def gpu_from_args(args):
     tflops = parse_num(args.gpu_tflops, "--gpu-tflops", float) if args.gpu_tflops is not None else None
     mfu = parse_num(args.gpu_mfu, "--gpu-mfu", float) if args.gpu_mfu is not None else None
     return gpu_rate(args.what_if_gpu, tflops, mfu)
+
+
+def run_what_if_only(args, spec) -> int:
+    """`train --what-if-only`: the sharded step on the named GPUs and links (train/shardedwhatif)."""
+    from ..netem.units import parse_rate
+    from ..train.shardedwhatif import DEFAULT_RATES, run
+    if args.tune or args.cluster:
+        raise UsageError("--what-if-only runs nothing: drop " + ("--tune" if args.tune else "--cluster"))
+    gpu = gpu_from_args(args)
+    if gpu is None:
+        raise UsageError("--what-if-only prices the step on GPUs: add --what-if-gpu V100, A100 or H100")
+    hosts = parse_num(args.what_if_hosts or "8", "--what-if-hosts (one host count here)")
+    per_host = int(args.ranks_per_host or 8)   # argparse checked it
+    if args.reduce_dtype not in ("fp32", "bf16"):
+        raise UsageError(f"--reduce-dtype {args.reduce_dtype}: choose fp32 or bf16")
+    if hosts < 1 or per_host < 1 or hosts * per_host < 2:
+        raise UsageError("--what-if-only: give at least 2 GPUs (--what-if-hosts x --ranks-per-host)")
+    rates = [parse_rate(r.strip(), "--what-if-rate", 10**13) for r in str(args.what_if_rate or DEFAULT_RATES).split(",")
+             if r.strip()]
+    cfg = argparse.Namespace(spec=spec, parallel=args.parallel, reduce_dtype=args.reduce_dtype)
+    print(run(cfg, gpu, hosts, per_host, rates))
+    return 0

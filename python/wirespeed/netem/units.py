@@ -18,16 +18,16 @@ MAX_RATE_BPS = 400 * 10**9
 MIN_RATE_BPS = 10**5
 
 
-def parse_rate(text: str, flag: str = "--rate") -> int:
-    """'1gbit' -> 1_000_000_000 (bits per second)."""
+def parse_rate(text: str, flag: str = "--rate", most: int = MAX_RATE_BPS) -> int:
+    """'1gbit' -> 1_000_000_000 (bits per second), at most `most` (a link emulated here: 400gbit)."""
     m = _NUM_UNIT.match(str(text))
     unit = m.group(2).lower() if m else None
     if not m or unit not in _RATE_UNITS:
         raise UsageError(f"{flag} {text!r} does not parse: use a number with kbit, mbit or gbit, "
                          "e.g. 1gbit, 300mbit (tc's units, decimal, bits per second)")
     bps = int(float(m.group(1)) * _RATE_UNITS[unit])
-    if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
-        raise UsageError(f"{flag} {text!r} is out of range: use 100kbit .. 400gbit")
+    if not MIN_RATE_BPS <= bps <= most:
+        raise UsageError(f"{flag} {text!r} is out of range: use 100kbit .. {most // 10**9}gbit")
     return bps
 
 

@@ -132,7 +132,8 @@ def render(s, summary: list[tuple[int, dict]], base, backend: str, tol: float, a
         rec.update(tune_id=tune_id, default=i == 0, recommended=i == best,
                    config={"label": cand.label(base), "flags": cand.flags(base), "env": dict(cand.env),
                            "family": cand.family or "default", "compression": cand.compression(base),
-                           "comm_hook": cfg.comm_hook, "bucket_mb": cfg.bucket_mb, "threads": cfg.threads}
+                           "comm_hook": cfg.comm_hook, "bucket_mb": cfg.bucket_mb, "threads": cfg.threads,
+                           "on_top_of": s.plan[s.built_on[i]].label(base) if i in s.built_on else None}
                    , loss_tolerance=tol, noise_floor=s.floor.record(tol), runs=len(s.runs[i]),
                    # null: ran its course; else why not (after_steps etc. where stopped inside its run)
                    pruned={**(rec.get("pruned") or {}), "why": s.pruned[i]} if i in s.pruned else None)
