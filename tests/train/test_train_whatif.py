@@ -196,7 +196,8 @@ def test_the_gpu_what_ifs_flops_against_hand_computed_values():
 
 def test_the_sharded_what_if_against_hand_computed_steps():
     from wirespeed.train.nets import NetSpec
-    from wirespeed.train.shardedwhatif import Layout, call_us, network_bound_below, simulate, unit_params
+    from wirespeed.train.shardedwhatif import (NETWORK_BOUND_SHARE, Layout, call_us, network_bound_below,
+                                               simulate, unit_params)
     # a GPT block holds 12h^2 + 13h parameters (qkv, proj, up, down with biases; two norms); the
     # root the two embeddings, the final norm and the untied head: 2Vh + Sh + 2h
     blocks, root = unit_params(NetSpec("gpt", 1, layers=32, hidden=2560, heads=32, seq_len=2048, vocab=50257))
@@ -213,9 +214,14 @@ def test_the_sharded_what_if_against_hand_computed_steps():
     assert r["step_us"] == pytest.approx(7000) and r["link_busy_us"] == pytest.approx(4000)
     assert r["exposed_pct"] == pytest.approx(100 * 4000 / 7000)
     # two blocks, compute 6 ms: block 1's forward gather hides under block 0's forward, block 0's
-    # backward gather under block 1's backward; block 1's reduce_scatter (6-8) delays block 0's (8-10)
+    # backward gather (4-5) under block 1's backward (4-6); block 1's reduce_scatter 6-8, block 0's
+    # backward 6-8, its reduce_scatter 8-10
     r = simulate([10**6, 10**6], 0, 6000, two, 4)
     assert r["step_us"] == pytest.approx(10000) and r["exposed_pct"] == pytest.approx(40)
+    # without resharding no gathers in the backward pass: block 1's backward 3-5, then block 0's
+    # 5-7 beside block 1's reduce_scatter (5-7), block 0's reduce_scatter 7-9
+    r = simulate([10**6, 10**6], 0, 6000, two, 4, reshard=False)
+    assert r["step_us"] == pytest.approx(9000) and r["link_busy_us"] == pytest.approx(6000)
     # a link too fast to matter: the compute alone, and the network-bound rate at the threshold
     assert simulate([10**6] * 4, 10**5, 6000, Layout(2, 1, 1e15, 1e15), 4)["step_us"] == pytest.approx(6000, rel=1e-4)
     lay = Layout(8, 8, 1e9, 150e9)
@@ -232,7 +238,10 @@ def test_the_sharded_what_if_against_hand_computed_steps():
     (["--parallel", "fsdp", "--what-if-gpu", "V100", "--what-if-rate", "1pbit"], "does not parse"),
     (["--parallel", "fsdp", "--what-if-gpu", "V100", "--gpu-tflops", "100", "--what-if-gpu", "X1"],
      "needs the GPU's NVLink rate"),
-    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--tune"], "runs nothing: drop --tune"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--tune"], "no use for --tune: drop it"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--prefetch", "2"], "no use for --prefetch"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--json", "x.jsonl"], "no use for --json"),
+    (["--parallel", "fsdp", "--what-if-gpu", "V100", "--what-if-hosts", "1"], "--what-if-hosts 2 or more"),
 ])
 def test_what_if_only_flags_are_one_line_errors(capsys, args, needle):
     with pytest.raises(SystemExit) as e:

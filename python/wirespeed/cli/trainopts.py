@@ -112,8 +112,12 @@ def run_what_if_only(args, spec) -> int:
     """`train --what-if-only`: the sharded step on the named GPUs and links (train/shardedwhatif)."""
     from ..netem.units import parse_rate
     from ..train.shardedwhatif import DEFAULT_RATES, run
-    if args.tune or args.cluster:
-        raise UsageError("--what-if-only runs nothing: drop " + ("--tune" if args.tune else "--cluster"))
+    for flag, on in (("--tune", args.tune), ("--cluster", args.cluster), ("--json", args.json),
+                     ("--plot", args.plot), ("--backend", args.backend), ("-N", args.nproc),
+                     ("--measured-link-rate", args.measured_link_rate), ("--timeline", args.timeline),
+                     ("--trace", args.trace), ("--prefetch", str(args.prefetch) != "0")):
+        if on:
+            raise UsageError(f"--what-if-only runs nothing and prints its table; it has no use for {flag}: drop it")
     gpu = gpu_from_args(args)
     if gpu is None:
         raise UsageError("--what-if-only prices the step on GPUs: add --what-if-gpu V100, A100 or H100")
@@ -125,6 +129,7 @@ def run_what_if_only(args, spec) -> int:
         raise UsageError("--what-if-only: give at least 2 GPUs (--what-if-hosts x --ranks-per-host)")
     rates = [parse_rate(r.strip(), "--what-if-rate", 10**13) for r in str(args.what_if_rate or DEFAULT_RATES).split(",")
              if r.strip()]
-    cfg = argparse.Namespace(spec=spec, parallel=args.parallel, reduce_dtype=args.reduce_dtype)
+    cfg = argparse.Namespace(spec=spec, parallel=args.parallel, reduce_dtype=args.reduce_dtype,
+                             reshard_after_forward=bool(args.reshard_after_forward))
     print(run(cfg, gpu, hosts, per_host, rates))
     return 0

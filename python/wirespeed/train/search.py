@@ -369,7 +369,9 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
             one(0, len(s.runs[0]), tmp)
             one(len(plan) - 1, 0, tmp)
         lead = leader(s, tolerance)
-        for cand in on_top_of_leader(s, lead, base):
+        for n, cand in enumerate(on_top_of_leader(s, lead, base)):
+            if n % REFERENCE_EVERY == 0:
+                one(0, len(s.runs[0]), tmp)   # the reference again: each judged against a near one
             plan.append(cand)
             s.built_on[len(plan) - 1] = lead
             one(len(plan) - 1, 0, tmp)
@@ -395,8 +397,9 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
 
 def leader(s: Search, tolerance: float) -> int:
     """The fastest configuration after round 1 (and the combination) against the default's latest
-    run then, within the guard and not pruned; 0 (the default) when none beat it."""
-    best, at = 1.0, 0
+    run then, within the guard and not pruned; 0 (the default) when none beat it by more than
+    combine's margin (a win inside the noise is not worth the runs built on it)."""
+    best, at = 1 + PRUNE_MARGIN / 5, 0
     for i, runs in s.runs.items():
         r = runs[0]
         if i and i not in s.pruned and guard.within(r, tolerance, s.floor) and r["gain_vs_latest_default"] > best:
@@ -415,16 +418,18 @@ def on_top_of_leader(s: Search, lead: int, base) -> list[Candidate]:
         return []
     top = s.plan[lead]
     have = dict(top.options)
-    out, seen = [], {(repr(c.config(base)), c.env) for c in s.plan}   # nothing run twice under two names
+    def key(c: Candidate) -> tuple:
+        return repr(c.config(base)), tuple(sorted(c.env))
+    out, seen = [], {key(c) for c in s.plan}   # nothing run twice under two names
     for j, c in enumerate(s.plan):
         # skipped: the default's own threads, or no time for it in round 1 (none now either)
-        if j in (0, lead) or j in s.skipped or c.env or set(dict(c.options)) not in ON_TOP_FIELDS or \
+        if j in (0, lead) or j in s.skipped or j in s.failed or c.env or set(dict(c.options)) not in ON_TOP_FIELDS or \
                 set(dict(c.options)) & set(have):
             continue
         merged = Candidate(tuple({**have, **dict(c.options)}.items()), top.env, "on top")
-        if (repr(merged.config(base)), merged.env) in seen:
+        if key(merged) in seen:
             continue
-        seen.add((repr(merged.config(base)), merged.env))
+        seen.add(key(merged))
         out.append(merged)
     return out
 

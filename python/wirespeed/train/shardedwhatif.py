@@ -6,7 +6,8 @@ What it assumes (each printed in its header, docs/train.md "--what-if-only"):
   (what no block holds: a GPT's embeddings, final norm and head). The network is built on torch's
   meta device, so only its shapes exist.
 - **The traffic**: per step, each unit's parameters all_gathered in the forward pass and again in
-  the backward pass (reshard_after_forward, FSDP2's default and ZeRO-3's; the root once: FSDP2
+  the backward pass (reshard_after_forward, FSDP2's default and ZeRO-3's; once with
+  --no-reshard-after-forward; the root once: FSDP2
   keeps the root's parameters gathered from its forward through its backward), at 2 bytes a parameter (bf16,
   what a GPU run gathers), and its gradients reduce_scattered after its backward, at 2 bytes
   (--reduce-dtype bf16) or 4.
@@ -68,8 +69,11 @@ def call_us(collective: str, nbytes: float, lay: Layout) -> float:
     return max(inter, intra) * 1e6
 
 
-def simulate(blocks: list[int], root: int, compute_us: float, lay: Layout, reduce_bytes: int) -> dict:
-    """One step as the module docstring says: step, link-busy and exposed figures, in us."""
+def simulate(blocks: list[int], root: int, compute_us: float, lay: Layout, reduce_bytes: int,
+             reshard: bool = True) -> dict:
+    """One step as the module docstring says: step, link-busy and exposed figures, in us. Without
+    `reshard` (--no-reshard-after-forward) every block stays gathered from its forward through its
+    backward, as the root does: no gathers in the backward pass."""
     total = sum(blocks) + root
     fwd = [compute_us / 3 * n / total for n in blocks]
     root_fwd = compute_us / 3 * root / total
@@ -97,12 +101,12 @@ def simulate(blocks: list[int], root: int, compute_us: float, lay: Layout, reduc
     # backward: the root's (kept gathered) first, while the last block's gather goes out; block i
     # issues block i-1's gather when it starts and its own reduce_scatter when it ends; the root's
     # reduce_scatter last, when its embedding's gradients are done after block 0
-    ready = send("all_gather", blocks[-1], GATHER_BYTES, t) if k else t
+    ready = send("all_gather", blocks[-1], GATHER_BYTES, t) if k and reshard else t
     t += 2 * root_fwd
     end = t
     for i in range(k - 1, -1, -1):
         start = max(t, ready)
-        if i:
+        if i and reshard:
             ready = send("all_gather", blocks[i - 1], GATHER_BYTES, start)
         t = start + 2 * fwd[i]
         end = send("reduce_scatter", blocks[i], reduce_bytes, t)
@@ -112,12 +116,14 @@ def simulate(blocks: list[int], root: int, compute_us: float, lay: Layout, reduc
             "exposed_pct": 100.0 * (step - compute_us) / step if step > 0 else 0.0}
 
 
-def network_bound_below(blocks: list[int], root: int, compute_us: float, lay: Layout, reduce_bytes: int) -> float:
+def network_bound_below(blocks: list[int], root: int, compute_us: float, lay: Layout, reduce_bytes: int,
+                        reshard: bool = True) -> float:
     """The host link rate (bit/s) below which exposed communication passes NETWORK_BOUND_SHARE of
-    the step; inf when no rate keeps it under (NVLink or the unhidden first and last calls alone)."""
+    the step; inf when no rate keeps it under (NVLink, or the first and last calls no compute can
+    hide, alone pass it). Needs 2 hosts or more: one host has no link to price."""
     def exposed(rate):
         return simulate(blocks, root, compute_us, Layout(lay.hosts, lay.per_host, rate, lay.nvlink_bytes_s),
-                        reduce_bytes)["exposed_pct"] / 100
+                        reduce_bytes, reshard)["exposed_pct"] / 100
     lo, hi = 1e6, 1e15
     if exposed(hi) > NETWORK_BOUND_SHARE:
         return math.inf
@@ -132,6 +138,8 @@ def run(cfg, gpu: tuple, hosts: int, per_host: int, rates: list[int]) -> str:
     from .gpuflops import gpu_step_us, step_flops
     if cfg.parallel != "fsdp":
         raise UsageError("--what-if-only models a sharded step (FSDP2, ZeRO-3): add --parallel fsdp")
+    if hosts < 2:
+        raise UsageError("--what-if-only prices the links between hosts: give --what-if-hosts 2 or more")
     name, peak, mfu = gpu
     nvlink = NVLINK_GBS.get(name)
     if nvlink is None:
@@ -141,9 +149,11 @@ def run(cfg, gpu: tuple, hosts: int, per_host: int, rates: list[int]) -> str:
     params = sum(blocks) + root
     compute = gpu_step_us(step_flops(cfg.spec, params), peak, mfu)
     reduce_bytes = 2 if cfg.reduce_dtype == "bf16" else 4
-    per_step = params * (2 * GATHER_BYTES + reduce_bytes) - root * GATHER_BYTES
+    reshard = cfg.reshard_after_forward
+    gathered = sum(blocks) * (2 if reshard else 1) + root   # the backward's gathers only with resharding
+    per_step = gathered * GATHER_BYTES + params * reduce_bytes
     lines = [f"# what-if only (nothing trained): {cfg.spec.describe()}, {params / 1e9:.3g} B parameters "
-             f"in {len(blocks) + 1} FSDP units, FSDP2 (ZeRO-3) on {hosts} hosts x {per_host} {name} = "
+             f"in {len(blocks) + (1 if root else 0)} FSDP units, FSDP2 ({'ZeRO-3' if reshard else 'no resharding after forward'}) on {hosts} hosts x {per_host} {name} = "
              f"{hosts * per_host} GPUs",
              f"# compute {compute / 1e3:.1f} ms a step ({name} {peak:g} TFLOPS x MFU {mfu:g}, "
              f"6 x parameters x tokens); gathers in bf16, gradients reduced in "
@@ -152,11 +162,12 @@ def run(cfg, gpu: tuple, hosts: int, per_host: int, rates: list[int]) -> str:
              f"{'link':>10} {'step ms':>9} {'compute ms':>11} {'link busy ms':>13} {'exposed':>8}"]
     for rate in rates:
         lay = Layout(hosts, per_host, float(rate), nvlink * 1e9)
-        r = simulate(blocks, root, compute, lay, reduce_bytes)
+        r = simulate(blocks, root, compute, lay, reduce_bytes, reshard)
         lines.append(f"{rate / 1e9:>5.4g} Gb/s {r['step_us'] / 1e3:>9.1f} {r['compute_us'] / 1e3:>11.1f} "
                      f"{r['link_busy_us'] / 1e3:>13.1f} {r['exposed_pct']:>7.0f}%")
-    bound = network_bound_below(blocks, root, compute, Layout(hosts, per_host, 1e9, nvlink * 1e9), reduce_bytes)
+    bound = network_bound_below(blocks, root, compute, Layout(hosts, per_host, 1e9, nvlink * 1e9), reduce_bytes,
+                                reshard)
     lines.append("# network-bound (exposed above 10% of the step) below "
-                 + ("every rate: the unhidden first and last calls alone pass 10%" if math.isinf(bound)
+                 + ("every rate: NVLink, or the first and last calls no compute hides, alone pass 10%" if math.isinf(bound)
                     else f"{bound / 1e9:.0f} Gbit/s per host" if bound >= 1e11 else f"{bound / 1e9:.3g} Gbit/s per host"))
     return "\n".join(lines)
