@@ -63,6 +63,27 @@ def test_a_small_tune_runs_the_default_and_two_candidates_and_records_each(tmp_p
         assert "wirespeed train --model gpt" in p.stdout and "--comm-hook fp16" in p.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_leader_runs_again_with_a_bucket_size_on_top(tmp_path):
+    # A default made slow on purpose (8 intra-op threads a rank on this machine's cores), so the
+    # candidate --threads 1 leads by far (measured 1.7-4x); buckets of 2 KB alone lose (about 35
+    # all_reduces a step instead of one: 0.53x) and are pruned, so no combination is made. The
+    # stage after it runs the leader with that bucket size on top, judged against the leader.
+    p, recs = _tune(tmp_path, TINY_GPT + ["--threads", "8"], "threads=1; bucket-mb=0.002", "-n", "4",
+                    "--repeat", "1")
+    labels = [r["config"]["label"] for r in recs]
+    assert labels == ["default", "--threads 1", "--bucket-mb 0.002", "--bucket-mb 0.002 --threads 1"], p.stdout
+    assert recs[1]["speedup_vs_default"] > 1.2 and recs[2]["pruned"], p.stdout
+    top = recs[3]
+    assert top["config"]["family"] == "on top" and top["config"]["on_top_of"] == "--threads 1"
+    assert all(r["config"]["on_top_of"] is None for r in recs[:3])
+    if top["pruned"]:   # slower than its leader: its verdict says against what
+        assert "--threads 1 (which it adds to)" in top["pruned"]["why"] and top["pruned"]["why"] in top["verdict"]
+    # the default ran again right before the stage: 2 runs, the second just before the on-top one
+    assert recs[0]["runs"] == 2
+
+
 @pytest.fixture(scope="module")
 def resnet18_tune(tmp_path_factory):
     """One search on resnet18 at 32 px, batch 4, 1 thread per rank: a network whose short run

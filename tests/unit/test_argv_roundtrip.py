@@ -102,6 +102,7 @@ TRAIN_NOT_FORWARDED = {
     "fast_net",        # the shell sets NCCL's plugin variables in the environment its children inherit
     "tune", "budget", "loss_tolerance", "candidates",   # the search is the shell's; each child one run
     "what_if_gpu", "gpu_tflops", "gpu_mfu",   # the shell prices the GPU what-if from the children's records
+    "what_if_only",    # starts no child: the shell prices the sharded step from the network's shapes
 }
 
 
