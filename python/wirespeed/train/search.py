@@ -11,8 +11,9 @@ independent families (a hook, a bucket size, threads, a knob) are combined into 
 Then the leader (the fastest configuration within the guard so far) is tried with each threads and
 bucket-size candidate added on top (on_top_of_leader): those two move the balance between compute
 and communication, so their worth changes once a hook has taken most of the bytes off the wire
-(resnet50 on an uncapped emulated 2 Gbit/s link: 2 threads a rank alone 0.59x the default, on top
-of PowerSGD 1.27x that hook alone). One slower than the leader it was built on is not run again.
+(resnet50 on an uncapped emulated 2 Gbit/s link: 2 threads a rank alone 0.58-0.64x the default, on
+top of PowerSGD 1.20-1.33x that hook alone). The default runs again before the stage and after
+every REFERENCE_EVERY of its runs; one slower than the leader it was built on is not run again.
 Then the further rounds: the default and every candidate still in, again in turn. Before each run,
 the time it should take (the candidate's own last run, else the median run so far) is weighed
 against what is left of the budget; what does not fit is skipped and named. In round 1 the default
