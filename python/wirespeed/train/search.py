@@ -419,13 +419,15 @@ def on_top_of_leader(s: Search, lead: int, base) -> list[Candidate]:
         return []
     top = s.plan[lead]
     have = dict(top.options)
+
     def key(c: Candidate) -> tuple:
         return repr(c.config(base)), tuple(sorted(c.env))
     out, seen = [], {key(c) for c in s.plan}   # nothing run twice under two names
     for j, c in enumerate(s.plan):
         # skipped: the default's own threads, or no time for it in round 1 (none now either)
-        if j in (0, lead) or j in s.skipped or j in s.failed or c.env or set(dict(c.options)) not in ON_TOP_FIELDS or \
-                set(dict(c.options)) & set(have):
+        fields = set(dict(c.options))
+        if j in (0, lead) or j in s.skipped or j in s.failed or c.env or fields not in ON_TOP_FIELDS or \
+                fields & set(have):
             continue
         merged = Candidate(tuple({**have, **dict(c.options)}.items()), top.env, "on top")
         if key(merged) in seen:
