@@ -329,8 +329,8 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
              f"parameters {rec['param_drift']:.2%}), {took:.0f} s")
         rec["gain_vs_latest_default"] = gain
         if i and rep == 0:
-            lead = s.runs.get(s.built_on.get(i, 0), [{}])[0].get("gain_vs_latest_default", 1.0)
-            if i in s.built_on and gain < lead * (1 - PRUNE_MARGIN):
+            if i in s.built_on and gain < (lead := s.runs[s.built_on[i]][0]["gain_vs_latest_default"]) * \
+                    (1 - PRUNE_MARGIN):
                 s.pruned[i] = (f"{gain / lead:.2f}x {s.plan[s.built_on[i]].label(base)} (which it adds to) "
                                f"after its first run: not run again")
             elif gain < 1 - PRUNE_MARGIN:
@@ -396,16 +396,19 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
     return 0
 
 
+def winners(s: Search, tolerance: float) -> list[int]:
+    """The configurations whose first run beat the default's latest run then by more than
+    PRUNE_MARGIN / 5, within the guard and not pruned: what combine and leader build on (a win
+    inside the noise is not worth the runs built on it)."""
+    return [i for i, runs in s.runs.items()
+            if i and i not in s.pruned and guard.within(runs[0], tolerance, s.floor)
+            and runs[0]["gain_vs_latest_default"] > 1 + PRUNE_MARGIN / 5]
+
+
 def leader(s: Search, tolerance: float) -> int:
-    """The fastest configuration after round 1 (and the combination) against the default's latest
-    run then, within the guard and not pruned; 0 (the default) when none beat it by more than
-    combine's margin (a win inside the noise is not worth the runs built on it)."""
-    best, at = 1 + PRUNE_MARGIN / 5, 0
-    for i, runs in s.runs.items():
-        r = runs[0]
-        if i and i not in s.pruned and guard.within(r, tolerance, s.floor) and r["gain_vs_latest_default"] > best:
-            best, at = r["gain_vs_latest_default"], i
-    return at
+    """The fastest of the winners after round 1 and the combination, against the default's latest
+    run then; 0 (the default) when none won."""
+    return max(winners(s, tolerance), key=lambda i: s.runs[i][0]["gain_vs_latest_default"], default=0)
 
 
 ON_TOP_FIELDS = ({"threads"}, {"bucket_mb"})   # a candidate that sets one of these and nothing else
@@ -440,14 +443,8 @@ def on_top_of_leader(s: Search, lead: int, base) -> list[Candidate]:
 def combine(s: Search, base, tolerance: float) -> Candidate | None:
     """One candidate from the winners of round 1 that change different things (the faster first),
     when two or more did: a hook with threads and a knob, say. None when fewer won."""
-    winners = []
-    for i, runs in s.runs.items():
-        r = runs[0]
-        if i and i not in s.pruned and guard.within(r, tolerance, s.floor) and \
-                r["gain_vs_latest_default"] > 1 + PRUNE_MARGIN / 5:
-            winners.append((r["samples_per_s"], i))
     opts, env, used = {}, {}, []
-    for _, i in sorted(winners, reverse=True):
+    for i in sorted(winners(s, tolerance), key=lambda i: (s.runs[i][0]["samples_per_s"], i), reverse=True):
         c = s.plan[i]
         if set(dict(c.options)) & set(opts) or set(dict(c.env)) & set(env) or \
                 (c.family in ("hook", "bucket") and {"comm_hook", "bucket_mb"} & set(opts)):
