@@ -196,8 +196,7 @@ def test_the_gpu_what_ifs_flops_against_hand_computed_values():
 
 def test_the_sharded_what_if_against_hand_computed_steps():
     from wirespeed.train.nets import NetSpec
-    from wirespeed.train.shardedwhatif import (NETWORK_BOUND_SHARE, Layout, call_us, network_bound_below,
-                                               simulate, unit_params)
+    from wirespeed.train.shardedwhatif import Layout, call_us, network_bound_below, simulate, unit_params
     # a GPT block holds 12h^2 + 13h parameters (qkv, proj, up, down with biases; two norms); the
     # root the two embeddings, the final norm and the untied head: 2Vh + Sh + 2h
     blocks, root = unit_params(NetSpec("gpt", 1, layers=32, hidden=2560, heads=32, seq_len=2048, vocab=50257))

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..explain.costs import busbw_factor
+from .whatif import rate_below
 
 # GB/s one way per GPU: NVLink 2 (V100), 3 (A100), 4 (H100): the vendors' per-GPU totals halved.
 NVLINK_GBS = {"V100": 150.0, "A100": 300.0, "H100": 450.0}
 GATHER_BYTES = 2   # bf16 parameters, as a GPU run gathers them
-NETWORK_BOUND_SHARE = 0.10
 DEFAULT_RATES = "100gbit,200gbit,400gbit,800gbit"
 
 
@@ -119,18 +119,13 @@ def simulate(blocks: list[int], root: int, compute_us: float, lay: Layout, reduc
 def network_bound_below(blocks: list[int], root: int, compute_us: float, lay: Layout, reduce_bytes: int,
                         reshard: bool = True) -> float:
     """The host link rate (bit/s) below which exposed communication passes NETWORK_BOUND_SHARE of
-    the step; inf when no rate keeps it under (NVLink, or the first and last calls no compute can
-    hide, alone pass it). Needs 2 hosts or more: one host has no link to price."""
+    the step (whatif.rate_below, up to 1 Pbit/s); inf when no rate keeps it under (NVLink, or the
+    first and last calls no compute can hide, alone pass it), 0 when even 100 kbit/s does. Needs 2
+    hosts or more: one host has no link to price."""
     def exposed(rate):
         return simulate(blocks, root, compute_us, Layout(lay.hosts, lay.per_host, rate, lay.nvlink_bytes_s),
                         reduce_bytes, reshard)["exposed_pct"] / 100
-    lo, hi = 1e6, 1e15
-    if exposed(hi) > NETWORK_BOUND_SHARE:
-        return math.inf
-    for _ in range(60):   # bisection on a log scale
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if exposed(mid) > NETWORK_BOUND_SHARE else (lo, mid)
-    return hi
+    return rate_below(exposed, hi=1e15)
 
 
 def run(cfg, gpu: tuple, hosts: int, per_host: int, rates: list[int]) -> str:
@@ -169,5 +164,6 @@ def run(cfg, gpu: tuple, hosts: int, per_host: int, rates: list[int]) -> str:
                                 reshard)
     lines.append("# network-bound (exposed above 10% of the step) below "
                  + ("every rate: NVLink, or the first and last calls no compute hides, alone pass 10%" if math.isinf(bound)
+                    else "no rate: even 100 kbit/s keeps it under" if bound == 0
                     else f"{bound / 1e9:.0f} Gbit/s per host" if bound >= 1e11 else f"{bound / 1e9:.3g} Gbit/s per host"))
     return "\n".join(lines)

@@ -154,15 +154,7 @@ class StepModel:
         def exposed(rate):
             step, _ = self.step_at(layout, rate)
             return (step - self.rec["compute_us"]) / step if step > 0 else 0.0
-        lo, hi = 1e5, 4e12
-        if exposed(hi) > NETWORK_BOUND_SHARE:
-            return math.inf
-        if exposed(lo) <= NETWORK_BOUND_SHARE:
-            return 0.0
-        for _ in range(60):   # bisection on a log scale: 2^-60 of six decades
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if exposed(mid) > NETWORK_BOUND_SHARE else (lo, mid)
-        return hi
+        return rate_below(exposed)
 
     def predicted(self, hosts: list[int], rates: list[float | None]) -> list[dict]:
         """Train records marked `"predicted": true`, one per host count x link rate, with the same
@@ -196,6 +188,20 @@ class StepModel:
                     # Required by the schema; a prediction trains no model.
                     "bytes_per_step": self.rec["bytes_per_step"], "state_digest": ""}))
         return out
+
+
+def rate_below(exposed, lo: float = 1e5, hi: float = 4e12) -> float:
+    """The link rate (bit/s) below which `exposed(rate)`, the share of the step communication
+    leaves exposed, passes NETWORK_BOUND_SHARE, bisected on a log scale between lo and hi: 0 when
+    even lo keeps it under, inf when even hi does not."""
+    if exposed(hi) > NETWORK_BOUND_SHARE:
+        return math.inf
+    if exposed(lo) <= NETWORK_BOUND_SHARE:
+        return 0.0
+    for _ in range(60):   # 2^-60 of the decades between lo and hi
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if exposed(mid) > NETWORK_BOUND_SHARE else (lo, mid)
+    return hi
 
 
 def bound_text(gbps: float | None) -> str:
