@@ -123,13 +123,13 @@ def run_what_if_only(args, spec) -> int:
         raise UsageError("--what-if-only prices the step on GPUs: add --what-if-gpu V100, A100 or H100")
     hosts = parse_num(args.what_if_hosts or "8", "--what-if-hosts (one host count here)")
     per_host = int(args.ranks_per_host or 8)   # argparse checked it
-    if args.reduce_dtype not in ("fp32", "bf16"):
-        raise UsageError(f"--reduce-dtype {args.reduce_dtype}: choose fp32 or bf16")
     if hosts < 1 or per_host < 1 or hosts * per_host < 2:
         raise UsageError("--what-if-only: give at least 2 GPUs (--what-if-hosts x --ranks-per-host)")
     rates = [parse_rate(r.strip(), "--what-if-rate", 10**13) for r in str(args.what_if_rate or DEFAULT_RATES).split(",")
              if r.strip()]
-    cfg = argparse.Namespace(spec=spec, parallel=args.parallel, reduce_dtype=args.reduce_dtype,
-                             reshard_after_forward=bool(args.reshard_after_forward))
+    from ..train.hooks import check_options
+    from ..train.rank import TrainConfig
+    cfg = TrainConfig(spec=spec, parallel=args.parallel, **options_from_args(args))
+    check_options(cfg)   # the wrapper options' one check, as train's and every --candidates entry's
     print(run(cfg, gpu, hosts, per_host, rates))
     return 0
