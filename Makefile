@@ -20,7 +20,7 @@ bench: setup
 
 test: setup
 	cargo test --workspace --quiet
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 setup: $(STAMPS)/deps native plugin
 
