@@ -47,6 +47,14 @@ def test_settings_sweep_groups_jointly_and_others_alone():
                       "NCCL_SOCKET_NTHREADS=16 NCCL_NSOCKS_PERTHREAD=1", "NCCL_ALGO=Ring", "NCCL_ALGO=Tree"]
 
 
+def test_a_knob_with_a_row_for_each_place_sweeps_both_rows_values():
+    # ranks on two hosts, two a host: the one-host and the across-hosts all_reduce algorithms
+    knobs, _ = select("wirespeed", ["WIRESPEED_ALGO"], False, across_hosts=True, one_host=True)
+    assert [s.label for s in settings(knobs)] == [
+        "default", "WIRESPEED_ALGO=oneshot", "WIRESPEED_ALGO=rsag", "WIRESPEED_ALGO=hier",
+        "WIRESPEED_ALGO=ring", "WIRESPEED_ALGO=doubling"]
+
+
 def test_the_defaults_run_without_any_knob_of_the_table():
     base = {"NCCL_ALGO": "Tree", "WIRESPEED_NSTREAMS": "2", "WIRESPEED_ITERS": "3", "PATH": "/bin"}
     assert setting_env(DEFAULT, base) == {"PATH": "/bin"}

@@ -49,7 +49,9 @@ def settings(knobs: list[Knob]) -> list[Setting]:
     its values that GROUP_RULES allows, the other knobs left at their defaults."""
     groups: dict[str, list[Knob]] = {}
     for k in knobs:
-        groups.setdefault(k.group or k.name, []).append(k)
+        # A knob alone is keyed by where it acts too: WIRESPEED_ALGO has a one-host row and an
+        # across-hosts row, and merged into one group the second's values overwrote the first's.
+        groups.setdefault(k.group or f"{k.name}@{k.where}", []).append(k)
     out = [DEFAULT]
     for gname, members in groups.items():
         rule = GROUP_RULES.get(gname, lambda s: True)
