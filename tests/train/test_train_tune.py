@@ -304,3 +304,34 @@ def test_the_leader_is_tried_with_each_threads_and_bucket_candidate_on_top():
     _, records = render(s4, [(i, dict(r[0])) for i, r in s4.runs.items()], base, "wirespeed", 0.02, ["train"], "t")
     assert [r["config"]["on_top_of"] for r in records] == [None, None, "--comm-hook powersgd:1"]
     assert records[2]["config"]["family"] == "on top" and records[2]["recommended"]
+
+
+def test_the_built_in_search_holds_the_issues_candidates(monkeypatch):
+    from wirespeed.train.nets import NetSpec
+    from wirespeed.train.rank import TrainConfig
+    from wirespeed.train.search import builtin_plan
+    from wirespeed.train.shell import ShellSettings
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    ddp = TrainConfig(NetSpec("resnet50", 8, image_size=64), nproc=2)
+    cluster = ShellSettings(cluster="wsq")   # one rank a host, 2 hosts: the ranks talk across hosts
+    labels = [c.label(ddp) for c in builtin_plan(ddp, "wirespeed", cluster)]
+    for want in ("--comm-hook fp16", "--comm-hook bf16", "--bucket-mb 5 --comm-hook fp16",
+                 "--bucket-mb 100 --comm-hook fp16", "--comm-hook powersgd:1", "--comm-hook powersgd:4",
+                 "--bucket-mb 5", "--bucket-mb 50", "--bucket-mb 100", "--grad-as-bucket-view", "--static-graph",
+                 # torch's threads: the cores a rank has (8 / 2) and one fewer, all cores and all but one
+                 "--threads 3", "--threads 4", "--threads 7", "--threads 8",
+                 # wirespeed's knobs across hosts, its I/O threads but the count it runs by default
+                 # (2 above 4 CPUs), and a core moved from torch's threads to the engine's
+                 "WIRESPEED_ALGO=ring", "WIRESPEED_NSTREAMS=16", "WIRESPEED_CHUNK_BYTES=65536",
+                 "WIRESPEED_IO_THREADS=1", "WIRESPEED_IO_THREADS=4", "--threads 3 WIRESPEED_IO_THREADS=2"):
+        assert want in labels, (want, labels)
+    assert "WIRESPEED_IO_THREADS=2" not in labels and len(labels) == len(set(labels))
+    # on one host: its algorithms, and no socket knobs
+    local = [c.label(ddp) for c in builtin_plan(ddp, "wirespeed", ShellSettings())]
+    assert "WIRESPEED_ALGO=oneshot" in local and not any("IO_THREADS" in x or "NSTREAMS" in x for x in local)
+    fsdp = TrainConfig(NetSpec("gpt", 4), parallel="fsdp", nproc=2)
+    labels = [c.label(fsdp) for c in builtin_plan(fsdp, "nccl", cluster)]
+    for want in ("--reduce-dtype bf16", "--no-reshard-after-forward", "--prefetch 1", "--prefetch 2",
+                 "NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=2", "NCCL_ALGO=Tree"):
+        assert want in labels, (want, labels)
+    assert not any("hook" in x or "bucket" in x for x in labels)

@@ -138,22 +138,39 @@ def builtin_plan(base, backend: str, shell: ShellSettings) -> list[Candidate]:
     out += [_opt("threads", threads=n) for n in sorted({per_rank, per_rank - 1, cores, cores - 1})
             if n > 0 and n != base.threads]
     out += knob_candidates(backend, base, shell)
+    if backend == "wirespeed" and _across_hosts(base, shell) and per_rank > 1:
+        # a core moved from torch's intra-op threads to the engine's socket threads
+        out.append(Candidate((("threads", per_rank - 1),), (("WIRESPEED_IO_THREADS", "2"),), "io-threads"))
     return out
+
+
+def _across_hosts(base, shell: ShellSettings) -> bool:
+    return base.nproc > (shell.ranks_per_host or 1 if shell.cluster else base.nproc)
+
+
+# The engine's reactor threads when WIRESPEED_IO_THREADS is not set (crates' config.rs):
+# 1 up to 4 CPUs, else 2.
+def _engine_io_threads() -> str:
+    return "1" if (os.cpu_count() or 1) <= 4 else "2"
 
 
 def knob_candidates(backend: str, base, shell: ShellSettings) -> list[Candidate]:
     """The backend's knobs that `wirespeed tune` sweeps by default where these ranks run (its table,
-    tune/knobs.py), one setting per candidate."""
+    tune/knobs.py), one setting per candidate; for wirespeed across hosts also its I/O threads
+    (what a training step's compute threads compete with), but not the count it runs by default."""
     from ..tune.knobs import backends, select
     from ..tune.sweep import settings
     if backend not in backends() or base.nproc < 2:
         return []
-    per_host = shell.ranks_per_host or 1 if shell.cluster else base.nproc
-    across, one_host = base.nproc > per_host, per_host > 1
+    across = _across_hosts(base, shell)
+    one_host = (shell.ranks_per_host or 1 if shell.cluster else base.nproc) > 1
     try:
         knobs, _ = select(backend, None, False, across, one_host)
     except UsageError:
         return []
+    if backend == "wirespeed" and across:
+        io, _ = select(backend, ["WIRESPEED_IO_THREADS"], False, across, one_host)
+        knobs += [replace(k, values=tuple(v for v in k.values if v != _engine_io_threads())) for k in io]
     return [Candidate((), s.env, s.env[0][0]) for s in settings(knobs)[1:]]
 
 
