@@ -335,3 +335,35 @@ def test_the_built_in_search_holds_the_issues_candidates(monkeypatch):
                  "NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=2", "NCCL_ALGO=Tree"):
         assert want in labels, (want, labels)
     assert not any("hook" in x or "bucket" in x for x in labels)
+
+
+def test_the_lines_to_paste_are_python_and_name_compression():
+    from wirespeed.train.hooks import paste_lines
+    from wirespeed.train.nets import NetSpec
+    from wirespeed.train.rank import TrainConfig
+    gpt, r50 = NetSpec("gpt", 4), NetSpec("resnet50", 8, image_size=64)
+    for cfg, compressed in ((TrainConfig(gpt, parallel="fsdp", reduce_dtype="bf16", prefetch=2), True),
+                            (TrainConfig(gpt, parallel="fsdp", reshard_after_forward=False, threads=3), False),
+                            (TrainConfig(r50, comm_hook="powersgd:1", bucket_mb=5), True),
+                            (TrainConfig(r50, comm_hook="bf16", static_graph=True), True),
+                            (TrainConfig(r50, grad_as_bucket_view=True), False)):
+        lines = paste_lines(cfg)
+        compile("\n".join(lines), "paste", "exec")   # each line as a user pastes it
+        assert any("COMPRESSION" in ln for ln in lines) == compressed, lines
+    # the explicit prefetch, run on stand-in blocks: each gathers the next 2 forward, the previous 2 backward
+    calls = []
+
+    class Block:
+        def __init__(self, n):
+            self.n = n
+
+        def set_modules_to_forward_prefetch(self, mods):
+            calls.append(("fwd", self.n, [m.n for m in mods]))
+
+        def set_modules_to_backward_prefetch(self, mods):
+            calls.append(("bwd", self.n, [m.n for m in mods]))
+    cfg = TrainConfig(gpt, parallel="fsdp", prefetch=2)
+    code = "\n".join(ln for ln in paste_lines(cfg) if not ln.startswith("fully_shard"))
+    exec(code, {"blocks": [Block(i) for i in range(4)]})
+    assert calls == [("fwd", 0, [1, 2]), ("fwd", 1, [2, 3]), ("bwd", 1, [0]), ("fwd", 2, [3]), ("bwd", 2, [1, 0]),
+                     ("bwd", 3, [2, 1])]

@@ -149,10 +149,15 @@ def paste_lines(cfg) -> list[str]:
         args = [] if cfg.reshard_after_forward else ["reshard_after_forward=False"]
         if cfg.reduce_dtype == "bf16":
             args.append("mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)")
-        lines = [f"fully_shard(block{''.join(', ' + a for a in args)})   # each block, then the model"]
-        if cfg.prefetch:
-            lines.append(f"block.set_modules_to_forward_prefetch(next {cfg.prefetch} blocks); "
-                         f"block.set_modules_to_backward_prefetch(previous {cfg.prefetch} blocks)")
+        note = "   # each block, then the model" + \
+            ("; bf16 gradient-reduction COMPRESSION" if cfg.reduce_dtype == "bf16" else "")
+        lines = [f"fully_shard(block{''.join(', ' + a for a in args)}){note}"]
+        if cfg.prefetch:   # as train/rank.py does it, on the blocks in their forward order
+            p = cfg.prefetch
+            lines += ["for i, block in enumerate(blocks):   # the fully_shard blocks, in forward order",
+                      f"    ahead, behind = blocks[i + 1:i + {p + 1}], blocks[max(0, i - {p}):i][::-1]",
+                      "    if ahead: block.set_modules_to_forward_prefetch(ahead)",
+                      "    if behind: block.set_modules_to_backward_prefetch(behind)"]
     if cfg.threads:
         lines.append(f"torch.set_num_threads({cfg.threads})   # in each rank")
     return lines
