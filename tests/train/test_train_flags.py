@@ -81,6 +81,11 @@ GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32"]
     ([*GPT, "--parallel", "fsdp", "--prefetch", "65"], "--prefetch 65: at most 64 blocks"),
     ([*GPT, "--parallel", "fsdp", "--tune", "--candidates", "prefetch=65"], "--prefetch 65: at most 64 blocks"),
     ([*GPT, "--tune", "--backend", "gloo,wirespeed"], "--tune searches one backend"),
+    # flags of one configuration's run, which the search would otherwise ignore
+    ([*GPT, "--tune", "--what-if-gpu", "V100"], "--what-if-gpu describes one: drop --what-if-gpu"),
+    ([*GPT, "--tune", "--plot", "x.png"], "--plot describes one: drop --plot"),
+    ([*GPT, "--tune", "--no-scaling"], "--no-scaling describes one: drop --no-scaling"),
+    ([*GPT, "--tune", "--trace", "t.json"], "--trace describes one: drop --trace"),
     ([*GPT, "--what-if-gpu", "TPU"], "--what-if-gpu TPU: choose V100, A100, H100"),
     ([*GPT, "--what-if-gpu", "A100", "--gpu-mfu", "1.5"], "--gpu-mfu 1.5: a share of the peak"),
     ([*GPT, "--gpu-tflops", "100"], "--gpu-tflops sets --what-if-gpu's GPU"),
@@ -188,3 +193,16 @@ def test_train_saves_its_records_as_a_search_does_without_a_verdict(tmp_path, ca
     assert capsys.readouterr().out == f"# saved records in {run}/\n"
     _save([], ShellSettings(json_path=str(tmp_path / "none.jsonl"), save_dir=str(tmp_path / "runs")))
     assert not (tmp_path / "none.jsonl").exists() and len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_tune_under_a_launcher_is_a_one_line_error(capsys, monkeypatch):
+    # each candidate needs processes of its own, which only the shell can start (torchrun's
+    # environment, as tests/unit/test_environment.py reads it)
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", "TORCHELASTIC_RUN_ID": "x"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as e:
+        main(["train", *GPT, "--tune"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "--tune starts runs of its own: run it from a shell, not under a launcher" in err

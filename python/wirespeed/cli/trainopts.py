@@ -82,8 +82,11 @@ def run_tune(args, argv, backends: list[str], cfg, shell) -> int:
     if len(backends) > 1:
         raise UsageError(f"--tune searches one backend's configurations; --backend {args.backend} "
                          "names several: give one")
+    # each of these describes one configuration's run (and the search would ignore it silently)
     for flag, on in (("--trace", args.trace), ("--what-if-hosts", args.what_if_hosts),
-                     ("--what-if-rate", args.what_if_rate), ("--timeline", args.timeline)):
+                     ("--what-if-rate", args.what_if_rate), ("--timeline", args.timeline),
+                     ("--what-if-gpu", args.what_if_gpu), ("--plot", args.plot),
+                     ("--no-scaling", args.no_scaling)):
         if on:
             raise UsageError(f"--tune runs many configurations, {flag} describes one: drop {flag} "
                              "(and give it to the recommended configuration's own run)")
