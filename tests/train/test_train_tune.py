@@ -149,6 +149,10 @@ def test_the_guard_measures_the_loss_curve_against_the_exact_run():
     assert guard.loss_rel_diff(exact, exact[:-1]) == float("inf")   # different steps
     assert guard.within({"loss_rel_diff": 0.01, "param_drift": 0.019}, 0.02)
     assert not guard.within({"loss_rel_diff": 0.0, "param_drift": 0.03}, 0.02)
+    # unmeasured (a run stopped inside its first steps records nulls) is never within
+    stopped = {"loss_rel_diff": None, "param_drift": None}
+    assert not guard.within(stopped, 0.02, guard.Floor(loss=1.0, drift=1.0, source="x"))
+    assert guard.changed_by(stopped) == float("inf") and not guard.within({}, 0.02)
 
 
 def test_the_noise_floor_widens_the_guard_only_beyond_the_tolerance():
@@ -223,6 +227,8 @@ def test_a_candidate_slower_over_its_first_steps_is_stopped_pruned_and_not_repea
     assert pruned["why"] == f"pruned after 3 steps ({pruned['vs_default']:.2f}x the default's samples/s)"
     # stopped in its first run, so its repeat was never started, and never recommended
     assert slow["runs"] == 1 and not slow["recommended"] and "never recommended" in slow["verdict"]
+    # fewer steps than the exact run: no guard figures, the fields null
+    assert slow["loss_rel_diff"] is None and slow["param_drift"] is None
     row = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"--threads {threads} "))
     assert pruned["why"] in row and " - " in row, row
     assert "# recommended: keep the default" in p.stdout

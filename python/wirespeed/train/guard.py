@@ -83,15 +83,22 @@ class Floor:
 NO_FLOOR = Floor()
 
 
+def _measure(rec: dict, key: str) -> float:
+    """One of a record's two measures; unmeasured (absent, or null: a run stopped early) is never
+    within any bound."""
+    v = rec.get(key)
+    return float("inf") if v is None else v
+
+
 def changed_by(rec: dict) -> float:
     """How much a candidate changed training: the larger of its two measures."""
-    return max(rec.get("loss_rel_diff", float("inf")), rec.get("param_drift", float("inf")))
+    return max(_measure(rec, "loss_rel_diff"), _measure(rec, "param_drift"))
 
 
 def within(rec: dict, tolerance: float, floor: Floor = NO_FLOOR) -> bool:
     """Both measures within the tolerance, or within FLOOR_FACTOR x the noise floor's."""
     lb, db = floor.bounds(tolerance)
-    return rec.get("loss_rel_diff", float("inf")) <= lb and rec.get("param_drift", float("inf")) <= db
+    return _measure(rec, "loss_rel_diff") <= lb and _measure(rec, "param_drift") <= db
 
 
 def only_by_floor(rec: dict, tolerance: float, floor: Floor) -> bool:

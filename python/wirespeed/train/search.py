@@ -364,6 +364,7 @@ def run_search(base, backend: str, shell: ShellSettings, budget_s: float, tolera
         s.pruned[i] = f"pruned after {p['after_steps']} steps ({ratio:.2f}x the default's samples/s)"
         s.stopped.add(i)
         rec["repeat"] = 0
+        rec["loss_rel_diff"] = rec["param_drift"] = None   # the record's fields, null: not comparable
         s.runs[i] = [rec]
         _say(f"{tag}: {p['samples_per_s']:.2f} samples/s over its first {p['after_steps']} timed steps, "
              f"{ratio:.2f}x the default's latest run over as many, below {p['below']:.2f} "
