@@ -262,3 +262,7 @@ def test_what_if_only_prices_a_few_billion_parameter_gpt_on_64_gpus(capsys):
     exposed = [float(r[-1].rstrip("%")) for r in rows]
     assert exposed == sorted(exposed, reverse=True) and exposed[0] > 10 > exposed[-1]
     assert "# network-bound (exposed above 10% of the step) below " in out
+    # the figures docs/train.md sets beside the networking chapter's (its table's first row), and
+    # the compute they come from: 6 x 2.78e9 x 2,048 tokens at 125 TFLOPS x 0.4
+    assert exposed == [43, 7, 3, 2] and "below 166 Gbit/s per host" in out, out
+    assert "compute 683.3 ms a step" in out and "16.2 GB of calls a step" in out
