@@ -194,6 +194,20 @@ def test_the_gpu_what_ifs_flops_against_hand_computed_values():
     assert g["step_us"] == pytest.approx(300e3)
 
 
+def test_the_gpu_what_if_says_where_it_cannot_price_nvlink():
+    from wirespeed.train.nets import NetSpec
+    from wirespeed.train.shell import gpu_lines
+    m = model_for(500e3, 400e3)
+    (pred,) = m.predicted([2], [None])
+    rec = {"backend": "gloo", "parameters": 10**8, "compute_us": 400e3}
+    spec, gpu = NetSpec("gpt", 8, seq_len=128), ("V100", 125.0, 0.4)
+    # 6 x 1e8 x 1024 tokens = 6.144e11 FLOPs at 50 TFLOP/s: 12.3 ms
+    one = gpu_lines(rec, [pred], spec, gpu)
+    assert "614.4 GFLOPs" in one and "compute 12.3 ms" in one and "NVLink" not in one
+    two = gpu_lines(rec, [dict(pred, ranks_per_host=2)], spec, gpu)
+    assert two.splitlines()[-1].startswith("# the pairs inside a host are priced as this CPU's shared memory")
+
+
 def test_the_sharded_what_if_against_hand_computed_steps():
     from wirespeed.train.nets import NetSpec
     from wirespeed.train.shardedwhatif import Layout, call_us, network_bound_below, simulate, unit_params

@@ -178,7 +178,13 @@ def gpu_lines(rec: dict, predicted, spec, gpu) -> str:
     mine = [p for p in predicted if p.get("backend") == rec["backend"]]
     if not mine:
         return text + "\n# (the step with it needs the what-if's fit: add --what-if-hosts or --what-if-rate on a cluster)"
-    return text + f"; the what-if's steps with that compute:\n" + whatif_table([on_gpu(p, c) for p in mine])
+    text += f"; the what-if's steps with that compute:\n" + whatif_table([on_gpu(p, c) for p in mine])
+    if any(p.get("ranks_per_host", 1) > 1 for p in mine):
+        # The fit of one layout cannot tell a host's shared memory from its link (both grow with the
+        # bytes), so nothing in it can be re-priced at NVLink's rate on its own: said, not guessed.
+        text += ("\n# the pairs inside a host are priced as this CPU's shared memory moved them, not at "
+                 "NVLink's rate: for that, run one rank a host, or --what-if-only")
+    return text
 
 
 def quote(first: dict, r: dict) -> str:
