@@ -238,5 +238,7 @@ def test_six_thousand_plan_mutants_give_a_verdict_or_one_line_never_a_traceback_
 
 
 @pytest.mark.slow
-def test_a_hundred_thousand_plan_mutants_of_another_seed(monkeypatch):
-    fuzz(SEED + 1, 100_000, monkeypatch)
+def test_forty_thousand_plan_mutants_of_another_seed(monkeypatch):
+    # 40,000 cases, about 70 s (100,000 took 167 s, the suite's longest test by far, while the
+    # whole suite stood near its 35-minute line); the 6,000-case test checks the stages reached
+    fuzz(SEED + 1, 40_000, monkeypatch)
