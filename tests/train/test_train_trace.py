@@ -1,7 +1,8 @@
 """`wirespeed train --trace`: a real 2-rank DDP run's Chrome/Perfetto trace loads (report/trace.py's
 schema check, and the fields Perfetto's JSON importer needs), and places what it shows where it
-happened: per rank and step a forward, a backward and an optimizer span in that order, and every
-DDP bucket after its step's forward pass began its backward."""
+happened: per rank and step a forward, a backward and an optimizer span in that order, every
+DDP bucket after its step's forward pass began its backward, and FSDP2's all-gathers and
+reduce-scatters within their step."""
 import json
 
 import pytest
@@ -30,6 +31,8 @@ def test_the_trace_shows_each_ranks_steps_and_buckets(tmp_path, parallel):
     assert {e["pid"] for e in spans} == {0, 1}
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert names == {"rank 0", "rank 1"}
+    comm_tid = {e["pid"]: e["tid"] for e in trace["traceEvents"]
+                if e["name"] == "thread_name" and e["args"]["name"] == "comm"}
     for rank in (0, 1):
         mine = [e for e in spans if e["pid"] == rank]
         for step in (1, 2, 3):
@@ -43,5 +46,17 @@ def test_the_trace_shows_each_ranks_steps_and_buckets(tmp_path, parallel):
                     assert b["ts"] - 1 <= e["ts"] <= b["ts"] + b["dur"] + 1
                     assert e["ts"] + e["dur"] <= o["ts"] + o["dur"] + 1
                     assert e["args"]["gradient_bytes"] > 0
-            else:
+            else:   # FSDP2: its all-gathers from the forward pass on, its reduce-scatters in backward
                 assert buckets == []
+                calls = [e for e in mine if e["args"]["step"] == step and e["tid"] == comm_tid[rank]]
+                gathers = [e for e in calls if e["name"].startswith("all_gather ")]
+                scatters = [e for e in calls if e["name"].startswith("reduce_scatter ")]
+                assert len(gathers) >= 3 and len(scatters) >= 3, calls   # 2 blocks and the root
+                assert len(gathers) + len(scatters) == len(calls)
+                for e in calls:
+                    assert f["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] + 1
+                    assert e["args"]["bytes"] > 0
+                for e in scatters:
+                    assert b["ts"] - 1 <= e["ts"] <= b["ts"] + b["dur"] + 1
+                # numbered in the step's order of calls
+                assert sorted(int(e["name"].split()[1]) for e in calls) == list(range(1, len(calls) + 1))

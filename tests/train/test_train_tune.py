@@ -235,6 +235,23 @@ def test_a_candidate_slower_over_its_first_steps_is_stopped_pruned_and_not_repea
     assert "stopped and pruned" in p.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_spent_budget_skips_the_candidates_and_says_so(tmp_path):
+    # A budget of 1 s: the default and its rounding-only twin run regardless (every candidate is
+    # judged against them), then no candidate's estimated run (the runs so far: seconds each) fits.
+    # Under FSDP2, so its search runs for real here too.
+    p, recs = _tune(tmp_path, [*TINY_GPT, "--parallel", "fsdp"], "reduce-dtype=bf16; prefetch=1", "-n", "2",
+                    "--repeat", "2", "--budget", "1")
+    assert [r["config"]["label"] for r in recs] == ["default"] and recs[0]["parallel"] == "fsdp"
+    assert recs[0]["noise_floor"]["from"].startswith("--threads ")
+    for label in ("--reduce-dtype bf16", "--prefetch 1"):
+        line = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"# skipped: {label}: "))
+        assert "not run: about" in line and "s of the budget left" in line, line
+    assert "# the budget cut the later runs of: default" in p.stdout
+    assert recs[0]["runs"] == 1 and "# recommended: keep the default" in p.stdout
+
+
 def test_in_run_pruning_judges_the_first_steps_against_the_defaults_first_steps():
     from wirespeed.train.rank import steps_rate
     from wirespeed.train.search import IN_RUN_MARGIN, default_noise, first_steps_rate, prune_threshold

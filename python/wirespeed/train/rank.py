@@ -125,6 +125,7 @@ class CallCounter:
         self.calls = 0
         self.on = True
         self.log: list[tuple[str, int]] | None = None   # (collective, bytes) of each call, when a list
+        self.timeline = None   # FSDP2 under --trace: each call's span goes to it (train/timeline.py)
 
     @contextmanager
     def paused(self):
@@ -150,12 +151,17 @@ class CallCounter:
         def counted(*args, **kw):
             sizes = [t.numel() * t.element_size() for t in (*args, *kw.values())
                      if isinstance(t, torch.Tensor)]
-            if sizes and self.on:
+            counts = bool(sizes) and self.on
+            if counts:
                 self.bytes += max(sizes)
                 self.calls += 1
                 if self.log is not None:
                     self.log.append((COLLECTIVE_OF[name], max(sizes)))
-            return fn(*args, **kw)
+            start = time.perf_counter()
+            out = fn(*args, **kw)
+            if counts and self.timeline is not None:
+                self.timeline.collective(COLLECTIVE_OF[name], max(sizes), start, out)
+            return out
         return counted
 
 
@@ -310,11 +316,13 @@ def run_rank(cfg: TrainConfig, info, backend, device: str, watchdog) -> dict:
             ddp_calls = []
         opt = _optimizer(cfg, model.parameters())
         timeline = None
-        if cfg.timeline or cfg.trace:   # FSDP2 (--trace): the step's marks only, no buckets
+        if cfg.timeline or cfg.trace:   # FSDP2 (--trace): the step's marks and its collectives
             from .timeline import CommTimeline
             timeline = CommTimeline(info.world_size, inner=hook)
             if cfg.parallel == "ddp":
                 timeline.register(model)
+            else:
+                counter.timeline = timeline
         elif hook is not None:
             model.register_comm_hook(*hook)
         losses: list[torch.Tensor] = []

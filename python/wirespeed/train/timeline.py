@@ -15,7 +15,9 @@ say it was on). With a comm hook of its own (--comm-hook), that hook does the co
 the timeline only wraps it, timing its future.
 
 Each timed step's marks and buckets are also kept whole (`steps_raw`, on this process's clock) for
-`--trace` (train/tracing.py).
+`--trace` (train/tracing.py). FSDP2 has no buckets: with --trace its collectives (the all-gathers
+and reduce-scatters it calls through torch.distributed's Python functions, which `train`'s
+CallCounter wraps) are kept the same way, each from its call to its Work's completion.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ import time
 from torch.distributed.distributed_c10d import all_reduce as _all_reduce
 
 FIELDS = ("forward_ms", "comm_start_ms", "comm_end_ms", "comm_busy_ms")
+# What a span on the comm track is: DDP's buckets, and the collectives FSDP2 calls.
+COMM_KINDS = ("bucket", "all_gather", "reduce_scatter", "all_reduce", "broadcast")
 
 
 class CommTimeline:
@@ -39,7 +43,8 @@ class CommTimeline:
         self._lock = threading.Lock()   # completions land on the backend's threads
         self._on = False
         self._t0 = self._forward = 0.0
-        self._spans: list[list[float]] = []
+        self._spans: list[list] = []   # [start, end, index, bytes, kind] each
+        self._calls = 0
         self.steps: list[dict] = []
 
     def register(self, ddp_model) -> None:
@@ -49,7 +54,7 @@ class CommTimeline:
     def _hook(self: "CommTimeline", bucket):
         t = time.perf_counter()
         buf = bucket.buffer()
-        span = [t, 0.0, bucket.index(), buf.numel() * buf.element_size()]
+        span = [t, 0.0, bucket.index(), buf.numel() * buf.element_size(), "bucket"]
         if self.inner is not None:
             fut = self.inner[1](self.inner[0], bucket)
         else:
@@ -65,9 +70,29 @@ class CommTimeline:
             return value[0] if isinstance(value, list) else value
         return fut.then(done)
 
+    def collective(self, name: str, nbytes: int, start: float, work) -> None:
+        """One collective FSDP2 called at `start` (perf_counter), done when its Work's future is
+        (an async call) or now (a blocking one); numbered in its step's order."""
+        with self._lock:
+            if not self._on:
+                return
+            self._calls += 1
+            span = [start, 0.0, self._calls, nbytes, name]
+
+        def done(_f=None):
+            span[1] = time.perf_counter()
+            with self._lock:
+                if self._on:
+                    self._spans.append(span)
+        if work is None:
+            done()
+        else:
+            work.get_future().add_done_callback(done)
+
     def begin(self) -> None:
         with self._lock:
             self._spans = []
+            self._calls = 0
             self._on = True
         self._t0 = time.perf_counter()
 

@@ -2,8 +2,8 @@
 (report/trace.py writes it): on each rank's "compute" track the forward pass, the backward pass and
 the optimizer step; on its "comm" track every DDP bucket from the moment DDP hands it to the
 communication (its gradients are ready) to the moment its result is back (train/timeline.py's
-hook times both). FSDP2 has no buckets: its trace has the compute track only, and its
-communication shows as the gaps and stretches inside forward and backward.
+hook times both). FSDP2 has no buckets: its comm track holds each all-gather and reduce-scatter
+it called, from the call to the completion of its Work, numbered in the step's order.
 
 The ranks' spans travel to rank 0 as floats (the backend's allgather_floats, padded to the
 longest), five per span. Clocks: each rank's perf_counter; rank 0 lines them up by the moment
@@ -15,12 +15,14 @@ from __future__ import annotations
 import time
 
 from ..report.trace import Spans, merge
+from .timeline import COMM_KINDS
 
-_KINDS = ("forward", "backward", "optimizer", "bucket")
+_KINDS = ("forward", "backward", "optimizer") + COMM_KINDS
 
 
 def local_rows(timeline) -> list[float]:
-    """This rank's spans as floats: (kind, bucket index, start us, end us, bytes) each."""
+    """This rank's spans as floats: (kind, index, start us, end us, bytes) each; kind indexes
+    _KINDS, index is a bucket's or a collective's number in its step."""
     out: list[float] = []
     us = 1e6
     for st in timeline.steps_raw:
@@ -28,8 +30,8 @@ def local_rows(timeline) -> list[float]:
         for k in range(3):
             if marks[k + 1] >= marks[k] > 0:
                 out += [float(k), -1.0, marks[k] * us, marks[k + 1] * us, 0.0]
-        for start, end, index, nbytes in st["buckets"]:
-            out += [3.0, float(index), start * us, end * us, float(nbytes)]
+        for start, end, index, nbytes, kind in st["buckets"]:
+            out += [float(_KINDS.index(kind)), float(index), start * us, end * us, float(nbytes)]
     return out
 
 
@@ -55,11 +57,13 @@ def gather(timeline, backend, rank: int) -> dict | None:
             kind, index, start, end, nbytes = row[i:i + 5]
             if kind == 0:
                 step += 1
-            name = _KINDS[int(kind)] if kind < 3 else f"bucket {int(index)}"
             if kind < 3:
-                spans.span(name, start, end, track="compute", step=step)
+                spans.span(_KINDS[int(kind)], start, end, track="compute", step=step)
+            elif _KINDS[int(kind)] == "bucket":
+                spans.span(f"bucket {int(index)}", start, end, track="comm", step=step, gradient_bytes=int(nbytes))
             else:
-                spans.span(name, start, end, track="comm", step=step, gradient_bytes=int(nbytes))
+                spans.span(f"{_KINDS[int(kind)]} {int(index)}", start, end, track="comm", step=step,
+                           bytes=int(nbytes))
         parts.append(spans.as_data())
     return merge(parts, offsets)
 
