@@ -91,9 +91,11 @@ class Work(dist._Work):
                     self._finish()
                     self._finish = None
                 self._done = True
-        op = self._op
-        if op is not None and op[3] is not None:   # a profiler span to close (observe.finished)
-            finished(self, None)
+            op = self._op
+            # a profiler span to close (observe.finished), once: under the lock, as the futures
+            # thread and the caller may both get here
+            if op is not None and op[3] is not None:
+                finished(self, None)
         return True
 
     @property
