@@ -335,6 +335,7 @@ def test_the_built_in_search_holds_the_issues_candidates(monkeypatch):
     from wirespeed.train.search import builtin_plan
     from wirespeed.train.shell import ShellSettings
     monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))   # what the engine counts
     ddp = TrainConfig(NetSpec("resnet50", 8, image_size=64), nproc=2)
     cluster = ShellSettings(cluster="wsq")   # one rank a host, 2 hosts: the ranks talk across hosts
     labels = [c.label(ddp) for c in builtin_plan(ddp, "wirespeed", cluster)]
@@ -344,9 +345,9 @@ def test_the_built_in_search_holds_the_issues_candidates(monkeypatch):
                  # torch's threads: the cores a rank has (8 / 2) and one fewer, all cores and all but one
                  "--threads 3", "--threads 4", "--threads 7", "--threads 8",
                  # wirespeed's knobs across hosts, its I/O threads but the count it runs by default
-                 # (2 above 4 CPUs), and a core moved from torch's threads to the engine's
+                 # (2 above 4 CPUs), and a core moved from torch's threads to a third I/O thread
                  "WIRESPEED_ALGO=ring", "WIRESPEED_NSTREAMS=16", "WIRESPEED_CHUNK_BYTES=65536",
-                 "WIRESPEED_IO_THREADS=1", "WIRESPEED_IO_THREADS=4", "--threads 3 WIRESPEED_IO_THREADS=2"):
+                 "WIRESPEED_IO_THREADS=1", "WIRESPEED_IO_THREADS=4", "--threads 3 WIRESPEED_IO_THREADS=3"):
         assert want in labels, (want, labels)
     assert "WIRESPEED_IO_THREADS=2" not in labels and len(labels) == len(set(labels))
     # on one host: its algorithms, and no socket knobs

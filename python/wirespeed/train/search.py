@@ -140,7 +140,8 @@ def builtin_plan(base, backend: str, shell: ShellSettings) -> list[Candidate]:
     out += knob_candidates(backend, base, shell)
     if backend == "wirespeed" and _across_hosts(base, shell) and per_rank > 1:
         # a core moved from torch's intra-op threads to the engine's socket threads
-        out.append(Candidate((("threads", per_rank - 1),), (("WIRESPEED_IO_THREADS", "2"),), "io-threads"))
+        more_io = str(int(_engine_io_threads()) + 1)
+        out.append(Candidate((("threads", per_rank - 1),), (("WIRESPEED_IO_THREADS", more_io),), "io-threads"))
     return out
 
 
@@ -149,9 +150,13 @@ def _across_hosts(base, shell: ShellSettings) -> bool:
 
 
 # The engine's reactor threads when WIRESPEED_IO_THREADS is not set (crates' config.rs):
-# 1 up to 4 CPUs, else 2.
+# 1 up to 4 CPUs, else 2; the CPUs this process may run on, as the engine counts them.
 def _engine_io_threads() -> str:
-    return "1" if (os.cpu_count() or 1) <= 4 else "2"
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return "1" if cpus <= 4 else "2"
 
 
 def knob_candidates(backend: str, base, shell: ShellSettings) -> list[Candidate]:

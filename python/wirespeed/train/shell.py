@@ -183,7 +183,7 @@ def gpu_lines(rec: dict, predicted, spec, gpu) -> str:
         # The fit of one layout cannot tell a host's shared memory from its link (both grow with the
         # bytes), so nothing in it can be re-priced at NVLink's rate on its own: said, not guessed.
         text += ("\n# the pairs inside a host are priced as this CPU's shared memory moved them, not at "
-                 "NVLink's rate: for that, run one rank a host, or --what-if-only")
+                 "NVLink's rate: run one rank a host to leave them out, or --what-if-only to price NVLink")
     return text
 
 

@@ -28,9 +28,11 @@ import time
 # are counted from DDP's plan already (train.wrap), not a second time here.
 from torch.distributed.distributed_c10d import all_reduce as _all_reduce
 
+from .whatif import COLLECTIVE_OF
+
 FIELDS = ("forward_ms", "comm_start_ms", "comm_end_ms", "comm_busy_ms")
-# What a span on the comm track is: DDP's buckets, and the collectives FSDP2 calls.
-COMM_KINDS = ("bucket", "all_gather", "reduce_scatter", "all_reduce", "broadcast")
+# What a span on the comm track is: DDP's buckets, and any collective train counts (FSDP2's).
+COMM_KINDS = ("bucket", *dict.fromkeys(COLLECTIVE_OF.values()))
 
 
 class CommTimeline:
@@ -44,7 +46,7 @@ class CommTimeline:
         self._on = False
         self._t0 = self._forward = 0.0
         self._spans: list[list] = []   # [start, end, index, bytes, kind] each
-        self._calls = 0
+        self._calls = self._step = 0
         self.steps: list[dict] = []
 
     def register(self, ddp_model) -> None:
@@ -77,12 +79,12 @@ class CommTimeline:
             if not self._on:
                 return
             self._calls += 1
-            span = [start, 0.0, self._calls, nbytes, name]
+            span, step = [start, 0.0, self._calls, nbytes, name], self._step
 
         def done(_f=None):
             span[1] = time.perf_counter()
             with self._lock:
-                if self._on:
+                if self._on and self._step == step:   # a late completion is not the next step's
                     self._spans.append(span)
         if work is None:
             done()
@@ -93,6 +95,7 @@ class CommTimeline:
         with self._lock:
             self._spans = []
             self._calls = 0
+            self._step += 1
             self._on = True
         self._t0 = time.perf_counter()
 
