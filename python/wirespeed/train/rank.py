@@ -153,14 +153,15 @@ class CallCounter:
                      if isinstance(t, torch.Tensor)]
             counts = bool(sizes) and self.on
             if counts:
-                self.bytes += max(sizes)
+                nbytes = max(sizes)
+                self.bytes += nbytes
                 self.calls += 1
                 if self.log is not None:
-                    self.log.append((COLLECTIVE_OF[name], max(sizes)))
+                    self.log.append((COLLECTIVE_OF[name], nbytes))
             start = time.perf_counter()
             out = fn(*args, **kw)
             if counts and self.timeline is not None:
-                self.timeline.collective(COLLECTIVE_OF[name], max(sizes), start, out)
+                self.timeline.collective(COLLECTIVE_OF[name], nbytes, start, out)
             return out
         return counted
 

@@ -145,8 +145,13 @@ def builtin_plan(base, backend: str, shell: ShellSettings) -> list[Candidate]:
     return out
 
 
+def _ranks_per_host(base, shell: ShellSettings) -> int:
+    """On the emulated cluster its --ranks-per-host (1 unless given), else all on this host."""
+    return (shell.ranks_per_host or 1) if shell.cluster else base.nproc
+
+
 def _across_hosts(base, shell: ShellSettings) -> bool:
-    return base.nproc > (shell.ranks_per_host or 1 if shell.cluster else base.nproc)
+    return base.nproc > _ranks_per_host(base, shell)
 
 
 # The engine's reactor threads when WIRESPEED_IO_THREADS is not set (crates' config.rs):
@@ -167,15 +172,15 @@ def knob_candidates(backend: str, base, shell: ShellSettings) -> list[Candidate]
     from ..tune.sweep import settings
     if backend not in backends() or base.nproc < 2:
         return []
-    across = _across_hosts(base, shell)
-    one_host = (shell.ranks_per_host or 1 if shell.cluster else base.nproc) > 1
+    across, one_host = _across_hosts(base, shell), _ranks_per_host(base, shell) > 1
     try:
         knobs, _ = select(backend, None, False, across, one_host)
     except UsageError:
         return []
     if backend == "wirespeed" and across:
         io, _ = select(backend, ["WIRESPEED_IO_THREADS"], False, across, one_host)
-        knobs += [replace(k, values=tuple(v for v in k.values if v != _engine_io_threads())) for k in io]
+        default_io = _engine_io_threads()
+        knobs += [replace(k, values=tuple(v for v in k.values if v != default_io)) for k in io]
     return [Candidate((), s.env, s.env[0][0]) for s in settings(knobs)[1:]]
 
 
